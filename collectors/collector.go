@@ -1,0 +1,23 @@
+// Package collectors holds one package per proxyhealth collector and the small interface they
+// all implement, in the style of node_exporter's collector package.
+package collectors
+
+import (
+	"context"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Collector is one named source of metrics. Update runs on every scrape; it must only read
+// cheap state (sysctls, a netlink stats query, a snapshot published by background work) and
+// never wait on the API server or on iptables-save. It sends whatever it could read and returns
+// an error describing what it could not; the exporter then reports the collector as failing.
+type Collector interface {
+	Update(ch chan<- prometheus.Metric) error
+}
+
+// Runner is implemented by collectors that do background work (an event stream, a periodic
+// check). The exporter calls Run once in its own goroutine; Run returns when ctx is done.
+type Runner interface {
+	Run(ctx context.Context)
+}

@@ -1,0 +1,42 @@
+package exporter
+
+import (
+	"log/slog"
+
+	"github.com/alecthomas/kingpin/v2"
+
+	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
+)
+
+// Paths are the host filesystems the collectors read; in a container they are the host's
+// /proc and /sys mounted elsewhere, in tests a fixture tree.
+type Paths struct {
+	ProcFS string
+	SysFS  string
+}
+
+func addPathFlags(app *kingpin.Application) *Paths {
+	p := &Paths{}
+	app.Flag("path.procfs", "procfs mountpoint.").Default("/proc").StringVar(&p.ProcFS)
+	app.Flag("path.sysfs", "sysfs mountpoint.").Default("/sys").StringVar(&p.SysFS)
+	return p
+}
+
+// registration is one collector the exporter knows: its --[no-]collector.<name> switch and how
+// to build it once the flags are parsed.
+type registration struct {
+	name    string
+	enabled *bool
+	build   func(*slog.Logger) (phcollectors.Collector, error)
+}
+
+func register(app *kingpin.Application, name, help string, build func(*slog.Logger) (phcollectors.Collector, error)) registration {
+	enabled := app.Flag("collector."+name, "Enable the "+name+" collector: "+help).Default("true").Bool()
+	return registration{name: name, enabled: enabled, build: build}
+}
+
+// registrations lists every collector, each adding its own flags to app. paths is filled in by
+// the time build runs.
+func registrations(app *kingpin.Application, paths *Paths) []registration {
+	return []registration{}
+}

@@ -1,0 +1,14 @@
+// Command proxyhealth is a Prometheus exporter that tells, per node, whether Service traffic is
+// silently breaking: conntrack INVALID and unreplied flows, the kernel settings that decide the
+// path, and (later) the drift between kube-proxy's rules and the API.
+package main
+
+import (
+	"os"
+
+	"github.com/proxyhealth/proxyhealth/exporter"
+)
+
+func main() {
+	os.Exit(exporter.Main(os.Args[1:]))
+}
