@@ -1,0 +1,237 @@
+//go:build e2e
+
+// Command labtool is the e2e lab's traffic tool. The lab runs it inside its network namespaces
+// with `ip netns exec <ns> labtool <subcommand> ...`:
+//
+//	serve-tcp <addr>                         accept connections and write a one-line reply
+//	connect <addr> [--timeout 2s] [--count N] dial N times at once, each from its own socket
+//	                                         (so its own source port), and print "succeeded K of N"
+//	get <url> [--timeout 5s]                 HTTP GET, print the body (how the lab scrapes)
+//	send-invalid <ip:port> [--count N]       send N crafted TCP SYN+FIN packets from a raw socket;
+//	                                         conntrack marks every one INVALID
+package main
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+)
+
+func main() {
+	if len(os.Args) < 3 {
+		usage()
+	}
+	cmd, target, rest := os.Args[1], os.Args[2], os.Args[3:]
+	var err error
+	switch cmd {
+	case "serve-tcp":
+		err = serveTCP(target)
+	case "connect":
+		fs := flag.NewFlagSet(cmd, flag.ExitOnError)
+		timeout := fs.Duration("timeout", 2*time.Second, "per-connection deadline (dial and reply)")
+		count := fs.Int("count", 1, "connections to make, all at once")
+		_ = fs.Parse(rest)
+		err = connect(target, *timeout, *count)
+	case "get":
+		fs := flag.NewFlagSet(cmd, flag.ExitOnError)
+		timeout := fs.Duration("timeout", 5*time.Second, "request deadline")
+		_ = fs.Parse(rest)
+		err = get(target, *timeout)
+	case "send-invalid":
+		fs := flag.NewFlagSet(cmd, flag.ExitOnError)
+		count := fs.Int("count", 1, "packets to send")
+		_ = fs.Parse(rest)
+		err = sendInvalid(target, *count)
+	default:
+		usage()
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "labtool %s: %v\n", cmd, err)
+		os.Exit(1)
+	}
+}
+
+func usage() {
+	fmt.Fprintln(os.Stderr, "usage: labtool serve-tcp|connect|get|send-invalid <addr|url> [flags]")
+	os.Exit(2)
+}
+
+// serveTCP prints "ready" once it listens, then answers every connection with one line naming
+// the address it was reached on, until it is killed.
+func serveTCP(addr string) error {
+	ln, err := net.Listen("tcp4", addr)
+	if err != nil {
+		return err
+	}
+	fmt.Println("ready")
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		go func() {
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			fmt.Fprintf(c, "hello from %s\n", c.LocalAddr())
+		}()
+	}
+}
+
+// connect dials addr count times concurrently; a connection succeeds when it is established and
+// the server's reply line arrives within timeout. Each failure is printed to stderr.
+func connect(addr string, timeout time.Duration, count int) error {
+	if count < 1 || count > 1000 {
+		return fmt.Errorf("--count %d out of range 1..1000", count)
+	}
+	var (
+		wg sync.WaitGroup
+		mu sync.Mutex
+		ok int
+	)
+	for i := 0; i < count; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := connectOnce(addr, timeout)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "connect %d: %v\n", i, err)
+				return
+			}
+			ok++
+		}()
+	}
+	wg.Wait()
+	fmt.Printf("succeeded %d of %d\n", ok, count)
+	return nil
+}
+
+func connectOnce(addr string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	c, err := net.DialTimeout("tcp4", addr, timeout)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(deadline)
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return fmt.Errorf("reading reply: %w", err)
+	}
+	if len(line) == 0 {
+		return errors.New("empty reply")
+	}
+	return nil
+}
+
+func get(url string, timeout time.Duration) error {
+	client := &http.Client{Timeout: timeout, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := client.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(os.Stdout, resp.Body); err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	return nil
+}
+
+// sendInvalid writes count IPv4/TCP packets with both SYN and FIN set to dst. That flag
+// combination is never valid, so conntrack's TCP tracker counts each packet as invalid (and
+// tracks nothing) in every namespace whose netfilter the packet crosses. Checksums are correct,
+// so the verdict comes from the flags alone.
+func sendInvalid(dst string, count int) error {
+	if count < 1 || count > 100000 {
+		return fmt.Errorf("--count %d out of range 1..100000", count)
+	}
+	host, portStr, err := net.SplitHostPort(dst)
+	if err != nil {
+		return err
+	}
+	dstIP := net.ParseIP(host).To4()
+	port, err := strconv.Atoi(portStr)
+	if err != nil || dstIP == nil {
+		return fmt.Errorf("destination %q: want ipv4:port", dst)
+	}
+	// The kernel picks the source address the route to dst would use.
+	probe, err := net.Dial("udp4", dst)
+	if err != nil {
+		return err
+	}
+	srcIP := probe.LocalAddr().(*net.UDPAddr).IP.To4()
+	probe.Close()
+
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_RAW, syscall.IPPROTO_RAW) // implies IP_HDRINCL
+	if err != nil {
+		return fmt.Errorf("raw socket: %w", err)
+	}
+	defer syscall.Close(fd)
+	sa := &syscall.SockaddrInet4{}
+	copy(sa.Addr[:], dstIP)
+	for i := 0; i < count; i++ {
+		pkt := synFinPacket(srcIP, dstIP, uint16(40000+i%20000), uint16(port), uint16(i))
+		if err := syscall.Sendto(fd, pkt, 0, sa); err != nil {
+			return fmt.Errorf("packet %d: %w", i, err)
+		}
+	}
+	fmt.Printf("sent %d\n", count)
+	return nil
+}
+
+func synFinPacket(src, dst net.IP, sport, dport, id uint16) []byte {
+	const ipLen, tcpLen = 20, 20
+	p := make([]byte, ipLen+tcpLen)
+	ip, tcp := p[:ipLen], p[ipLen:]
+
+	ip[0] = 0x45 // IPv4, 5 words
+	binary.BigEndian.PutUint16(ip[2:], ipLen+tcpLen)
+	binary.BigEndian.PutUint16(ip[4:], id)
+	ip[8] = 64 // TTL
+	ip[9] = syscall.IPPROTO_TCP
+	copy(ip[12:16], src)
+	copy(ip[16:20], dst)
+	binary.BigEndian.PutUint16(ip[10:], checksum(ip, 0))
+
+	binary.BigEndian.PutUint16(tcp[0:], sport)
+	binary.BigEndian.PutUint16(tcp[2:], dport)
+	binary.BigEndian.PutUint32(tcp[4:], 0x1000000+uint32(id))
+	tcp[12] = 5 << 4      // data offset
+	tcp[13] = 0x02 | 0x01 // SYN | FIN
+	binary.BigEndian.PutUint16(tcp[14:], 65535)
+	// Pseudo-header: src, dst, zero, protocol, TCP length.
+	var sum uint32
+	for i := 0; i < 4; i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(src[i:])) + uint32(binary.BigEndian.Uint16(dst[i:]))
+	}
+	sum += syscall.IPPROTO_TCP + tcpLen
+	binary.BigEndian.PutUint16(tcp[16:], checksum(tcp, sum))
+	return p
+}
+
+func checksum(b []byte, sum uint32) uint16 {
+	for i := 0; i+1 < len(b); i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(b[i:]))
+	}
+	if len(b)%2 == 1 {
+		sum += uint32(b[len(b)-1]) << 8
+	}
+	for sum>>16 != 0 {
+		sum = sum&0xffff + sum>>16
+	}
+	return ^uint16(sum)
+}

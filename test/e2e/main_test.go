@@ -1,0 +1,140 @@
+//go:build e2e
+
+// Package e2e is proxyhealth's kernel lab: it builds network namespaces shaped like a
+// Kubernetes node (bridge cni0, pods, a remote pod, kube-proxy's iptables rules), reproduces
+// incidents 1 and 2 of DESIGN.md on the real kernel, and asserts on the exporter's real
+// scrape. Run as root: go test -tags e2e -count=1 -v ./test/e2e/
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// nsPrefix names every namespace the lab creates; TestMain removes leftovers with it.
+const nsPrefix = "ph-e2e-"
+
+var (
+	skipReason       string // non-empty: every lab test skips with it
+	binDir           string
+	labtoolBin       string
+	exporterBin      string
+	exporterBuildErr error // the exporter may be mid-change; only its scenarios fail then
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(testMain(m))
+}
+
+func testMain(m *testing.M) int {
+	if os.Geteuid() != 0 {
+		skipReason = "the kernel lab needs root (network namespaces, netfilter); run: sudo go test -tags e2e -count=1 -v ./test/e2e/"
+		return m.Run()
+	}
+	for _, tool := range []string{"ip", "iptables-nft-restore", "iptables-nft", "nft", "conntrack", "sysctl", "setpriv"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			skipReason = fmt.Sprintf("%s not found; install: apt-get install -y iptables nftables conntrack iproute2 procps util-linux", tool)
+			return m.Run()
+		}
+	}
+	removeLeftovers()
+
+	dir, err := os.MkdirTemp("", "ph-e2e-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	// The no-capability scenario runs the exporter as user 65534.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	binDir = dir
+	root, err := repoRoot()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	labtoolBin = filepath.Join(dir, "labtool")
+	if out, err := goBuild(root, labtoolBin, "-tags", "e2e", "./test/e2e/labtool"); err != nil {
+		fmt.Fprintf(os.Stderr, "building labtool: %v\n%s", err, out)
+		return 1
+	}
+	exporterBin = filepath.Join(dir, "proxyhealth")
+	if out, err := goBuild(root, exporterBin, "github.com/proxyhealth/proxyhealth"); err != nil {
+		exporterBuildErr = fmt.Errorf("building the exporter: %v\n%s", err, out)
+		fmt.Fprintln(os.Stderr, exporterBuildErr)
+	}
+	return m.Run()
+}
+
+func goBuild(root, out string, args ...string) ([]byte, error) {
+	cmd := exec.Command("go", append([]string{"build", "-o", out}, args...)...)
+	cmd.Dir = root
+	return cmd.CombinedOutput()
+}
+
+func repoRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		return filepath.Abs("../..")
+	}
+	return filepath.Dir(mod), nil
+}
+
+// removeLeftovers deletes namespaces a killed earlier run left behind, after ending the
+// processes that run inside them (a lab's exporter and servers).
+func removeLeftovers() {
+	out, err := exec.Command("ip", "netns", "list").Output()
+	if err != nil {
+		return
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) == 0 || !strings.HasPrefix(fields[0], nsPrefix) {
+			continue
+		}
+		ns := fields[0]
+		if pids, err := exec.Command("ip", "netns", "pids", ns).Output(); err == nil {
+			for _, p := range strings.Fields(string(pids)) {
+				if pid, err := strconv.Atoi(p); err == nil && pid > 1 {
+					if proc, err := os.FindProcess(pid); err == nil {
+						_ = proc.Kill()
+					}
+				}
+			}
+		}
+		if out, err := exec.Command("ip", "netns", "del", ns).CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "removing leftover namespace %s: %v: %s\n", ns, err, out)
+		} else {
+			fmt.Fprintf(os.Stderr, "removed leftover namespace %s\n", ns)
+		}
+	}
+}
+
+// requireLab skips the test when the lab cannot run on this machine.
+func requireLab(t *testing.T) {
+	t.Helper()
+	if skipReason != "" {
+		t.Skip(skipReason)
+	}
+}
+
+// requireExporter fails the test when the exporter did not build.
+func requireExporter(t *testing.T) {
+	t.Helper()
+	requireLab(t)
+	if exporterBuildErr != nil {
+		t.Fatal(exporterBuildErr)
+	}
+}
