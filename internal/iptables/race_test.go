@@ -1,0 +1,5 @@
+//go:build race
+
+package iptables
+
+const raceEnabled = true
