@@ -6,6 +6,7 @@ import (
 	"github.com/alecthomas/kingpin/v2"
 
 	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
+	"github.com/proxyhealth/proxyhealth/collectors/conntrack"
 )
 
 // Paths are the host filesystems the collectors read; in a container they are the host's
@@ -38,5 +39,13 @@ func register(app *kingpin.Application, name, help string, build func(*slog.Logg
 // registrations lists every collector, each adding its own flags to app. paths is filled in by
 // the time build runs.
 func registrations(app *kingpin.Application, paths *Paths) []registration {
-	return []registration{}
+	var conntrackCfg conntrack.Config
+	conntrackCfg.AddFlags(app)
+	return []registration{
+		register(app, "conntrack", "table fill, per-CPU stats, the event stream and unreplied Service flows (needs CAP_NET_ADMIN).",
+			func(l *slog.Logger) (phcollectors.Collector, error) {
+				conntrackCfg.ProcPath, conntrackCfg.SysPath = paths.ProcFS, paths.SysFS
+				return conntrack.New(conntrackCfg, l)
+			}),
+	}
 }

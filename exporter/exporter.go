@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/alecthomas/kingpin/v2"
 	"github.com/prometheus/client_golang/prometheus"
@@ -85,9 +86,15 @@ func Main(args []string) int {
 		)
 	}
 
-	// One collection at start-up, so that what this node cannot be checked for is in the log
-	// right away rather than at the first scrape.
-	probeOnce(set)
+	// One collection shortly after start-up (background work has had its first try by then),
+	// so that what this node cannot be checked for is in the log before the first scrape.
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-time.After(2 * time.Second):
+			probeOnce(set)
+		}
+	}()
 
 	mux := http.NewServeMux()
 	mux.Handle(*telemetryPath, promhttp.HandlerFor(registry, promhttp.HandlerOpts{

@@ -1,0 +1,382 @@
+// Package conntrack is the conntrack collector: the kernel's table fill and per-CPU statistics
+// read over netlink at scrape time, and a background listener on the conntrack event stream
+// that counts events and follows DNAT'ed flows (kube-proxy's Service traffic) to find those
+// that end, or stay, unreplied: the trace of incident 1 (bridged replies that escape
+// netfilter) and of endpoints that are gone.
+package conntrack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/alecthomas/kingpin/v2"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Config holds the collector's settings; AddFlags binds them to command-line flags.
+type Config struct {
+	ProcPath, SysPath string // filled by the exporter from --path.procfs and --path.sysfs
+
+	UnrepliedAfter         time.Duration
+	MaxTrackedFlows        int
+	MaxServiceSeries       int
+	SocketBufferBytes      int
+	ServiceRefreshInterval time.Duration
+	ResyncMinInterval      time.Duration
+}
+
+// AddFlags registers the collector's flags on app.
+func (c *Config) AddFlags(app *kingpin.Application) {
+	app.Flag("conntrack.unreplied-after", "A DNAT'ed flow counts in proxyhealth_conntrack_open_unreplied_flows once it has gone this long without a reply.").
+		Default("3s").DurationVar(&c.UnrepliedAfter)
+	app.Flag("conntrack.max-tracked-flows", "Most unreplied DNAT'ed flows followed at once; more are counted in proxyhealth_conntrack_untracked_flows_total. Bounds memory whatever the flow rate.").
+		Default("65536").IntVar(&c.MaxTrackedFlows)
+	app.Flag("conntrack.max-service-series", "Most per-service label sets of the unreplied-flow series; flows beyond it are counted in the *_unlisted series.").
+		Default("100").IntVar(&c.MaxServiceSeries)
+	app.Flag("conntrack.socket-buffer-bytes", "Receive buffer of the conntrack event socket; a larger one rides out bursts without losing events.").
+		Default("33554432").IntVar(&c.SocketBufferBytes)
+	app.Flag("conntrack.service-refresh-interval", "How often the map from Service address to Service and the node's bridges and pod routes are re-read.").
+		Default("60s").DurationVar(&c.ServiceRefreshInterval)
+	app.Flag("conntrack.resync-min-interval", "Least time between two re-reads of the conntrack table after the kernel dropped events for the listener.").
+		Default("30s").DurationVar(&c.ResyncMinInterval)
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.UnrepliedAfter <= 0:
+		return errors.New("--conntrack.unreplied-after must be positive")
+	case c.MaxTrackedFlows <= 0:
+		return errors.New("--conntrack.max-tracked-flows must be positive")
+	case c.MaxServiceSeries < 0:
+		return errors.New("--conntrack.max-service-series must not be negative")
+	case c.SocketBufferBytes <= 0:
+		return errors.New("--conntrack.socket-buffer-bytes must be positive")
+	case c.ServiceRefreshInterval <= 0:
+		return errors.New("--conntrack.service-refresh-interval must be positive")
+	}
+	return nil
+}
+
+// Collector is the conntrack collector.
+type Collector struct {
+	cfg      Config
+	logger   *slog.Logger
+	tracker  *flowTracker
+	services serviceSource
+	stats    func() (tableStats, error) // the kernel's; replaced in tests
+
+	events        [eventDestroy + 1]atomic.Uint64
+	receiveErrors atomic.Uint64
+	resyncs       atomic.Uint64
+	view          atomic.Pointer[attributionView]
+
+	mu        sync.Mutex
+	sock      *netlinkSocket // the live event socket, for its drop count
+	lostBase  uint64         // drops of sockets already replaced
+	listenErr error          // why the event listener is not running, nil while it is
+}
+
+// New builds the collector. It opens nothing: the event socket is opened by Run, and a
+// missing capability or kernel feature is reported by Update, not here.
+func New(cfg Config, logger *slog.Logger) (*Collector, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	c := &Collector{
+		cfg:      cfg,
+		logger:   logger,
+		tracker:  newFlowTracker(cfg.MaxTrackedFlows, cfg.MaxServiceSeries),
+		services: newKubeProxyServices(logger),
+		stats:    readStats,
+	}
+	c.view.Store(&attributionView{services: emptyServiceMap{}, net: &localNet{}})
+	return c, nil
+}
+
+// Run follows the conntrack event stream until ctx is done, re-subscribing after any receive
+// error, and keeps the Service map and the local network view fresh.
+func (c *Collector) Run(ctx context.Context) {
+	c.warnIfEventsOff()
+	go c.refreshViewLoop(ctx)
+	c.listenLoop(ctx)
+}
+
+func (c *Collector) warnIfEventsOff() {
+	b, err := os.ReadFile(filepath.Join(c.cfg.ProcPath, "sys/net/netfilter/nf_conntrack_events"))
+	if err == nil && strings.TrimSpace(string(b)) == "0" {
+		c.logger.Warn("net.netfilter.nf_conntrack_events is 0: the kernel sends no conntrack events, so unreplied flows cannot be seen (table stats still work)")
+	}
+}
+
+func (c *Collector) setListenErr(err error) {
+	c.mu.Lock()
+	c.listenErr = err
+	c.mu.Unlock()
+}
+
+// adopt makes sock the live socket and closes the one it replaces, in that order, so that no
+// moment passes without a subscribed socket (with nf_conntrack_events=2 the kernel stops
+// generating events for flows while nobody listens).
+func (c *Collector) adopt(sock *netlinkSocket) {
+	c.mu.Lock()
+	old := c.sock
+	if old != nil {
+		if d, err := old.drops(); err == nil {
+			c.lostBase += uint64(d)
+		}
+	}
+	c.sock = sock
+	c.mu.Unlock()
+	if old != nil {
+		old.Close()
+	}
+}
+
+func (c *Collector) listenLoop(ctx context.Context) {
+	const maxBackoff = 30 * time.Second
+	backoff := time.Second
+	for ctx.Err() == nil {
+		sock, err := openEventSocket(c.cfg.SocketBufferBytes)
+		if err != nil {
+			c.setListenErr(err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, maxBackoff)
+			continue
+		}
+		c.adopt(sock)
+		// The socket is subscribed before the table is read, so a flow that changes during the
+		// dump is seen in the dump, in the queued events, or both; never in neither.
+		if err := c.resync(); err != nil {
+			c.setListenErr(fmt.Errorf("seed flow tracking from the conntrack table: %w", err))
+		} else {
+			c.setListenErr(nil)
+		}
+		backoff = time.Second
+		err = c.consume(ctx, sock)
+		if ctx.Err() != nil {
+			break
+		}
+		c.receiveErrors.Add(1)
+		c.logger.Warn("conntrack event stream failed; opening a new socket and re-reading the table", "err", err)
+	}
+	c.mu.Lock()
+	sock := c.sock
+	c.sock = nil
+	c.mu.Unlock()
+	if sock != nil {
+		sock.Close()
+	}
+}
+
+// resync re-reads the table and replaces the tracked flows with its unreplied DNAT'ed ones.
+func (c *Collector) resync() error {
+	var dump []flowEvent
+	err := dumpTable(func(ev *flowEvent) {
+		if !ev.seenReply() && ev.dnat() && len(dump) <= c.cfg.MaxTrackedFlows {
+			dump = append(dump, *ev)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	c.tracker.resync(dump, time.Now().UnixNano())
+	c.resyncs.Add(1)
+	return nil
+}
+
+// consume reads events from sock until it fails or ctx is done.
+func (c *Collector) consume(ctx context.Context, sock *netlinkSocket) error {
+	stop := context.AfterFunc(ctx, func() { sock.Close() })
+	defer stop()
+
+	const dropCheckInterval = 5 * time.Second
+	var (
+		ev            flowEvent
+		lastCheck     = time.Now()
+		lastResync    = time.Now()
+		dropsAtResync uint32
+	)
+	handle := func(msg []byte) error {
+		if err := decodeFlowMessage(msg, &ev); err != nil {
+			if !errors.Is(err, errNotConntrack) {
+				// One undecodable message loses one event, not the stream.
+				c.receiveErrors.Add(1)
+				c.logger.Debug("skipping undecodable conntrack event", "err", err)
+			}
+			return nil
+		}
+		c.events[ev.typ].Add(1)
+		c.tracker.handle(&ev, time.Now().UnixNano(), c.view.Load())
+		return nil
+	}
+	for {
+		if err := sock.receive(handle); err != nil {
+			return err
+		}
+		// Lost events leave tracking wrong (a missed reply or end); re-read the table then,
+		// at most once per ResyncMinInterval so a sustained overload is not made worse.
+		if now := time.Now(); now.Sub(lastCheck) >= dropCheckInterval {
+			lastCheck = now
+			drops, err := sock.drops()
+			if err == nil && drops > dropsAtResync && now.Sub(lastResync) >= c.cfg.ResyncMinInterval {
+				dropsAtResync, lastResync = drops, now
+				if err := c.resync(); err != nil {
+					c.logger.Warn("re-reading the conntrack table after lost events failed", "err", err)
+				}
+			}
+		}
+	}
+}
+
+// attributionView is the current Service map and local network, swapped as a whole.
+type attributionView struct {
+	services ServiceMap
+	net      *localNet
+}
+
+func (v *attributionView) attribute(orig, reply *tuple) seriesKey {
+	svc, ok := v.services.Lookup(orig.dst, orig.dstPort, orig.proto)
+	if !ok {
+		return seriesKey{proto: orig.proto, reason: reasonNoService}
+	}
+	return seriesKey{svc: svc, proto: orig.proto, reason: v.net.classify(orig.src, reply.src)}
+}
+
+func (c *Collector) refreshViewLoop(ctx context.Context) {
+	t := time.NewTicker(c.cfg.ServiceRefreshInterval)
+	defer t.Stop()
+	var lastNetErr string
+	for {
+		ln, err := loadLocalNet(c.cfg.ProcPath, c.cfg.SysPath, systemInterfaceAddrs)
+		if err != nil {
+			if err.Error() != lastNetErr {
+				c.logger.Warn("cannot read the node's bridges and routes; endpoints will be classed remote", "err", err)
+			}
+			lastNetErr = err.Error()
+			ln = &localNet{}
+		} else {
+			lastNetErr = ""
+		}
+		c.view.Store(&attributionView{services: c.services.load(ctx), net: ln})
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+var (
+	entriesDesc      = newDesc("entries", "Entries in the conntrack table (netlink global stats; the same as nf_conntrack_count).")
+	entriesLimitDesc = newDesc("entries_limit", "Size of the conntrack table (netlink global stats; nf_conntrack_max).")
+	// The kernel's per-CPU statistics (netlink CTA_STATS_*; conntrack -S), summed over CPUs.
+	cpuStatDescs = []struct {
+		desc  *prometheus.Desc
+		value func(*cpuStats) uint64
+	}{
+		{newDesc("invalid_packets_total", "Packets conntrack could not track and marked INVALID (kernel per-CPU stat invalid, summed). Unless dropped, such a reply leaves the node un-NATed."), func(s *cpuStats) uint64 { return s.invalid }},
+		{newDesc("insert_failed_total", "Entries that could not be inserted, e.g. a clash of two racing packets (kernel stat insert_failed)."), func(s *cpuStats) uint64 { return s.insertFailed }},
+		{newDesc("drop_total", "Packets dropped because a new entry could not be created, e.g. the table was full (kernel stat drop)."), func(s *cpuStats) uint64 { return s.drop }},
+		{newDesc("early_drop_total", "Entries evicted early to make room in a full table (kernel stat early_drop)."), func(s *cpuStats) uint64 { return s.earlyDrop }},
+		{newDesc("found_total", "Lookups that found an existing entry (kernel stat found; always 0 on recent kernels)."), func(s *cpuStats) uint64 { return s.found }},
+		{newDesc("ignore_total", "Packets conntrack did not look at, e.g. already tracked or untracked (kernel stat ignore)."), func(s *cpuStats) uint64 { return s.ignore }},
+		{newDesc("insert_total", "Entries inserted (kernel stat insert; always 0 on recent kernels)."), func(s *cpuStats) uint64 { return s.insert }},
+		{newDesc("error_total", "ICMP error packets that could not be matched to an entry (kernel stat error)."), func(s *cpuStats) uint64 { return s.error }},
+		{newDesc("search_restart_total", "Table lookups restarted because the table was resized (kernel stat search_restart)."), func(s *cpuStats) uint64 { return s.searchRestart }},
+	}
+
+	eventsDesc = prometheus.NewDesc("proxyhealth_conntrack_events_total",
+		"Conntrack events received from the kernel's event stream (netlink groups NEW, UPDATE, DESTROY), by event.",
+		[]string{"event"}, nil)
+	eventsLostDesc        = newDesc("events_lost_total", "Conntrack events the kernel dropped for the exporter's socket because its buffer was full (the socket's sk_drops, the Drops column of /proc/net/netlink), over all sockets this process opened.")
+	receiveErrorsDesc     = newDesc("receive_errors_total", "Errors receiving or decoding the conntrack event stream; after a receive error the exporter opens a new socket and re-reads the table.")
+	resyncsDesc           = newDesc("table_resyncs_total", "Times the exporter re-read the conntrack table to re-seed flow tracking (at start, after a receive error, after lost events).")
+	untrackedDesc         = newDesc("untracked_flows_total", "New unreplied DNAT'ed flows not followed because --conntrack.max-tracked-flows were already followed; they still count when they end unreplied.")
+	trackedDesc           = newDesc("tracked_flows", "Unreplied DNAT'ed flows being followed right now.")
+	serviceLabels         = []string{"service_namespace", "service_name", "service_port", "protocol", "reason"}
+	unrepliedDesc         = prometheus.NewDesc("proxyhealth_conntrack_unreplied_flows_total", "DNAT'ed flows (Service traffic) that ended without ever seeing a reply (conntrack DESTROY without SEEN_REPLY), by Service port and where the endpoint was: same_bridge (client and endpoint on one local bridge: check bridge-nf-call-iptables), local_endpoint, remote_endpoint, no_service.", serviceLabels, nil)
+	openUnrepliedDesc     = prometheus.NewDesc("proxyhealth_conntrack_open_unreplied_flows", "DNAT'ed flows open right now that have had no reply for longer than --conntrack.unreplied-after, by Service port and reason (as proxyhealth_conntrack_unreplied_flows_total).", serviceLabels, nil)
+	overflowLabels        = []string{"protocol", "reason"}
+	unrepliedUnlistedDesc = prometheus.NewDesc("proxyhealth_conntrack_unreplied_flows_unlisted_total", "Unreplied flows of Service ports left out of the per-service series by --conntrack.max-service-series.", overflowLabels, nil)
+	openUnlistedDesc      = prometheus.NewDesc("proxyhealth_conntrack_open_unreplied_flows_unlisted", "Open unreplied flows of Service ports left out of the per-service series by --conntrack.max-service-series.", overflowLabels, nil)
+	servicesKnownDesc     = newDesc("service_ports_known", "Service ports the exporter can attribute flows to (from kube-proxy's KUBE-SERVICES rules); 0 means every flow is no_service.")
+)
+
+func newDesc(name, help string) *prometheus.Desc {
+	return prometheus.NewDesc("proxyhealth_conntrack_"+name, help, nil, nil)
+}
+
+// Update reads the kernel's statistics and publishes the event listener's counters and the
+// tracked flows. It fails when the statistics cannot be read or the listener is not running.
+func (c *Collector) Update(ch chan<- prometheus.Metric) error {
+	var errs []error
+	if st, err := c.stats(); err != nil {
+		errs = append(errs, err)
+	} else {
+		ch <- prometheus.MustNewConstMetric(entriesDesc, prometheus.GaugeValue, float64(st.entries))
+		ch <- prometheus.MustNewConstMetric(entriesLimitDesc, prometheus.GaugeValue, float64(st.limit))
+		for _, d := range cpuStatDescs {
+			ch <- prometheus.MustNewConstMetric(d.desc, prometheus.CounterValue, float64(d.value(&st.cpu)))
+		}
+	}
+
+	for t := eventNew; t <= eventDestroy; t++ {
+		ch <- prometheus.MustNewConstMetric(eventsDesc, prometheus.CounterValue, float64(c.events[t].Load()), t.String())
+	}
+	c.mu.Lock()
+	lost := c.lostBase
+	if c.sock != nil {
+		if d, err := c.sock.drops(); err == nil {
+			lost += uint64(d)
+		} else {
+			errs = append(errs, err)
+		}
+	}
+	listenErr := c.listenErr
+	c.mu.Unlock()
+	if listenErr != nil {
+		errs = append(errs, listenErr)
+	}
+	ch <- prometheus.MustNewConstMetric(eventsLostDesc, prometheus.CounterValue, float64(lost))
+	ch <- prometheus.MustNewConstMetric(receiveErrorsDesc, prometheus.CounterValue, float64(c.receiveErrors.Load()))
+	ch <- prometheus.MustNewConstMetric(resyncsDesc, prometheus.CounterValue, float64(c.resyncs.Load()))
+
+	view := c.view.Load()
+	ch <- prometheus.MustNewConstMetric(servicesKnownDesc, prometheus.GaugeValue, float64(view.services.Len()))
+	snap := c.tracker.snapshot(time.Now().Add(-c.cfg.UnrepliedAfter).UnixNano(), view)
+	ch <- prometheus.MustNewConstMetric(trackedDesc, prometheus.GaugeValue, float64(snap.tracked))
+	ch <- prometheus.MustNewConstMetric(untrackedDesc, prometheus.CounterValue, float64(snap.untracked))
+	for _, s := range snap.unreplied {
+		ch <- prometheus.MustNewConstMetric(unrepliedDesc, prometheus.CounterValue, float64(s.value), s.key.labels()...)
+	}
+	for _, s := range snap.open {
+		ch <- prometheus.MustNewConstMetric(openUnrepliedDesc, prometheus.GaugeValue, float64(s.value), s.key.labels()...)
+	}
+	for _, s := range snap.unlisted {
+		ch <- prometheus.MustNewConstMetric(unrepliedUnlistedDesc, prometheus.CounterValue, float64(s.value), protocolName(s.key.proto), s.key.reason.String())
+	}
+	for _, s := range snap.openUnlisted {
+		ch <- prometheus.MustNewConstMetric(openUnlistedDesc, prometheus.GaugeValue, float64(s.value), protocolName(s.key.proto), s.key.reason.String())
+	}
+	return errors.Join(errs...)
+}
+
+func (k seriesKey) labels() []string {
+	port := ""
+	if k.svc.Port != 0 {
+		port = strconv.Itoa(int(k.svc.Port))
+	}
+	return []string{k.svc.Namespace, k.svc.Name, port, protocolName(k.proto), k.reason.String()}
+}

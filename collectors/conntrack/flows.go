@@ -1,0 +1,236 @@
+package conntrack
+
+import (
+	"net/netip"
+	"sort"
+	"strconv"
+	"sync"
+)
+
+// Service is the Kubernetes Service port a flow was sent to. Port is the Service's port
+// number (the ClusterIP port), which is what DESIGN.md's service_port label means.
+type Service struct {
+	Namespace, Name string
+	Port            uint16
+}
+
+// ServiceMap resolves a destination the client used (a ClusterIP or other Service address, its
+// port and IP protocol number) to a Service.
+type ServiceMap interface {
+	Lookup(addr netip.Addr, port uint16, proto uint8) (Service, bool)
+	// Len is the number of Service ports known.
+	Len() int
+}
+
+// reason says where an unreplied flow's DNAT target was, which names the likely cause.
+type reason uint8
+
+const (
+	reasonNoService      reason = iota // the destination is no known Service
+	reasonSameBridge                   // client and endpoint on one local bridge: incident 1
+	reasonLocalEndpoint                // endpoint on this node, not on the client's bridge
+	reasonRemoteEndpoint               // endpoint elsewhere
+)
+
+var reasonNames = [...]string{"no_service", "same_bridge", "local_endpoint", "remote_endpoint"}
+
+func (r reason) String() string { return reasonNames[r] }
+
+func protocolName(p uint8) string {
+	switch p {
+	case 6:
+		return "tcp"
+	case 17:
+		return "udp"
+	case 132:
+		return "sctp"
+	}
+	return strconv.Itoa(int(p))
+}
+
+// seriesKey is one label set of the per-service unreplied series.
+type seriesKey struct {
+	svc    Service
+	proto  uint8
+	reason reason
+}
+
+// overflowKey is the bounded label set for flows left out of the per-service series by the cap.
+type overflowKey struct {
+	proto  uint8
+	reason reason
+}
+
+// attribution names a flow's Service and the reason class of its endpoint.
+type attribution interface {
+	attribute(orig, reply *tuple) seriesKey
+}
+
+// trackedFlow is a DNAT'ed flow that has not been answered yet.
+type trackedFlow struct {
+	since       int64 // unix nanoseconds when first seen unreplied
+	orig, reply tuple
+}
+
+// flowTracker follows DNAT'ed flows from their first event until a reply or their end, counts
+// those that end unreplied, and knows which are open and unreplied right now. Its memory is
+// bounded by maxTracked flows and maxSeries label sets whatever the flow rate.
+type flowTracker struct {
+	maxTracked int
+	maxSeries  int
+
+	mu        sync.Mutex
+	flows     map[uint32]trackedFlow
+	untracked uint64
+	unreplied map[seriesKey]uint64
+	unlisted  map[overflowKey]uint64
+}
+
+func newFlowTracker(maxTracked, maxSeries int) *flowTracker {
+	return &flowTracker{
+		maxTracked: maxTracked,
+		maxSeries:  maxSeries,
+		flows:      make(map[uint32]trackedFlow),
+		unreplied:  make(map[seriesKey]uint64),
+		unlisted:   make(map[overflowKey]uint64),
+	}
+}
+
+// handle applies one event. now is unix nanoseconds.
+func (t *flowTracker) handle(ev *flowEvent, now int64, attr attribution) {
+	switch ev.typ {
+	case eventNew, eventUpdate:
+		if ev.seenReply() {
+			// Answered: only a tracked flow needs work, and the map lookup is cheaper than
+			// the DNAT test for the common case of an untracked flow.
+			t.mu.Lock()
+			delete(t.flows, ev.id)
+			t.mu.Unlock()
+			return
+		}
+		if !ev.dnat() {
+			return
+		}
+		t.mu.Lock()
+		if _, ok := t.flows[ev.id]; !ok {
+			if len(t.flows) < t.maxTracked {
+				t.flows[ev.id] = trackedFlow{since: now, orig: ev.orig, reply: ev.reply}
+			} else if ev.typ == eventNew {
+				t.untracked++
+			}
+		}
+		t.mu.Unlock()
+	case eventDestroy:
+		t.mu.Lock()
+		tracked, wasTracked := t.flows[ev.id]
+		delete(t.flows, ev.id)
+		var unreplied bool
+		switch {
+		case ev.hasStatus:
+			unreplied = !ev.seenReply() && ev.dnat()
+		case wasTracked:
+			// Without a status in the event the last state we saw decides.
+			unreplied = true
+			ev.orig, ev.reply = tracked.orig, tracked.reply
+		}
+		if unreplied {
+			t.countUnrepliedLocked(attr.attribute(&ev.orig, &ev.reply))
+		}
+		t.mu.Unlock()
+	}
+}
+
+func (t *flowTracker) countUnrepliedLocked(k seriesKey) {
+	if _, listed := t.unreplied[k]; listed || k.reason == reasonNoService || len(t.unreplied) < t.maxSeries {
+		// no_service flows carry no service labels: one series per protocol, outside the cap.
+		t.unreplied[k]++
+		return
+	}
+	t.unlisted[overflowKey{k.proto, k.reason}]++
+}
+
+// resync replaces the tracked set with the unreplied DNAT'ed flows of a table dump, keeping the
+// first-seen time of flows already tracked. It is how tracking recovers after events were lost
+// or a socket was replaced; a tracked flow missing from the table ended while we could not see
+// it, and is dropped without being counted, since whether it was answered is unknown.
+func (t *flowTracker) resync(dump []flowEvent, now int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	next := make(map[uint32]trackedFlow, len(t.flows))
+	for i := range dump {
+		ev := &dump[i]
+		if ev.seenReply() || !ev.dnat() {
+			continue
+		}
+		if len(next) >= t.maxTracked {
+			t.untracked++
+			continue
+		}
+		f, ok := t.flows[ev.id]
+		if !ok {
+			f = trackedFlow{since: now, orig: ev.orig, reply: ev.reply}
+		}
+		next[ev.id] = f
+	}
+	t.flows = next
+}
+
+// seriesCount is one series value for the exposition.
+type seriesCount struct {
+	key   seriesKey
+	value uint64
+}
+
+type overflowCount struct {
+	key   overflowKey
+	value uint64
+}
+
+// snapshot is what a scrape reads.
+type snapshot struct {
+	tracked      int
+	untracked    uint64
+	unreplied    []seriesCount
+	unlisted     []overflowCount
+	open         []seriesCount
+	openUnlisted []overflowCount
+}
+
+// snapshot copies the counters and groups the flows unreplied since before openBefore (unix
+// nanoseconds) by series, applying the same cap to the gauge: the largest groups are listed.
+func (t *flowTracker) snapshot(openBefore int64, attr attribution) snapshot {
+	t.mu.Lock()
+	s := snapshot{tracked: len(t.flows), untracked: t.untracked}
+	for k, v := range t.unreplied {
+		s.unreplied = append(s.unreplied, seriesCount{k, v})
+	}
+	for k, v := range t.unlisted {
+		s.unlisted = append(s.unlisted, overflowCount{k, v})
+	}
+	open := make(map[seriesKey]uint64)
+	for _, f := range t.flows {
+		if f.since <= openBefore {
+			open[attr.attribute(&f.orig, &f.reply)]++
+		}
+	}
+	t.mu.Unlock()
+
+	for k, v := range open {
+		s.open = append(s.open, seriesCount{k, v})
+	}
+	sort.Slice(s.open, func(i, j int) bool { return s.open[i].value > s.open[j].value })
+	overflow := make(map[overflowKey]uint64)
+	listed := s.open[:0]
+	for _, c := range s.open {
+		if c.key.reason != reasonNoService && len(listed) >= t.maxSeries {
+			overflow[overflowKey{c.key.proto, c.key.reason}] += c.value
+			continue
+		}
+		listed = append(listed, c)
+	}
+	s.open = listed
+	for k, v := range overflow {
+		s.openUnlisted = append(s.openUnlisted, overflowCount{k, v})
+	}
+	return s
+}

@@ -1,0 +1,198 @@
+package conntrack
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/common/promslog"
+	"golang.org/x/sys/unix"
+)
+
+var webService = Service{Namespace: "lab", Name: "web", Port: 80}
+
+// labView attributes 10.96.0.10:80/tcp to lab/web, with cni0 on 10.244.1.0/24 and a pod routed
+// per host route at 10.244.9.9.
+func labView() *attributionView {
+	return &attributionView{
+		services: serviceMap{{vip, 80, 6}: webService},
+		net: &localNet{
+			bridges: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")},
+			local:   []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("10.244.9.9/32")},
+		},
+	}
+}
+
+func event(typ eventType, id, status uint32, orig, reply tuple) *flowEvent {
+	return &flowEvent{typ: typ, id: id, status: status, hasStatus: true, orig: orig, reply: reply}
+}
+
+func TestTrackerCountsUnrepliedDestroy(t *testing.T) {
+	tr := newFlowTracker(10, 10)
+	view := labView()
+	orig, reply := dnatTuples(1000)
+	tr.handle(event(eventNew, 1, statusDstNAT, orig, reply), 0, view)
+	tr.handle(event(eventDestroy, 1, statusDstNAT, orig, reply), 1, view)
+
+	// A replied flow and a flow that was never DNAT'ed do not count.
+	orig2, reply2 := dnatTuples(1001)
+	tr.handle(event(eventNew, 2, statusDstNAT, orig2, reply2), 0, view)
+	tr.handle(event(eventUpdate, 2, statusDstNAT|statusSeenReply, orig2, reply2), 1, view)
+	tr.handle(event(eventDestroy, 2, statusDstNAT|statusSeenReply, orig2, reply2), 2, view)
+	plain := tuple{src: client, dst: endpoint, srcPort: 5, dstPort: 8080, proto: 6}
+	plainReply := tuple{src: endpoint, dst: client, srcPort: 8080, dstPort: 5, proto: 6}
+	tr.handle(event(eventDestroy, 3, 0, plain, plainReply), 2, view)
+
+	s := tr.snapshot(0, view)
+	want := []seriesCount{{seriesKey{webService, 6, reasonSameBridge}, 1}}
+	if len(s.unreplied) != 1 || s.unreplied[0] != want[0] {
+		t.Errorf("unreplied = %+v, want %+v", s.unreplied, want)
+	}
+	if s.tracked != 0 {
+		t.Errorf("tracked = %d after every flow ended, want 0", s.tracked)
+	}
+}
+
+func TestTrackerOpenUnreplied(t *testing.T) {
+	tr := newFlowTracker(10, 10)
+	view := labView()
+	orig, reply := dnatTuples(1000)
+	tr.handle(event(eventNew, 1, statusDstNAT, orig, reply), 100, view)
+	// Retransmitted SYNs update the flow without a reply: it stays tracked from its first event.
+	tr.handle(event(eventUpdate, 1, statusDstNAT, orig, reply), 200, view)
+	if got := tr.snapshot(99, view).open; len(got) != 0 {
+		t.Errorf("open before unreplied-after = %+v, want none", got)
+	}
+	got := tr.snapshot(150, view).open
+	if len(got) != 1 || got[0].value != 1 || got[0].key.reason != reasonSameBridge {
+		t.Errorf("open = %+v, want one same_bridge flow", got)
+	}
+	tr.handle(event(eventUpdate, 1, statusDstNAT|statusSeenReply, orig, reply), 300, view)
+	if got := tr.snapshot(1000, view).open; len(got) != 0 {
+		t.Errorf("open after reply = %+v, want none", got)
+	}
+}
+
+func TestTrackerReasons(t *testing.T) {
+	view := labView()
+	cases := []struct {
+		name     string
+		dst      netip.Addr
+		endpoint string
+		want     reason
+	}{
+		{"same bridge", vip, "10.244.1.3", reasonSameBridge},
+		{"local host route", vip, "10.244.9.9", reasonLocalEndpoint},
+		{"remote", vip, "10.244.2.2", reasonRemoteEndpoint},
+		{"no service", netip.MustParseAddr("10.96.7.7"), "10.244.1.3", reasonNoService},
+	}
+	for i, tc := range cases {
+		orig := tuple{src: client, dst: tc.dst, srcPort: uint16(i + 1), dstPort: 80, proto: 6}
+		reply := tuple{src: netip.MustParseAddr(tc.endpoint), dst: client, srcPort: 8080, dstPort: uint16(i + 1), proto: 6}
+		if got := view.attribute(&orig, &reply).reason; got != tc.want {
+			t.Errorf("%s: reason %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestTrackerBoundsMemory(t *testing.T) {
+	tr := newFlowTracker(3, 1)
+	view := labView()
+	for id := uint32(1); id <= 5; id++ {
+		orig, reply := dnatTuples(uint16(id))
+		tr.handle(event(eventNew, id, statusDstNAT, orig, reply), 0, view)
+	}
+	s := tr.snapshot(0, view)
+	if s.tracked != 3 || s.untracked != 2 {
+		t.Errorf("tracked %d untracked %d, want 3 and 2", s.tracked, s.untracked)
+	}
+	// Untracked flows still count when they end unreplied.
+	orig, reply := dnatTuples(5)
+	tr.handle(event(eventDestroy, 5, statusDstNAT, orig, reply), 1, view)
+	// A second Service beyond the series cap goes to the unlisted counter.
+	other := Service{Namespace: "lab", Name: "other", Port: 81}
+	view.services.(serviceMap)[serviceKey{vip, 81, 6}] = other
+	orig.dstPort = 81
+	tr.handle(event(eventDestroy, 9, statusDstNAT, orig, reply), 1, view)
+	s = tr.snapshot(0, view)
+	if len(s.unreplied) != 1 || s.unreplied[0].value != 1 {
+		t.Errorf("unreplied = %+v, want only lab/web once", s.unreplied)
+	}
+	if len(s.unlisted) != 1 || s.unlisted[0].value != 1 || s.unlisted[0].key != (overflowKey{6, reasonSameBridge}) {
+		t.Errorf("unlisted = %+v, want one tcp same_bridge", s.unlisted)
+	}
+}
+
+func TestTrackerResync(t *testing.T) {
+	tr := newFlowTracker(10, 10)
+	view := labView()
+	o1, r1 := dnatTuples(1)
+	o2, r2 := dnatTuples(2)
+	o3, r3 := dnatTuples(3)
+	tr.handle(event(eventNew, 1, statusDstNAT, o1, r1), 10, view)
+	tr.handle(event(eventNew, 2, statusDstNAT, o2, r2), 10, view)
+	// The table now has flow 1 (still unreplied), flow 2 answered, and flow 3 we never saw.
+	tr.resync([]flowEvent{
+		*event(eventNone, 1, statusDstNAT, o1, r1),
+		*event(eventNone, 2, statusDstNAT|statusSeenReply, o2, r2),
+		*event(eventNone, 3, statusDstNAT, o3, r3),
+	}, 50)
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	if len(tr.flows) != 2 || tr.flows[1].since != 10 || tr.flows[3].since != 50 {
+		t.Errorf("after resync: %+v, want flow 1 since 10 and flow 3 since 50", tr.flows)
+	}
+}
+
+
+func TestCollectorExposition(t *testing.T) {
+	cfg := Config{UnrepliedAfter: time.Second, MaxTrackedFlows: 10, MaxServiceSeries: 10, SocketBufferBytes: 1 << 20, ServiceRefreshInterval: time.Minute}
+	c, err := New(cfg, promslog.NewNopLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.stats = func() (tableStats, error) {
+		return tableStats{entries: 5, limit: 262144, cpu: cpuStats{invalid: 50, insertFailed: 1, drop: 2, earlyDrop: 3}}, nil
+	}
+	c.view.Store(labView())
+	orig, reply := dnatTuples(1)
+	c.tracker.handle(event(eventNew, 1, statusDstNAT, orig, reply), time.Now().Add(-time.Hour).UnixNano(), c.view.Load())
+	orig2, reply2 := dnatTuples(2)
+	c.tracker.handle(event(eventDestroy, 2, statusDstNAT, orig2, reply2), time.Now().UnixNano(), c.view.Load())
+
+	want := `
+# HELP proxyhealth_conntrack_entries Entries in the conntrack table (netlink global stats; the same as nf_conntrack_count).
+# TYPE proxyhealth_conntrack_entries gauge
+proxyhealth_conntrack_entries 5
+# HELP proxyhealth_conntrack_invalid_packets_total Packets conntrack could not track and marked INVALID (kernel per-CPU stat invalid, summed). Unless dropped, such a reply leaves the node un-NATed.
+# TYPE proxyhealth_conntrack_invalid_packets_total counter
+proxyhealth_conntrack_invalid_packets_total 50
+# HELP proxyhealth_conntrack_open_unreplied_flows DNAT'ed flows open right now that have had no reply for longer than --conntrack.unreplied-after, by Service port and reason (as proxyhealth_conntrack_unreplied_flows_total).
+# TYPE proxyhealth_conntrack_open_unreplied_flows gauge
+proxyhealth_conntrack_open_unreplied_flows{protocol="tcp",reason="same_bridge",service_name="web",service_namespace="lab",service_port="80"} 1
+# HELP proxyhealth_conntrack_unreplied_flows_total DNAT'ed flows (Service traffic) that ended without ever seeing a reply (conntrack DESTROY without SEEN_REPLY), by Service port and where the endpoint was: same_bridge (client and endpoint on one local bridge: check bridge-nf-call-iptables), local_endpoint, remote_endpoint, no_service.
+# TYPE proxyhealth_conntrack_unreplied_flows_total counter
+proxyhealth_conntrack_unreplied_flows_total{protocol="tcp",reason="same_bridge",service_name="web",service_namespace="lab",service_port="80"} 1
+`
+	if err := testutil.CollectAndCompare(updater{c}, strings.NewReader(want),
+		"proxyhealth_conntrack_entries", "proxyhealth_conntrack_invalid_packets_total",
+		"proxyhealth_conntrack_open_unreplied_flows", "proxyhealth_conntrack_unreplied_flows_total"); err != nil {
+		t.Error(err)
+	}
+
+	c.stats = func() (tableStats, error) { return tableStats{}, describeNetlinkError("x", unix.EPERM) }
+	if err := c.Update(make(chan prometheus.Metric, 100)); err == nil || !strings.Contains(err.Error(), "CAP_NET_ADMIN") {
+		t.Errorf("Update with stats refused = %v, want an error naming CAP_NET_ADMIN", err)
+	}
+}
+
+// updater adapts the collector to prometheus.Collector for testutil.
+type updater struct{ c *Collector }
+
+func (u updater) Describe(chan<- *prometheus.Desc) {}
+func (u updater) Collect(ch chan<- prometheus.Metric) {
+	_ = u.c.Update(ch)
+}
