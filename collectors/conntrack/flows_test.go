@@ -147,7 +147,6 @@ func TestTrackerResync(t *testing.T) {
 	}
 }
 
-
 func TestCollectorExposition(t *testing.T) {
 	cfg := Config{UnrepliedAfter: time.Second, MaxTrackedFlows: 10, MaxServiceSeries: 10, SocketBufferBytes: 1 << 20, ServiceRefreshInterval: time.Minute}
 	c, err := New(cfg, promslog.NewNopLogger())
