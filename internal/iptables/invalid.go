@@ -11,8 +11,9 @@ import "strings"
 // INVALID,UNTRACKED counts, `! --ctstate INVALID` does not). Extra matches do not disqualify
 // it: kube-proxy's rule also carries `-m nfacct`, and a drop restricted by e.g. `-s` or `-i`
 // is still reported as present. A jump that itself matches INVALID into a chain whose rule is a
-// plain DROP counts too. Traversal of a chain stops after an unconditional ACCEPT, DROP,
-// REJECT, RETURN or goto, since later rules are never reached.
+// plain DROP counts too. Traversal stops after an unconditional ACCEPT, DROP or REJECT (also
+// inside a chain jumped to unconditionally) and a chain's after an unconditional RETURN or goto,
+// since later rules are never reached.
 //
 // path lists the rule lines followed, from the jump in fromChain to the drop rule itself, so
 // any restricting match on the way is visible in it. It is nil when nothing is reachable.
@@ -27,11 +28,13 @@ func (rs *Ruleset) InvalidDropReachable(table, fromChain string) (bool, []string
 		invalidOnly bool
 	}
 	seen := make(map[key]bool)
-	var walk func(c *Chain, invalidOnly bool, path []string) []string
-	walk = func(c *Chain, invalidOnly bool, path []string) []string {
+	// walk returns the path to a drop, or nil; terminal reports an unconditional ACCEPT, DROP
+	// or REJECT that ends every packet's traversal, so the caller must stop too.
+	var walk func(c *Chain, invalidOnly bool, path []string) (found []string, terminal bool)
+	walk = func(c *Chain, invalidOnly bool, path []string) ([]string, bool) {
 		k := key{c.Name, invalidOnly}
 		if seen[k] {
-			return nil
+			return nil, false
 		}
 		seen[k] = true
 		for i := range c.Rules {
@@ -39,23 +42,30 @@ func (rs *Ruleset) InvalidDropReachable(table, fromChain string) (bool, []string
 			target := r.Target()
 			matchesInvalid := r.matchesInvalid()
 			if target == "DROP" && (matchesInvalid || invalidOnly) {
-				return append(path, r.Raw)
+				return append(path, r.Raw), false
 			}
-			if next := t.Chain(target); next != nil && !next.Builtin() && target != c.Name {
-				if found := walk(next, invalidOnly || matchesInvalid, append(path[:len(path):len(path)], r.Raw)); found != nil {
-					return found
+			uncond := r.Unconditional()
+			if next := t.Chain(target); next != nil && !next.Builtin() {
+				found, terminal := walk(next, invalidOnly || matchesInvalid, append(path[:len(path):len(path)], r.Raw))
+				if found != nil || (terminal && uncond) {
+					return found, terminal
+				}
+				if uncond && r.Goto() {
+					return nil, false
 				}
 			}
-			if r.Unconditional() {
-				switch {
-				case r.Goto(), target == "ACCEPT", target == "DROP", target == "REJECT", target == "RETURN":
-					return nil
+			if uncond {
+				switch target {
+				case "ACCEPT", "DROP", "REJECT":
+					return nil, true
+				case "RETURN":
+					return nil, false
 				}
 			}
 		}
-		return nil
+		return nil, false
 	}
-	path := walk(c, false, nil)
+	path, _ := walk(c, false, nil)
 	return path != nil, path
 }
 

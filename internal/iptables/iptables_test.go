@@ -417,3 +417,25 @@ func BenchmarkKubeServices10k(b *testing.B) {
 		KubeServices(rs)
 	}
 }
+
+func TestInvalidDropReachableTerminal(t *testing.T) {
+	tests := []struct {
+		name, rules string
+		want        bool
+	}{
+		{"accept in jumped chain", "-A FORWARD -j A\n-A FORWARD -m conntrack --ctstate INVALID -j DROP\n-A A -j ACCEPT\n", false},
+		{"conditional jump to accepting chain", "-A FORWARD -i eth0 -j A\n-A FORWARD -m conntrack --ctstate INVALID -j DROP\n-A A -j ACCEPT\n", true},
+		{"return in jumped chain", "-A FORWARD -j A\n-A FORWARD -m conntrack --ctstate INVALID -j DROP\n-A A -j RETURN\n-A A -j ACCEPT\n", true},
+		{"goto ends the chain", "-A FORWARD -g A\n-A FORWARD -m conntrack --ctstate INVALID -j DROP\n-A A -p tcp -j ACCEPT\n", false},
+		{"commented accept is unconditional", "-A FORWARD -m comment --comment \"allow all\" -j ACCEPT\n-A FORWARD -m conntrack --ctstate INVALID -j DROP\n", false},
+	}
+	for _, tt := range tests {
+		rs, err := ParseString("*filter\n:FORWARD ACCEPT [0:0]\n:A - [0:0]\n" + tt.rules + "COMMIT\n")
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		if got, path := rs.InvalidDropReachable("filter", "FORWARD"); got != tt.want {
+			t.Errorf("%s: got %v %q, want %v", tt.name, got, path, tt.want)
+		}
+	}
+}
