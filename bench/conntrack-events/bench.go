@@ -1,0 +1,831 @@
+//go:build linux
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+const proc = "/proc"
+
+type step struct {
+	Label string
+	Rate  float64 // new flows/s; 0 = as fast as the generator goes
+}
+
+type config struct {
+	steps        []step
+	stepDur      time.Duration
+	exporterBin  string
+	repo         string
+	consumers    []string
+	out          string
+	smoke        bool
+	exporterArgs []string
+	genCPU       int
+	consCPU      int
+	sockets      int
+	batch        int
+	udpTimeout   int
+	filler       int
+	drainTimeout time.Duration
+	listenPort   int
+	keepTmp      bool
+}
+
+type stringList []string
+
+func (s *stringList) String() string     { return strings.Join(*s, " ") }
+func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
+
+func parseSteps(s string) ([]step, error) {
+	var out []step
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		if f == "max" {
+			out = append(out, step{Label: "max"})
+			continue
+		}
+		mult := 1.0
+		num := f
+		if strings.HasSuffix(f, "k") {
+			mult, num = 1000, strings.TrimSuffix(f, "k")
+		}
+		v, err := strconv.ParseFloat(num, 64)
+		if err != nil || v <= 0 || v*mult > 10_000_000 {
+			return nil, fmt.Errorf("bad step %q (a rate in new flows/s such as 25000 or 25k, or max)", f)
+		}
+		out = append(out, step{Label: f, Rate: v * mult})
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no steps")
+	}
+	return out, nil
+}
+
+func runMain(args []string) int {
+	fs := flag.NewFlagSet("conntrack-events", flag.ContinueOnError)
+	var cfg config
+	var stepsS, consumersS string
+	var exporterArgs stringList
+	fs.StringVar(&stepsS, "steps", "10k,25k,50k,75k,100k,150k,max", "target rates of new UDP flows/s, comma separated; max = as fast as one core sends")
+	fs.DurationVar(&cfg.stepDur, "step-duration", 5*time.Second, "how long the generator sends in each phase")
+	fs.StringVar(&cfg.exporterBin, "exporter-bin", "", "prebuilt proxyhealth binary (default: go build the repository at --repo)")
+	fs.StringVar(&cfg.repo, "repo", "", "proxyhealth repository root to build (default: found upwards from the working directory)")
+	fs.StringVar(&consumersS, "consumers", "exporter,conntrack", "consumers to measure in each step, in order (exporter, conntrack); the order alternates from step to step")
+	fs.StringVar(&cfg.out, "out", "", "also write the markdown report to this file")
+	fs.BoolVar(&cfg.smoke, "smoke", false, "one short low-rate step; fails only if the harness breaks or a consumer gets no event")
+	fs.Var(&exporterArgs, "exporter-arg", "extra argument for proxyhealth (repeatable)")
+	fs.IntVar(&cfg.genCPU, "generator-cpu", 0, "CPU the flow generator is pinned to")
+	fs.IntVar(&cfg.consCPU, "consumer-cpu", 1, "CPU the consumers are pinned to")
+	fs.IntVar(&cfg.sockets, "sockets", 64, "generator sockets (distinct source ports)")
+	fs.IntVar(&cfg.batch, "batch", 32, "datagrams per sendmmsg call")
+	fs.IntVar(&cfg.udpTimeout, "udp-timeout", 1, "net.netfilter.nf_conntrack_udp_timeout in the namespace (seconds)")
+	fs.IntVar(&cfg.filler, "filler-services", 20, "other (TCP) services ahead of the benchmarked one in KUBE-SERVICES")
+	fs.DurationVar(&cfg.drainTimeout, "drain-timeout", 20*time.Second, "how long to wait for the conntrack table to empty after a phase")
+	fs.IntVar(&cfg.listenPort, "listen-port", 9869, "exporter port on 127.0.0.1 inside the namespace")
+	fs.BoolVar(&cfg.keepTmp, "keep-tmp", false, "keep the temporary directory (consumer logs)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	cfg.exporterArgs = exporterArgs
+	var err error
+	if cfg.smoke {
+		cfg.steps = []step{{Label: "2k", Rate: 2000}}
+		cfg.stepDur = time.Second
+	} else if cfg.steps, err = parseSteps(stepsS); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	for _, c := range strings.Split(consumersS, ",") {
+		c = strings.TrimSpace(c)
+		if c != "exporter" && c != "conntrack" {
+			fmt.Fprintf(os.Stderr, "unknown consumer %q (exporter, conntrack)\n", c)
+			return 2
+		}
+		cfg.consumers = append(cfg.consumers, c)
+	}
+	if cfg.stepDur <= 0 || cfg.stepDur > 5*time.Minute {
+		fmt.Fprintln(os.Stderr, "--step-duration must be in (0, 5m]")
+		return 2
+	}
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "conntrack-events must run as root (it creates network namespaces)")
+		return 2
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer stop()
+	results, hdr, err := bench(ctx, cfg, append([]string{"conntrack-events"}, args...))
+	if hdr != nil {
+		report := renderReport(hdr, results)
+		fmt.Print(report)
+		if cfg.out != "" {
+			if werr := os.WriteFile(cfg.out, []byte(report), 0o644); werr != nil {
+				fmt.Fprintln(os.Stderr, werr)
+				return 1
+			}
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "conntrack-events: %v\n", err)
+		if ctx.Err() != nil {
+			return 130
+		}
+		return 1
+	}
+	failed := 0
+	for _, r := range results {
+		if r.Err != nil || r.Handled == 0 {
+			failed++
+		}
+	}
+	if failed > 0 {
+		fmt.Fprintf(os.Stderr, "conntrack-events: %d phase(s) failed or handled no event\n", failed)
+		return 1
+	}
+	return 0
+}
+
+// header is what the report says about the run.
+type header struct {
+	Date, Kernel, CPU, Cmdline     string
+	Events, CTMax, UDPTimeout, NS  string
+	ConntrackVersion, ExporterInfo string
+	Cores                          int
+	StepDur                        time.Duration
+	Sockets, Filler                int
+	GenCPU, ConsCPU                int
+}
+
+// bench sets up the namespace, runs every step and phase and always tears down what it made.
+func bench(ctx context.Context, cfg config, argv []string) (results []phaseResult, hdr *header, err error) {
+	unlock, err := lockRun()
+	if err != nil {
+		return nil, nil, err
+	}
+	defer unlock()
+
+	for _, ns := range listBenchNS() {
+		fmt.Fprintf(os.Stderr, "removing leftover namespace %s\n", ns)
+		if err := deleteNS(ns); err != nil {
+			return nil, nil, err
+		}
+	}
+	tmp, err := os.MkdirTemp("", "ph-bench-")
+	if err != nil {
+		return nil, nil, err
+	}
+	if !cfg.keepTmp {
+		defer os.RemoveAll(tmp)
+	} else {
+		fmt.Fprintf(os.Stderr, "keeping %s\n", tmp)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, nil, err
+	}
+
+	exporterBin := cfg.exporterBin
+	if slices.Contains(cfg.consumers, "exporter") && exporterBin == "" {
+		repo := cfg.repo
+		if repo == "" {
+			if repo, err = findRepo(); err != nil {
+				return nil, nil, err
+			}
+		}
+		exporterBin = filepath.Join(tmp, "proxyhealth")
+		fmt.Fprintf(os.Stderr, "building proxyhealth from %s\n", repo)
+		bctx, cancel := context.WithTimeout(ctx, 15*time.Minute)
+		cmd := exec.CommandContext(bctx, "go", "build", "-o", exporterBin, ".")
+		cmd.Dir = repo
+		out, berr := cmd.CombinedOutput()
+		cancel()
+		if berr != nil {
+			return nil, nil, fmt.Errorf("go build: %w: %s", berr, out)
+		}
+	}
+
+	ns := newNSName()
+	defer func() {
+		if derr := deleteNS(ns); derr != nil {
+			fmt.Fprintf(os.Stderr, "removing namespace %s: %v\n", ns, derr)
+		}
+	}()
+	if err := setupNS(ctx, ns, cfg.udpTimeout, cfg.filler); err != nil {
+		return nil, nil, err
+	}
+
+	// The reaper evicts expired entries about every 100ms (see reap.go), on the generator's CPU.
+	reapFor := time.Duration(len(cfg.steps)*len(cfg.consumers))*(cfg.stepDur+cfg.drainTimeout+time.Minute) + 10*time.Minute
+	reaper := exec.Command("ip", "netns", "exec", ns, "taskset", "-c", strconv.Itoa(cfg.genCPU), self, "reap", "--duration", reapFor.String())
+	reaper.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	var reapErr bytes.Buffer
+	reaper.Stderr = &reapErr
+	if err := reaper.Start(); err != nil {
+		return nil, nil, err
+	}
+	reaperDone := make(chan struct{})
+	go func() { _ = reaper.Wait(); close(reaperDone) }()
+	defer func() {
+		_ = syscall.Kill(-reaper.Process.Pid, syscall.SIGKILL)
+		<-reaperDone
+	}()
+	checkReaper := func() error {
+		select {
+		case <-reaperDone:
+			return fmt.Errorf("the conntrack reaper stopped: %s", strings.TrimSpace(reapErr.String()))
+		default:
+			return nil
+		}
+	}
+
+	hdr = &header{
+		Date:       time.Now().UTC().Format(time.RFC3339),
+		Kernel:     strings.TrimSpace(readFile("/proc/sys/kernel/osrelease")),
+		CPU:        cpuModel(),
+		Cores:      numCPU(),
+		Cmdline:    strings.Join(argv, " "),
+		Events:     nsSysctl(ctx, ns, "net.netfilter.nf_conntrack_events"),
+		CTMax:      nsSysctl(ctx, ns, "net.netfilter.nf_conntrack_max"),
+		UDPTimeout: nsSysctl(ctx, ns, "net.netfilter.nf_conntrack_udp_timeout"),
+		NS:         ns,
+		StepDur:    cfg.stepDur,
+		Sockets:    cfg.sockets,
+		Filler:     cfg.filler,
+		GenCPU:     cfg.genCPU,
+		ConsCPU:    cfg.consCPU,
+	}
+	if slices.Contains(cfg.consumers, "conntrack") {
+		out, _ := run(ctx, "", "conntrack", "--version")
+		hdr.ConntrackVersion = strings.TrimSpace(out)
+	}
+	var exporterBase []string
+	if exporterBin != "" && slices.Contains(cfg.consumers, "exporter") {
+		out, _ := run(ctx, "", exporterBin, "--version")
+		hdr.ExporterInfo = firstLine(out)
+		if repo := cfg.repo; cfg.exporterBin == "" {
+			if repo == "" {
+				repo, _ = findRepo()
+			}
+			if c, err := run(ctx, "", "git", "-C", repo, "rev-parse", "--short", "HEAD"); err == nil {
+				hdr.ExporterInfo += " (commit " + strings.TrimSpace(c) + ")"
+			}
+		}
+		exporterBase = []string{fmt.Sprintf("--web.listen-address=127.0.0.1:%d", cfg.listenPort)}
+		help, _ := run(ctx, "", exporterBin, "--help")
+		if strings.Contains(help, "collector.node") {
+			exporterBase = append(exporterBase, "--no-collector.node")
+		}
+		exporterBase = append(exporterBase, cfg.exporterArgs...)
+	}
+
+	env := &phaseEnv{cfg: cfg, ns: ns, tmp: tmp, self: self, exporterBin: exporterBin, exporterArgs: exporterBase}
+	for i, st := range cfg.steps {
+		order := slices.Clone(cfg.consumers)
+		if i%2 == 1 {
+			slices.Reverse(order)
+		}
+		for _, c := range order {
+			if err := ctx.Err(); err != nil {
+				return results, hdr, err
+			}
+			if err := checkReaper(); err != nil {
+				return results, hdr, err
+			}
+			fmt.Fprintf(os.Stderr, "step %s: %s ...\n", st.Label, c)
+			r := env.runPhase(ctx, st, c)
+			if ctx.Err() != nil {
+				return results, hdr, ctx.Err()
+			}
+			if r.Err != nil {
+				fmt.Fprintf(os.Stderr, "step %s: %s: %v\n", st.Label, c, r.Err)
+			} else {
+				fmt.Fprintf(os.Stderr, "step %s: %s: %d events, %d lost, %.2f us/event\n", st.Label, c, r.Handled, r.Lost, r.usPerEvent())
+			}
+			results = append(results, r)
+		}
+	}
+	return results, hdr, nil
+}
+
+// lockRun makes sure only one benchmark runs at a time (each removes the other's namespaces).
+func lockRun() (func(), error) {
+	f, err := os.OpenFile("/run/ph-bench.lock", os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("another conntrack-events run holds /run/ph-bench.lock: %w", err)
+	}
+	return func() { f.Close() }, nil
+}
+
+func findRepo() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for i := 0; i < 64; i++ {
+		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil && bytes.Contains(b, []byte("module github.com/proxyhealth/proxyhealth\n")) {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			break
+		}
+		dir = parent
+	}
+	return "", errors.New("cannot find the proxyhealth repository above the working directory; pass --repo or --exporter-bin")
+}
+
+func readFile(p string) string {
+	b, _ := os.ReadFile(p)
+	return string(b)
+}
+
+func firstLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
+
+func cpuModel() string {
+	for _, l := range strings.Split(readFile("/proc/cpuinfo"), "\n") {
+		if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "?"
+}
+
+func numCPU() int {
+	n := 0
+	for _, l := range strings.Split(readFile("/proc/cpuinfo"), "\n") {
+		if strings.HasPrefix(l, "processor") {
+			n++
+		}
+	}
+	return n
+}
+
+// phaseEnv is what every phase shares.
+type phaseEnv struct {
+	cfg          config
+	ns, tmp      string
+	self         string
+	exporterBin  string
+	exporterArgs []string
+}
+
+// phaseResult is one consumer at one step.
+type phaseResult struct {
+	Step      step
+	Consumer  string
+	Gen       genResult
+	Handled   uint64
+	Lost      uint64 // the kernel's Drops for the consumer's conntrack sockets
+	ExpLost   float64
+	HaveExpCt bool // the exporter served proxyhealth_conntrack_events_lost_total
+	Ticks     uint64
+	Wall      time.Duration
+	HWMKB     uint64
+	Table     ctStats // deltas of drop/early_drop/insert_failed
+	MaxEnt    uint64
+	Err       error
+}
+
+func (r phaseResult) usPerEvent() float64 {
+	if r.Handled == 0 {
+		return 0
+	}
+	return float64(r.Ticks) * 1e6 / float64(clkTck) / float64(r.Handled)
+}
+
+// clkTck is USER_HZ, the unit of utime/stime in /proc/<pid>/stat (100 on Linux).
+const clkTck = 100
+
+// consumer is one running event consumer.
+type consumer struct {
+	kind    string
+	cmd     *exec.Cmd
+	pid     int
+	outPath string
+	logPath string
+	exited  chan struct{}
+	waitErr error
+}
+
+func (e *phaseEnv) startConsumer(kind string) (*consumer, error) {
+	c := &consumer{kind: kind, exited: make(chan struct{})}
+	base := []string{"netns", "exec", e.ns, "taskset", "-c", strconv.Itoa(e.cfg.consCPU)}
+	var args []string
+	switch kind {
+	case "conntrack":
+		args = append(base, "conntrack", "-E", "-e", "NEW,UPDATE,DESTROY")
+	case "exporter":
+		args = append(append(base, e.exporterBin), e.exporterArgs...)
+	}
+	stamp := strconv.FormatInt(time.Now().UnixNano(), 36)
+	c.outPath = filepath.Join(e.tmp, kind+"-"+stamp+".out")
+	c.logPath = filepath.Join(e.tmp, kind+"-"+stamp+".log")
+	out, err := os.Create(c.outPath)
+	if err != nil {
+		return nil, err
+	}
+	defer out.Close()
+	log, err := os.Create(c.logPath)
+	if err != nil {
+		return nil, err
+	}
+	defer log.Close()
+	c.cmd = exec.Command("ip", args...)
+	c.cmd.Stdout, c.cmd.Stderr = out, log
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := c.cmd.Start(); err != nil {
+		return nil, err
+	}
+	c.pid = c.cmd.Process.Pid
+	go func() {
+		c.waitErr = c.cmd.Wait()
+		close(c.exited)
+	}()
+	return c, nil
+}
+
+// stop ends the consumer: SIGINT (conntrack prints its count), SIGTERM for the exporter, then
+// SIGKILL after a while.
+func (c *consumer) stop() {
+	sig := syscall.SIGTERM
+	if c.kind == "conntrack" {
+		sig = syscall.SIGINT
+	}
+	_ = syscall.Kill(c.pid, sig)
+	select {
+	case <-c.exited:
+		return
+	case <-time.After(10 * time.Second):
+	}
+	_ = syscall.Kill(-c.pid, syscall.SIGKILL)
+	select {
+	case <-c.exited:
+	case <-time.After(5 * time.Second):
+	}
+}
+
+func (c *consumer) logTail() string {
+	b := readFile(c.logPath)
+	if len(b) > 1500 {
+		b = "..." + b[len(b)-1500:]
+	}
+	return strings.TrimSpace(b)
+}
+
+// eventSocket reports whether the consumer holds a conntrack netlink socket subscribed to
+// multicast groups.
+func (c *consumer) eventSocket() (bool, error) {
+	inodes, err := socketInodes(proc, c.pid)
+	if err != nil {
+		return false, err
+	}
+	f, err := os.Open(filepath.Join(proc, strconv.Itoa(c.pid), "net", "netlink"))
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	rows, err := parseNetlink(f)
+	if err != nil {
+		return false, err
+	}
+	for _, r := range rows {
+		if r.Proto == netlinkNetfilter && r.Groups != 0 && inodes[r.Inode] {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// dropTracker follows the kernel's drop counter of every conntrack socket the consumer holds
+// over a phase, including sockets it replaces meanwhile.
+type dropTracker struct {
+	pid  int
+	mu   sync.Mutex
+	base map[uint64]uint64
+	max  map[uint64]uint64
+	ent  uint64
+}
+
+func newDropTracker(pid int) *dropTracker {
+	return &dropTracker{pid: pid, max: map[uint64]uint64{}}
+}
+
+func (d *dropTracker) sample() error {
+	inodes, err := socketInodes(proc, d.pid)
+	if err != nil {
+		return err
+	}
+	b, err := os.ReadFile(filepath.Join(proc, strconv.Itoa(d.pid), "net", "netlink"))
+	if err != nil {
+		return err
+	}
+	rows, err := parseNetlink(bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	st, stErr := nsCTStats(d.pid)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, r := range rows {
+		if r.Proto == netlinkNetfilter && inodes[r.Inode] && r.Drops >= d.max[r.Inode] {
+			d.max[r.Inode] = r.Drops
+		}
+	}
+	if d.base == nil {
+		d.base = make(map[uint64]uint64)
+		for k, v := range d.max {
+			d.base[k] = v
+		}
+	}
+	if stErr == nil && st.Entries > d.ent {
+		d.ent = st.Entries
+	}
+	return nil
+}
+
+func (d *dropTracker) total() uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var n uint64
+	for k, v := range d.max {
+		n += v - d.base[k]
+	}
+	return n
+}
+
+func nsCTStats(pid int) (ctStats, error) {
+	f, err := os.Open(filepath.Join(proc, strconv.Itoa(pid), "net", "stat", "nf_conntrack"))
+	if err != nil {
+		return ctStats{}, err
+	}
+	defer f.Close()
+	return parseCTStats(f)
+}
+
+// nsEntries reads the namespace's conntrack entry count without a consumer running.
+func (e *phaseEnv) nsEntries(ctx context.Context) (uint64, error) {
+	out, err := run(ctx, "", "ip", "netns", "exec", e.ns, "cat", "/proc/net/stat/nf_conntrack")
+	if err != nil {
+		return 0, err
+	}
+	st, err := parseCTStats(strings.NewReader(out))
+	return st.Entries, err
+}
+
+// sleepCtx sleeps unless ctx ends first.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+func (e *phaseEnv) scrape(ctx context.Context) (exporterCounts, error) {
+	out, err := run(ctx, "", "ip", "netns", "exec", e.ns, e.self, "get", fmt.Sprintf("http://127.0.0.1:%d/metrics", e.cfg.listenPort))
+	if err != nil {
+		return exporterCounts{}, err
+	}
+	return parseExporterMetrics(strings.NewReader(out))
+}
+
+// handled is the consumer's count of events received so far.
+func (e *phaseEnv) handled(ctx context.Context, c *consumer) (float64, exporterCounts, error) {
+	if c.kind == "conntrack" {
+		n, err := countLines(c.outPath)
+		return float64(n), exporterCounts{}, err
+	}
+	m, err := e.scrape(ctx)
+	if err != nil {
+		return 0, m, err
+	}
+	if !m.HaveEvents {
+		return 0, m, errors.New("the exporter serves no proxyhealth_conntrack_events_total (conntrack collector missing or not counting events?)")
+	}
+	return m.Events, m, nil
+}
+
+// runPhase measures one consumer at one step.
+func (e *phaseEnv) runPhase(ctx context.Context, st step, kind string) (res phaseResult) {
+	res = phaseResult{Step: st, Consumer: kind}
+	fail := func(err error) phaseResult {
+		res.Err = err
+		return res
+	}
+
+	// Start from an empty table, so that every event of the phase belongs to its own flows.
+	if err := e.waitEmpty(ctx, func(ctx context.Context) (uint64, error) { return e.nsEntries(ctx) }); err != nil {
+		return fail(err)
+	}
+	c, err := e.startConsumer(kind)
+	if err != nil {
+		return fail(err)
+	}
+	defer c.stop()
+
+	// Ready: an event socket is open (and the exporter answers).
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		select {
+		case <-c.exited:
+			return fail(fmt.Errorf("%s exited at start (%v): %s", kind, c.waitErr, c.logTail()))
+		default:
+		}
+		ok, err := c.eventSocket()
+		if err == nil && ok {
+			if kind != "exporter" {
+				break
+			}
+			if _, err := e.scrape(ctx); err == nil {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			return fail(fmt.Errorf("%s opened no conntrack event socket within 20s: %s", kind, c.logTail()))
+		}
+		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+			return fail(err)
+		}
+	}
+	if err := sleepCtx(ctx, 300*time.Millisecond); err != nil {
+		return fail(err)
+	}
+
+	// Baseline.
+	h0, m0, err := e.handled(ctx, c)
+	if err != nil {
+		return fail(err)
+	}
+	t0, err := cpuTicks(proc, c.pid)
+	if err != nil {
+		return fail(err)
+	}
+	st0, err := nsCTStats(c.pid)
+	if err != nil {
+		return fail(err)
+	}
+	dt := newDropTracker(c.pid)
+	if err := dt.sample(); err != nil {
+		return fail(err)
+	}
+	wall0 := time.Now()
+	samplerCtx, stopSampler := context.WithCancel(ctx)
+	samplerDone := make(chan struct{})
+	go func() {
+		defer close(samplerDone)
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-samplerCtx.Done():
+				return
+			case <-tick.C:
+				_ = dt.sample()
+			}
+		}
+	}()
+	defer stopSampler()
+
+	// Load.
+	g, err := e.generate(ctx, st)
+	if err != nil {
+		return fail(err)
+	}
+	res.Gen = g
+
+	// Drain: the flows time out, their DESTROY events arrive, the consumer catches up.
+	if err := e.waitEmpty(ctx, func(context.Context) (uint64, error) {
+		s, err := nsCTStats(c.pid)
+		return s.Entries, err
+	}); err != nil {
+		return fail(err)
+	}
+	var h1 float64
+	var m1 exporterCounts
+	prev := -1.0
+	for i := 0; i < 50; i++ {
+		if err := sleepCtx(ctx, 300*time.Millisecond); err != nil {
+			return fail(err)
+		}
+		if h1, m1, err = e.handled(ctx, c); err != nil {
+			return fail(err)
+		}
+		if h1 == prev {
+			break
+		}
+		prev = h1
+	}
+	stopSampler()
+	<-samplerDone
+	if err := dt.sample(); err != nil {
+		return fail(err)
+	}
+	t1, err := cpuTicks(proc, c.pid)
+	if err != nil {
+		return fail(err)
+	}
+	res.Wall = time.Since(wall0)
+	st1, err := nsCTStats(c.pid)
+	if err != nil {
+		return fail(err)
+	}
+	res.HWMKB, _ = statusKB(proc, c.pid, "VmHWM")
+	res.Handled = uint64(h1 - h0)
+	res.Lost = dt.total()
+	res.Ticks = t1 - t0
+	res.MaxEnt = dt.ent
+	res.Table = ctStats{Drop: st1.Drop - st0.Drop, EarlyDrop: st1.EarlyDrop - st0.EarlyDrop, InsertFailed: st1.InsertFailed - st0.InsertFailed}
+	if kind == "exporter" {
+		res.HaveExpCt = m0.HaveLost && m1.HaveLost
+		res.ExpLost = m1.Lost - m0.Lost
+	}
+	select {
+	case <-c.exited:
+		return fail(fmt.Errorf("%s exited during the phase (%v): %s", kind, c.waitErr, c.logTail()))
+	default:
+	}
+	c.stop()
+	os.Remove(c.outPath)
+	return res
+}
+
+// waitEmpty waits (bounded) until the namespace's conntrack table is empty.
+func (e *phaseEnv) waitEmpty(ctx context.Context, entries func(context.Context) (uint64, error)) error {
+	deadline := time.Now().Add(e.cfg.drainTimeout)
+	for {
+		n, err := entries(ctx)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("conntrack table still has %d entries after %s", n, e.cfg.drainTimeout)
+		}
+		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// generate runs the flow generator in the namespace, pinned to its CPU.
+func (e *phaseEnv) generate(ctx context.Context, st step) (genResult, error) {
+	gctx, cancel := context.WithTimeout(ctx, e.cfg.stepDur+60*time.Second)
+	defer cancel()
+	args := []string{"netns", "exec", e.ns, "taskset", "-c", strconv.Itoa(e.cfg.genCPU), e.self, "gen",
+		"--rate", strconv.FormatFloat(st.Rate, 'f', -1, 64),
+		"--duration", e.cfg.stepDur.String(),
+		"--sockets", strconv.Itoa(e.cfg.sockets),
+		"--batch", strconv.Itoa(e.cfg.batch)}
+	cmd := exec.CommandContext(gctx, "ip", args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return genResult{}, fmt.Errorf("generator: %w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	var g genResult
+	if err := json.Unmarshal(out, &g); err != nil {
+		return g, fmt.Errorf("generator output %q: %w", out, err)
+	}
+	if g.Sent == 0 {
+		return g, fmt.Errorf("generator sent nothing (errors %v)", g.Errors)
+	}
+	return g, nil
+}

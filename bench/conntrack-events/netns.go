@@ -1,0 +1,204 @@
+//go:build linux
+
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base32"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Addresses inside the benchmark namespace. Everything lives on the namespace's own loopback:
+// the pod prefix and the service prefix are local there, so no packet ever leaves it.
+const (
+	nsPrefix       = "ph-bench-"
+	defaultVIP     = "10.96.0.10"
+	defaultPort    = 53
+	defaultClients = "10.244.128.0/17" // client "pods", the sources of the flows
+	clusterCIDR    = "10.244.0.0/16"
+	serviceCIDR    = "10.96.0.0/16"
+	loPodAddr      = "10.244.0.1/16"
+	loSvcAddr      = "10.96.0.1/16"
+)
+
+// endpoints of the benchmarked service (kube-dns shaped: three pods, UDP 53).
+var endpoints = []string{"10.244.0.2", "10.244.0.3", "10.244.0.4"}
+
+func newNSName() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return nsPrefix + hex.EncodeToString(b)
+}
+
+// run runs a command with a deadline and returns its combined output in the error.
+func run(ctx context.Context, stdin string, name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	if stdin != "" {
+		cmd.Stdin = strings.NewReader(stdin)
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}
+
+// listBenchNS returns the names of namespaces this benchmark creates.
+func listBenchNS() []string {
+	ents, err := os.ReadDir("/run/netns")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), nsPrefix) {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// deleteNS ends whatever still runs in a benchmark namespace (only ever this program's own
+// children, or those of an earlier run that died) and removes it.
+func deleteNS(name string) error {
+	if !strings.HasPrefix(name, nsPrefix) {
+		return fmt.Errorf("refusing to delete namespace %q", name)
+	}
+	ctx := context.Background()
+	for attempt := 0; attempt < 3; attempt++ {
+		out, err := run(ctx, "", "ip", "netns", "pids", name)
+		if err != nil {
+			break
+		}
+		pids := strings.Fields(out)
+		if len(pids) == 0 {
+			break
+		}
+		for _, p := range pids {
+			if pid, err := strconv.Atoi(p); err == nil && pid > 1 && pid != os.Getpid() {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	_, err := run(ctx, "", "ip", "netns", "del", name)
+	return err
+}
+
+// setupNS creates the namespace and programs it: loopback addresses, conntrack sysctls and
+// kube-proxy shaped iptables rules.
+func setupNS(ctx context.Context, name string, udpTimeout, fillerServices int) error {
+	if _, err := run(ctx, "", "ip", "netns", "add", name); err != nil {
+		return err
+	}
+	steps := [][]string{
+		{"ip", "-n", name, "link", "set", "lo", "up"},
+		{"ip", "-n", name, "addr", "add", loPodAddr, "dev", "lo"},
+		{"ip", "-n", name, "addr", "add", loSvcAddr, "dev", "lo"},
+	}
+	for _, s := range steps {
+		if _, err := run(ctx, "", s[0], s[1:]...); err != nil {
+			return err
+		}
+	}
+	if _, err := run(ctx, kubeProxyRules(fillerServices), "ip", "netns", "exec", name, "iptables-restore"); err != nil {
+		return err
+	}
+	// The conntrack sysctls exist once the rules above have made the namespace track.
+	sysctls := map[string]string{
+		"net.netfilter.nf_conntrack_udp_timeout":        strconv.Itoa(udpTimeout),
+		"net.netfilter.nf_conntrack_udp_timeout_stream": strconv.Itoa(max(udpTimeout, 2)),
+	}
+	for k, v := range sysctls {
+		if _, err := run(ctx, "", "ip", "netns", "exec", name, "sysctl", "-q", "-w", k+"="+v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// nsSysctl reads a sysctl inside the namespace.
+func nsSysctl(ctx context.Context, ns, key string) string {
+	out, err := run(ctx, "", "ip", "netns", "exec", ns, "sysctl", "-n", key)
+	if err != nil {
+		return "?"
+	}
+	return strings.TrimSpace(out)
+}
+
+// chainHash makes a kube-proxy style chain suffix (16 base32 characters).
+func chainHash(s string) string {
+	var h uint64 = 1469598103934665603
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= 1099511628211
+	}
+	b := make([]byte, 10)
+	for i := range b {
+		b[i] = byte(h >> (8 * (i % 8)))
+		h = h*31 + uint64(i)
+	}
+	return base32.StdEncoding.EncodeToString(b)[:16]
+}
+
+// kubeProxyRules renders the nat and filter tables the way kube-proxy's iptables mode writes
+// them for the benchmarked UDP service (three endpoints, random probability chain) plus
+// fillerServices TCP services in front of it in KUBE-SERVICES. The filter table drops the
+// datagrams once they reach the endpoint address, so that no ICMP port unreachable is sent
+// back (conntrack has confirmed the flow by then).
+func kubeProxyRules(fillerServices int) string {
+	var nat, chains strings.Builder
+	svc := func(name, vip, proto string, port int, eps []string) {
+		svcChain := "KUBE-SVC-" + chainHash(name+proto)
+		comment := name + " cluster IP"
+		fmt.Fprintf(&chains, ":%s - [0:0]\n", svcChain)
+		fmt.Fprintf(&nat, "-A KUBE-SERVICES -d %s/32 -p %s -m comment --comment %q -m %s --dport %d -j %s\n", vip, proto, comment, proto, port, svcChain)
+		fmt.Fprintf(&nat, "-A %s ! -s %s -d %s/32 -p %s -m comment --comment %q -m %s --dport %d -j KUBE-MARK-MASQ\n", svcChain, clusterCIDR, vip, proto, comment, proto, port)
+		for i, ep := range eps {
+			sepChain := "KUBE-SEP-" + chainHash(name+proto+ep)
+			fmt.Fprintf(&chains, ":%s - [0:0]\n", sepChain)
+			rule := fmt.Sprintf("-A %s -m comment --comment \"%s -> %s:%d\"", svcChain, name, ep, port)
+			if left := len(eps) - i; left > 1 {
+				rule += fmt.Sprintf(" -m statistic --mode random --probability %.11f", 1/float64(left))
+			}
+			fmt.Fprintf(&nat, "%s -j %s\n", rule, sepChain)
+			fmt.Fprintf(&nat, "-A %s -s %s/32 -m comment --comment %q -j KUBE-MARK-MASQ\n", sepChain, ep, name)
+			fmt.Fprintf(&nat, "-A %s -p %s -m comment --comment %q -m %s -j DNAT --to-destination %s:%d\n", sepChain, proto, name, proto, ep, port)
+		}
+	}
+	for i := 0; i < fillerServices; i++ {
+		svc(fmt.Sprintf("bench/filler-%d:http", i), fmt.Sprintf("10.96.%d.%d", 1+i/250, 1+i%250), "tcp", 80,
+			[]string{fmt.Sprintf("10.244.%d.%d", 1+i/250, 1+i%250)})
+	}
+	svc("kube-system/kube-dns:dns", defaultVIP, "udp", defaultPort, endpoints)
+
+	var b strings.Builder
+	b.WriteString("*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n")
+	b.WriteString(":KUBE-SERVICES - [0:0]\n:KUBE-NODEPORTS - [0:0]\n:KUBE-POSTROUTING - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n")
+	b.WriteString(chains.String())
+	b.WriteString("-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n")
+	b.WriteString("-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n")
+	b.WriteString("-A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING\n")
+	b.WriteString("-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000\n")
+	b.WriteString("-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN\n")
+	b.WriteString("-A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0\n")
+	b.WriteString("-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully\n")
+	b.WriteString(nat.String())
+	b.WriteString("-A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS\n")
+	b.WriteString("COMMIT\n")
+	b.WriteString("*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n")
+	fmt.Fprintf(&b, "-A INPUT -d %s -p udp -m udp --dport %d -j DROP\n", clusterCIDR, defaultPort)
+	b.WriteString("COMMIT\n")
+	return b.String()
+}
