@@ -1,0 +1,181 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+	"time"
+
+	"github.com/proxyhealth/proxyhealth/internal/iptables"
+	"github.com/proxyhealth/proxyhealth/internal/nft"
+)
+
+// CommandRunner runs a command and returns its standard output. The error of a command that
+// ran and failed should carry its standard error, which says why (e.g. "Permission denied (you
+// must be root)").
+type CommandRunner func(ctx context.Context, name string, args ...string) ([]byte, error)
+
+// ExecRunner runs commands with os/exec.
+func ExecRunner(ctx context.Context, name string, args ...string) ([]byte, error) {
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("%w (%v)", ctx.Err(), err)
+		}
+		if msg := strings.TrimSpace(stderr.String()); msg != "" {
+			return nil, fmt.Errorf("%w: %s", err, firstLines(msg, 3))
+		}
+		return nil, err
+	}
+	return stdout.Bytes(), nil
+}
+
+func firstLines(s string, n int) string {
+	lines := strings.SplitN(s, "\n", n+1)
+	if len(lines) > n {
+		lines = lines[:n]
+	}
+	return strings.Join(lines, "; ")
+}
+
+// backend is one source of forward-path rules.
+type backend struct {
+	name  string // what the metric's error text calls it
+	bin   string
+	args  []string
+	check func(out []byte) (bool, []string, error)
+}
+
+var (
+	legacyBackend = backend{"iptables-legacy", "iptables-legacy-save", []string{"-t", "filter"}, iptablesForwardDrop}
+	nftBackend    = backend{"iptables-nft", "iptables-nft-save", []string{"-t", "filter"}, iptablesForwardDrop}
+	// iptablesSave is used when neither split binary exists (an iptables build with only one
+	// backend); it reads whichever backend that build uses.
+	iptablesSave  = backend{"iptables", "iptables-save", []string{"-t", "filter"}, iptablesForwardDrop}
+	nativeBackend = backend{"nftables", "nft", []string{"-j", "list", "ruleset"}, nftForwardDrop}
+)
+
+// iptablesForwardDrop parses `iptables-save -t filter` output and looks for an INVALID drop
+// reachable from FORWARD.
+func iptablesForwardDrop(out []byte) (bool, []string, error) {
+	rs, err := iptables.Parse(bytes.NewReader(out))
+	if err != nil {
+		return false, nil, err
+	}
+	found, path := rs.InvalidDropReachable("filter", "FORWARD")
+	return found, path, nil
+}
+
+// nftForwardDrop parses `nft -j list ruleset` output and looks for an INVALID drop reachable
+// from a native forward-hook base chain.
+func nftForwardDrop(out []byte) (bool, []string, error) {
+	rs, err := nft.Parse(bytes.NewReader(out))
+	if err != nil {
+		return false, nil, err
+	}
+	found, path := nft.InvalidDropReachable(rs)
+	return found, path, nil
+}
+
+// backendResult is what one backend told.
+type backendResult struct {
+	name    string
+	missing bool // binary not found: the backend is not in use here
+	err     error
+	found   bool
+	path    []string
+}
+
+// rulesResult is one background check.
+type rulesResult struct {
+	at       time.Time
+	backends []backendResult
+}
+
+// readable reports whether any backend could be read.
+func (r *rulesResult) readable() bool {
+	for _, b := range r.backends {
+		if !b.missing && b.err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// found returns the first backend's path to an INVALID drop.
+func (r *rulesResult) found() (string, []string, bool) {
+	for _, b := range r.backends {
+		if b.found {
+			return b.name, b.path, true
+		}
+	}
+	return "", nil, false
+}
+
+// err explains what the check could not read. It is nil when a drop was found (the answer is
+// certain whatever else failed) or when every backend whose binary exists was read. Missing
+// binaries are only named when nothing could be read at all.
+func (r *rulesResult) err() error {
+	if _, _, ok := r.found(); ok {
+		return nil
+	}
+	var errs []error
+	var missing []string
+	for _, b := range r.backends {
+		switch {
+		case b.missing:
+			missing = append(missing, b.name)
+		case b.err != nil:
+			errs = append(errs, fmt.Errorf("%s: %w", b.name, b.err))
+		}
+	}
+	if !r.readable() {
+		msg := "invalid drop rule check: no backend could be read"
+		if len(missing) > 0 {
+			msg += " (binaries not found: " + strings.Join(missing, ", ") + ")"
+		}
+		return fmt.Errorf("%s: %w", msg, errors.Join(errs...))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("invalid drop rule check incomplete, no drop found in what could be read: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// checkRules runs every backend's command (each bounded by timeout) and evaluates its output.
+func checkRules(ctx context.Context, run CommandRunner, lookPath func(string) (string, error), timeout time.Duration, now func() time.Time) *rulesResult {
+	res := &rulesResult{}
+	_, legacyErr := lookPath(legacyBackend.bin)
+	_, nftErr := lookPath(nftBackend.bin)
+	backends := []backend{legacyBackend, nftBackend}
+	if legacyErr != nil && nftErr != nil {
+		backends = []backend{iptablesSave}
+	}
+	backends = append(backends, nativeBackend)
+	for _, b := range backends {
+		br := backendResult{name: b.name}
+		path, err := lookPath(b.bin)
+		if err != nil {
+			br.missing = true
+			br.err = err
+			res.backends = append(res.backends, br)
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		out, err := run(cctx, path, b.args...)
+		cancel()
+		if err != nil {
+			br.err = fmt.Errorf("%s %s: %w", b.bin, strings.Join(b.args, " "), err)
+		} else if br.found, br.path, err = b.check(out); err != nil {
+			br.err = fmt.Errorf("%s %s: %w", b.bin, strings.Join(b.args, " "), err)
+		}
+		res.backends = append(res.backends, br)
+	}
+	res.at = now()
+	return res
+}
