@@ -15,6 +15,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -155,8 +156,8 @@ func chainHash(parts ...string) string {
 // outside KUBE-SERVICES, stands for a DNAT no Service owns. There is deliberately no
 // "--ctstate INVALID -j DROP" rule in KUBE-FORWARD: that is incident 2's condition.
 //
-// The raw table leaves loopback untracked so that the lab's own scrapes add no flows, events
-// or INVALID packets to what the scenarios count.
+// The raw table leaves loopback (and the bridge's IGMP reports) untracked so that the lab's own
+// scrapes add no flows, events or INVALID packets to what the scenarios count.
 func kubeProxyRules() string {
 	type svc struct {
 		name, vip string
@@ -190,6 +191,7 @@ func kubeProxyRules() string {
 :OUTPUT ACCEPT [0:0]
 -A PREROUTING -i lo -j NOTRACK
 -A OUTPUT -o lo -j NOTRACK
+-A OUTPUT -p igmp -j NOTRACK
 COMMIT
 *filter
 :INPUT ACCEPT [0:0]
@@ -268,49 +270,77 @@ func (l *Lab) Sysctl(kv string) {
 	l.MustExec(l.Node, "sysctl", "-qw", kv)
 }
 
+// proc is a long-lived process the lab started.
+type proc struct {
+	cmd  *exec.Cmd
+	log  string        // its stdout and stderr
+	done chan struct{} // closed when it has exited
+}
+
+// Exited tells whether the process has ended.
+func (p *proc) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // Start runs a long-lived process inside ns with its output in a file under l.Dir; it is
-// killed (by pid) in cleanup and its output logged if the test failed. It returns the log path.
-func (l *Lab) Start(ns, name string, args ...string) (*exec.Cmd, string) {
+// stopped (by pid) in cleanup and its output logged if the test failed.
+func (l *Lab) Start(ns, name string, args ...string) *proc {
 	l.t.Helper()
 	return l.start(exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...), name)
 }
 
-func (l *Lab) start(cmd *exec.Cmd, name string) (*exec.Cmd, string) {
+func (l *Lab) start(cmd *exec.Cmd, name string) *proc {
 	l.t.Helper()
-	logPath := filepath.Join(l.Dir, name+".log")
-	f, err := os.Create(logPath)
+	t := l.t
+	p := &proc{cmd: cmd, log: filepath.Join(l.Dir, name+".log"), done: make(chan struct{})}
+	f, err := os.Create(p.log)
 	if err != nil {
-		l.t.Fatal(err)
+		t.Fatal(err)
 	}
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {
 		f.Close()
-		l.t.Fatalf("starting %s: %v", name, err)
+		t.Fatalf("starting %s: %v", name, err)
 	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); f.Close(); close(done) }()
-	l.t.Cleanup(func() {
+	go func() { _ = cmd.Wait(); f.Close(); close(p.done) }()
+	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
-		case <-done:
+		case <-p.done:
 		case <-time.After(3 * time.Second):
 			_ = cmd.Process.Kill()
-			<-done
+			<-p.done
 		}
-		if l.t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			l.t.Logf("--- %s output (%s) ---\n%s", name, logPath, b)
+		if t.Failed() {
+			b, _ := os.ReadFile(p.log)
+			const max = 30000
+			if len(b) > max {
+				b = append([]byte("...\n"), b[len(b)-max:]...)
+			}
+			t.Logf("--- %s output (%s) ---\n%s", name, p.log, b)
 		}
 	})
-	return cmd, logPath
+	return p
+}
+
+// In returns the lab bound to t, so that a subtest's failures and cleanups are its own.
+func (l *Lab) In(t *testing.T) *Lab {
+	c := *l
+	c.t = t
+	return &c
 }
 
 // ServeTCP starts labtool serve-tcp in ns on addr and waits until it listens.
 func (l *Lab) ServeTCP(ns, addr string) {
 	l.t.Helper()
-	_, logPath := l.Start(ns, "serve-"+strings.ReplaceAll(addr, ":", "_")+"-"+ns, labtoolBin, "serve-tcp", addr)
+	p := l.Start(ns, "serve-"+strings.ReplaceAll(addr, ":", "_")+"-"+ns, labtoolBin, "serve-tcp", addr)
 	waitFor(l.t, 5*time.Second, "serve-tcp "+addr+" ready", func() (bool, string) {
-		b, _ := os.ReadFile(logPath)
+		b, _ := os.ReadFile(p.log)
 		return strings.Contains(string(b), "ready"), string(b)
 	})
 }
@@ -328,6 +358,59 @@ func (l *Lab) Connect(ns, addr string, count int, timeout time.Duration) int {
 	}
 	n, _ := strconv.Atoi(m[1])
 	return n
+}
+
+// ConnectMany runs Connect for every address at once (count connections each) and returns the
+// successes in the same order.
+func (l *Lab) ConnectMany(ns string, count int, timeout time.Duration, addrs ...string) []int {
+	l.t.Helper()
+	type result struct {
+		out string
+		err error
+	}
+	results := make([]result, len(addrs))
+	var wg sync.WaitGroup
+	for i, addr := range addrs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out, err := l.Exec(ns, labtoolBin, "connect", addr, "--count", strconv.Itoa(count), "--timeout", timeout.String())
+			results[i] = result{out, err}
+		}()
+	}
+	wg.Wait()
+	ok := make([]int, len(addrs))
+	for i, r := range results {
+		m := succeededRE.FindStringSubmatch(r.out)
+		if r.err != nil || m == nil {
+			l.t.Fatalf("labtool connect %s: %v: %q", addrs[i], r.err, r.out)
+		}
+		ok[i], _ = strconv.Atoi(m[1])
+	}
+	return ok
+}
+
+// UnrepliedTo returns conntrack's SYN_SENT [UNREPLIED] entries in the node namespace whose
+// original destination is vip.
+func (l *Lab) UnrepliedTo(vip string) []string {
+	l.t.Helper()
+	out := l.MustExec(l.Node, "conntrack", "-L", "-p", "tcp", "--orig-dst", vip)
+	var lines []string
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, "SYN_SENT") && strings.Contains(line, "[UNREPLIED]") {
+			lines = append(lines, line)
+		}
+	}
+	return lines
+}
+
+// ReapExpired makes the kernel remove expired conntrack entries now. The conntrack garbage
+// collector visits a small table only every tens of seconds (its interval follows the average
+// timeout of the entries, up to a minute), so an expired flow's DESTROY event can wait that
+// long; a table dump evicts every expired entry it walks over, at once.
+func (l *Lab) ReapExpired() {
+	l.t.Helper()
+	l.MustExec(l.Node, "conntrack", "-L")
 }
 
 // SendInvalid sends count SYN+FIN packets from ns to dst.

@@ -24,26 +24,26 @@ func TestLabReproducesIncident1(t *testing.T) {
 	if n := l.Connect(l.A, webVIP+":80", 3, 2*time.Second); n != 0 {
 		t.Fatalf("bridge-nf-call-iptables=0: %d of 3 connections succeeded, want 0", n)
 	}
-	out := l.MustExec(l.Node, "conntrack", "-L", "-p", "tcp", "--orig-dst", webVIP)
-	unreplied := 0
-	for _, line := range strings.Split(out, "\n") {
-		if !strings.Contains(line, "[UNREPLIED]") || !strings.Contains(line, "SYN_SENT") {
-			continue
-		}
-		if !strings.Contains(line, "src="+podB+" ") && !strings.Contains(line, "src="+podB2+" ") {
-			t.Errorf("unreplied flow whose reply source is not B: %s", line)
-		}
-		unreplied++
-	}
-	if unreplied != 3 {
-		t.Fatalf("conntrack shows %d SYN_SENT [UNREPLIED] flows to %s, want 3:\n%s", unreplied, webVIP, out)
-	}
-	t.Logf("reproduced:\n%s", out)
-
+	assertUnrepliedToB(t, l.UnrepliedTo(webVIP), 3)
 	l.Sysctl("net.bridge.bridge-nf-call-iptables=1")
 	if n := l.Connect(l.A, webVIP+":80", 3, 2*time.Second); n != 3 {
 		t.Fatalf("bridge-nf-call-iptables back to 1: %d of 3 connections succeeded, want 3", n)
 	}
+}
+
+// assertUnrepliedToB checks the reproduction itself: want SYN_SENT [UNREPLIED] flows to the web
+// VIP, each with B (one of its two addresses) as the reply source.
+func assertUnrepliedToB(t *testing.T, lines []string, want int) {
+	t.Helper()
+	for _, line := range lines {
+		if !strings.Contains(line, "src="+podB+" ") && !strings.Contains(line, "src="+podB2+" ") {
+			t.Errorf("unreplied flow whose reply source is not B: %s", line)
+		}
+	}
+	if len(lines) != want {
+		t.Fatalf("conntrack shows %d SYN_SENT [UNREPLIED] flows to %s, want %d:\n%s", len(lines), webVIP, want, strings.Join(lines, "\n"))
+	}
+	t.Logf("reproduced, conntrack in the node namespace:\n%s", strings.Join(lines, "\n"))
 }
 
 // TestLabInvalidPackets proves that every crafted SYN+FIN packet routed through the node

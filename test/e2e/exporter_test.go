@@ -1,0 +1,343 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+const (
+	unrepliedTotal = "proxyhealth_conntrack_unreplied_flows_total"
+	openUnreplied  = "proxyhealth_conntrack_open_unreplied_flows"
+	invalidTotal   = "proxyhealth_conntrack_invalid_packets_total"
+	eventsTotal    = "proxyhealth_conntrack_events_total"
+	bridgeNF       = "proxyhealth_bridge_nf_call_iptables"
+	beLiberal      = "proxyhealth_conntrack_tcp_be_liberal"
+	dropRule       = "proxyhealth_invalid_drop_rule_present"
+	success        = "proxyhealth_collector_success"
+
+	exporterPort = 19869
+	nobodyPort   = 19870
+)
+
+// svc selects the unreplied-flow series of one lab Service port and reason.
+func svc(name, reason string) map[string]string {
+	return map[string]string{"service_namespace": "lab", "service_name": name, "service_port": "80", "protocol": "tcp", "reason": reason}
+}
+
+// Exporter is a proxyhealth process running in the lab's node namespace.
+type Exporter struct {
+	l    *Lab
+	p    *proc
+	URL  string
+	Name string
+}
+
+// StartExporter runs proxyhealth in the node namespace on 127.0.0.1:port, behind wrapper
+// (e.g. setpriv), and waits until /metrics answers.
+func (l *Lab) StartExporter(name string, port int, wrapper []string, extra ...string) *Exporter {
+	l.t.Helper()
+	requireExporter(l.t)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	args := append([]string{"netns", "exec", l.Node}, wrapper...)
+	args = append(args, exporterBin,
+		"--web.listen-address="+addr,
+		"--conntrack.unreplied-after=1s",
+		"--conntrack.service-refresh-interval=1s",
+		"--node.rules-check-interval=1s",
+	)
+	args = append(args, extra...)
+	e := &Exporter{l: l, URL: "http://" + addr + "/metrics", Name: name}
+	e.p = l.start(exec.Command("ip", args...), name)
+	waitFor(l.t, 15*time.Second, name+" /metrics", func() (bool, string) {
+		if e.p.Exited() {
+			b, _ := os.ReadFile(e.p.log)
+			l.t.Fatalf("%s exited at start:\n%s", name, b)
+		}
+		_, err := l.Get(l.Node, e.URL)
+		return err == nil, fmt.Sprint(err)
+	})
+	return e
+}
+
+// Scrape fetches and parses /metrics.
+func (e *Exporter) Scrape(t *testing.T) Scrape {
+	t.Helper()
+	body, err := e.l.Get(e.l.Node, e.URL)
+	if err != nil {
+		t.Fatalf("scraping %s: %v", e.Name, err)
+	}
+	s, err := parseScrape(body)
+	if err != nil {
+		t.Fatalf("parsing %s's scrape: %v", e.Name, err)
+	}
+	return s
+}
+
+// Poll scrapes until cond holds, every 200ms, for at most timeout; before each scrape it runs
+// prepare when not nil.
+func (e *Exporter) Poll(t *testing.T, timeout time.Duration, what string, prepare func(), cond func(Scrape) (bool, string)) Scrape {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		if prepare != nil {
+			prepare()
+		}
+		s := e.Scrape(t)
+		ok, detail := cond(s)
+		if ok {
+			return s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: timed out after %s waiting for %s; last scrape: %s", e.Name, timeout, what, detail)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// WaitValue polls until name{labels} exists and equals want.
+func (e *Exporter) WaitValue(t *testing.T, timeout time.Duration, name string, labels map[string]string, want float64) {
+	t.Helper()
+	e.Poll(t, timeout, fmt.Sprintf("%s%s == %g", name, fmtLabels(labels), want), nil, func(s Scrape) (bool, string) {
+		v, ok, err := s.Value(name, labels)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok && v == want, s.Series(name)
+	})
+}
+
+// mustValue returns name{labels} from s and fails when it is absent.
+func mustValue(t *testing.T, s Scrape, name string, labels map[string]string) float64 {
+	t.Helper()
+	v, ok, err := s.Value(name, labels)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ok {
+		t.Fatalf("%s%s absent; have: %s", name, fmtLabels(labels), s.Series(name))
+	}
+	return v
+}
+
+// TestExporter runs the exporter in a lab node and checks its scrape against incidents 1 and 2
+// reproduced on the real kernel. The subtests share one lab and one exporter and run in order;
+// each compares counters before and after its own traffic.
+func TestExporter(t *testing.T) {
+	requireExporter(t)
+	l := newLab(t)
+	l.ServeTCP(l.B, "0.0.0.0:"+podPort)
+	e := l.StartExporter("proxyhealth", exporterPort, nil, "--log.level=debug")
+
+	t.Run("incident1_same_bridge", func(t *testing.T) { testIncident1(t, l.In(t), e) })
+	t.Run("remote_endpoint_and_no_service", func(t *testing.T) { testRemoteAndNoService(t, l.In(t), e) })
+	t.Run("incident2_invalid_and_settings", func(t *testing.T) { testIncident2(t, l.In(t), e) })
+	t.Run("no_capability", func(t *testing.T) { testNoCapability(t, l.In(t)) })
+}
+
+// testIncident1: bridge-nf-call-iptables=0 breaks a Service whose endpoint is on the client's
+// bridge; every such connection must show up as a same_bridge unreplied flow of lab/web:80, and
+// nothing once the setting is back to 1.
+func testIncident1(t *testing.T, l *Lab, e *Exporter) {
+	web := svc("web", "same_bridge")
+	anyWeb := map[string]string{"service_name": "web"}
+
+	s := e.Scrape(t)
+	if v := mustValue(t, s, bridgeNF, nil); v != 1 {
+		t.Fatalf("%s = %g with the sysctl at 1", bridgeNF, v)
+	}
+	base, baseAny := s.Sum(unrepliedTotal, web), s.Sum(unrepliedTotal, anyWeb)
+	baseNew := s.Sum(eventsTotal, map[string]string{"event": "new"})
+
+	l.Sysctl("net.bridge.bridge-nf-call-iptables=0")
+	t.Cleanup(func() { l.Sysctl("net.bridge.bridge-nf-call-iptables=1") })
+	e.WaitValue(t, 3*time.Second, bridgeNF, nil, 0)
+
+	const n = 3
+	if ok := l.Connect(l.A, webVIP+":80", n, 2*time.Second); ok != 0 {
+		t.Fatalf("bridge-nf-call-iptables=0: %d of %d connections to the web VIP succeeded, want 0", ok, n)
+	}
+	// The reproduction itself, before the flows expire (syn_sent timeout 5s).
+	assertUnrepliedToB(t, l.UnrepliedTo(webVIP), n)
+
+	e.Poll(t, 3*time.Second, "open same_bridge unreplied flows of lab/web >= 1", nil, func(s Scrape) (bool, string) {
+		return s.Sum(openUnreplied, web) >= 1, s.Series(openUnreplied)
+	})
+	s = e.Poll(t, 15*time.Second, fmt.Sprintf("%s%s to rise by %d", unrepliedTotal, fmtLabels(web), n), l.ReapExpired, func(s Scrape) (bool, string) {
+		return s.Sum(unrepliedTotal, web)-base >= n, s.Series(unrepliedTotal)
+	})
+	if got := s.Sum(unrepliedTotal, web) - base; got != n {
+		t.Errorf("%s%s rose by %g, want exactly %d (one per connection)", unrepliedTotal, fmtLabels(web), got, n)
+	}
+	if got := s.Sum(unrepliedTotal, anyWeb) - baseAny; got != n {
+		t.Errorf("all unreplied flows of lab/web rose by %g, want %d (all same_bridge):\n%s", got, n, s.Series(unrepliedTotal))
+	}
+	if got := s.Sum(eventsTotal, map[string]string{"event": "new"}) - baseNew; got < n {
+		t.Errorf("%s{event=\"new\"} rose by %g, want >= %d", eventsTotal, got, n)
+	}
+	e.Poll(t, 3*time.Second, "no open unreplied flows of lab/web once they ended", nil, func(s Scrape) (bool, string) {
+		return s.Sum(openUnreplied, anyWeb) == 0, s.Series(openUnreplied)
+	})
+	if t.Failed() {
+		return
+	}
+
+	// The fix: the same connections succeed and add nothing.
+	l.Sysctl("net.bridge.bridge-nf-call-iptables=1")
+	e.WaitValue(t, 3*time.Second, bridgeNF, nil, 1)
+	s = e.Scrape(t)
+	base, baseDestroy := s.Sum(unrepliedTotal, anyWeb), s.Sum(eventsTotal, map[string]string{"event": "destroy"})
+	if ok := l.Connect(l.A, webVIP+":80", n, 2*time.Second); ok != n {
+		t.Fatalf("bridge-nf-call-iptables=1: %d of %d connections succeeded, want %d", ok, n, n)
+	}
+	// Wait until the exporter has seen the replied flows end (time_wait shortened to 2s).
+	s = e.Poll(t, 10*time.Second, "the replied flows' DESTROY events", l.ReapExpired, func(s Scrape) (bool, string) {
+		return s.Sum(eventsTotal, map[string]string{"event": "destroy"})-baseDestroy >= n, s.Series(eventsTotal)
+	})
+	if got := s.Sum(unrepliedTotal, anyWeb) - base; got != 0 {
+		t.Errorf("replied flows counted as unreplied: %s of lab/web rose by %g:\n%s", unrepliedTotal, got, s.Series(unrepliedTotal))
+	}
+	if got := s.Sum(openUnreplied, anyWeb); got != 0 {
+		t.Errorf("%s of lab/web = %g after replied flows:\n%s", openUnreplied, got, s.Series(openUnreplied))
+	}
+}
+
+// testRemoteAndNoService: an endpoint on another node that never answers gives
+// remote_endpoint; a DNAT no Service owns gives no_service with empty service labels.
+func testRemoteAndNoService(t *testing.T, l *Lab, e *Exporter) {
+	remote := svc("web-remote", "remote_endpoint")
+	anyRemote := map[string]string{"service_name": "web-remote"}
+	noSvc := map[string]string{"service_namespace": "", "service_name": "", "service_port": "", "reason": "no_service"}
+
+	s := e.Scrape(t)
+	baseR, baseAny, baseN := s.Sum(unrepliedTotal, remote), s.Sum(unrepliedTotal, anyRemote), s.Sum(unrepliedTotal, noSvc)
+
+	const nRemote, nPlain = 2, 2
+	ok := l.ConnectMany(l.A, nRemote, 2*time.Second, remoteVIP+":80", plainVIP+":80")
+	if ok[0] != 0 || ok[1] != 0 {
+		t.Fatalf("connections to C answered (%v), want none: C drops port %s", ok, podPort)
+	}
+	if got := len(l.UnrepliedTo(remoteVIP)); got != nRemote {
+		t.Errorf("conntrack shows %d unreplied flows to %s, want %d", got, remoteVIP, nRemote)
+	}
+	if got := len(l.UnrepliedTo(plainVIP)); got != nPlain {
+		t.Errorf("conntrack shows %d unreplied flows to %s, want %d", got, plainVIP, nPlain)
+	}
+	e.Poll(t, 3*time.Second, "open remote_endpoint and no_service unreplied flows", nil, func(s Scrape) (bool, string) {
+		return s.Sum(openUnreplied, remote) >= 1 && s.Sum(openUnreplied, noSvc) >= 1, s.Series(openUnreplied)
+	})
+	s = e.Poll(t, 15*time.Second, "remote_endpoint and no_service unreplied counters to rise", l.ReapExpired, func(s Scrape) (bool, string) {
+		return s.Sum(unrepliedTotal, remote)-baseR >= nRemote && s.Sum(unrepliedTotal, noSvc)-baseN >= nPlain, s.Series(unrepliedTotal)
+	})
+	if got := s.Sum(unrepliedTotal, remote) - baseR; got != nRemote {
+		t.Errorf("%s%s rose by %g, want %d", unrepliedTotal, fmtLabels(remote), got, nRemote)
+	}
+	if got := s.Sum(unrepliedTotal, anyRemote) - baseAny; got != nRemote {
+		t.Errorf("all unreplied flows of lab/web-remote rose by %g, want %d (all remote_endpoint):\n%s", got, nRemote, s.Series(unrepliedTotal))
+	}
+	if got := s.Sum(unrepliedTotal, noSvc) - baseN; got != nPlain {
+		t.Errorf("%s%s rose by %g, want %d:\n%s", unrepliedTotal, fmtLabels(noSvc), got, nPlain, s.Series(unrepliedTotal))
+	}
+}
+
+// testIncident2: every INVALID packet through the node counts, exactly; be_liberal and the
+// INVALID drop rule, the two fixes, are reported as they change.
+func testIncident2(t *testing.T, l *Lab, e *Exporter) {
+	s := e.Scrape(t)
+	before := mustValue(t, s, invalidTotal, nil)
+	kernelBefore := l.ConntrackInvalid()
+
+	const n = 50
+	l.SendInvalid(l.A, podC+":"+blackPort, n)
+	s = e.Poll(t, 3*time.Second, fmt.Sprintf("%s to rise by %d", invalidTotal, n), nil, func(s Scrape) (bool, string) {
+		return mustValue(t, s, invalidTotal, nil)-before >= n, s.Series(invalidTotal)
+	})
+	if got := mustValue(t, s, invalidTotal, nil) - before; got != n {
+		t.Errorf("%s rose by %g, want exactly %d", invalidTotal, got, n)
+	}
+	if got := l.ConntrackInvalid() - kernelBefore; got != n {
+		t.Errorf("kernel (conntrack -S) invalid rose by %d, want %d: the lab is not quiet", got, n)
+	}
+
+	if v := mustValue(t, s, beLiberal, nil); v != 0 {
+		t.Errorf("%s = %g with the sysctl at 0", beLiberal, v)
+	}
+	l.Sysctl("net.netfilter.nf_conntrack_tcp_be_liberal=1")
+	t.Cleanup(func() { l.Sysctl("net.netfilter.nf_conntrack_tcp_be_liberal=0") })
+	e.WaitValue(t, 2*time.Second, beLiberal, nil, 1)
+	l.Sysctl("net.netfilter.nf_conntrack_tcp_be_liberal=0")
+	e.WaitValue(t, 2*time.Second, beLiberal, nil, 0)
+
+	rule := []string{"KUBE-FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"}
+	e.WaitValue(t, 3*time.Second, dropRule, nil, 0)
+	l.MustExec(l.Node, append([]string{"iptables-nft", "-A"}, rule...)...)
+	e.WaitValue(t, 5*time.Second, dropRule, nil, 1)
+	l.MustExec(l.Node, append([]string{"iptables-nft", "-D"}, rule...)...)
+	e.WaitValue(t, 5*time.Second, dropRule, nil, 0)
+}
+
+var permissionRE = regexp.MustCompile(`(?i)CAP_NET_ADMIN|permission denied|operation not permitted`)
+
+// testNoCapability: an exporter without CAP_NET_ADMIN keeps serving, reports the conntrack
+// collector as failing, still reads the sysctls, and says what is missing once, not per scrape.
+func testNoCapability(t *testing.T, l *Lab) {
+	wrapper := []string{"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"}
+	// Info level: the log as an operator runs it (debug repeats "still failing" by design).
+	e := l.StartExporter("proxyhealth-nobody", nobodyPort, wrapper, "--log.level=info")
+
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", e.p.cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"Uid:\t65534", "CapEff:\t0000000000000000"} {
+		if !strings.Contains(string(status), want) {
+			t.Fatalf("exporter not running unprivileged: want %q in its status:\n%s", want, status)
+		}
+	}
+
+	const scrapes = 3
+	for i := 0; i < scrapes; i++ {
+		if i > 0 {
+			time.Sleep(time.Second) // let background retries (1s intervals in the lab) show in the log
+		}
+		s := e.Scrape(t)
+		if v := mustValue(t, s, success, map[string]string{"collector": "conntrack"}); v != 0 {
+			t.Errorf("scrape %d: %s{collector=\"conntrack\"} = %g without CAP_NET_ADMIN, want 0", i, success, v)
+		}
+		if v := mustValue(t, s, bridgeNF, nil); v != 1 {
+			t.Errorf("scrape %d: %s = %g, want 1 (sysctls are readable without capabilities)", i, bridgeNF, v)
+		}
+		mustValue(t, s, beLiberal, nil)
+	}
+
+	b, err := os.ReadFile(e.p.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conntrackLines, otherLines []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if !permissionRE.MatchString(line) {
+			continue
+		}
+		if strings.Contains(line, "collector=conntrack") {
+			conntrackLines = append(conntrackLines, line)
+		} else {
+			otherLines = append(otherLines, line)
+		}
+	}
+	if len(conntrackLines) != 1 {
+		t.Errorf("after %d scrapes the log has %d lines telling the conntrack collector lacks a permission, want exactly 1:\n%s",
+			scrapes, len(conntrackLines), strings.Join(conntrackLines, "\n"))
+	}
+	if len(otherLines) > 0 {
+		t.Logf("other permission lines (%d):\n%s", len(otherLines), strings.Join(otherLines, "\n"))
+	}
+	t.Logf("conntrack's permission line(s): %s", strconv.Quote(strings.Join(conntrackLines, " | ")))
+}
