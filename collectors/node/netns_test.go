@@ -1,0 +1,101 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// scratchNetns creates a network namespace for the test and deletes it when the test ends. It
+// skips the test when not root or when ip is missing. Nothing is changed in the test's own
+// namespace.
+func scratchNetns(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create a network namespace")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("ip (iproute2) not installed")
+	}
+	name := fmt.Sprintf("phnode-%d-%d", os.Getpid(), time.Now().UnixNano()%1e9)
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("ip", "netns", "delete", name).CombinedOutput(); err != nil {
+			t.Errorf("ip netns delete %s: %v: %s", name, err, out)
+		}
+	})
+	return name
+}
+
+func inNetns(t *testing.T, ns string, args ...string) {
+	t.Helper()
+	if out, err := exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...).CombinedOutput(); err != nil {
+		t.Fatalf("in %s: %s: %v: %s", ns, strings.Join(args, " "), err, out)
+	}
+}
+
+// TestRulesCheckInNetns runs the real iptables-save and nft binaries against rules added in a
+// scratch network namespace.
+func TestRulesCheckInNetns(t *testing.T) {
+	ns := scratchNetns(t)
+	look := func(name string) (string, error) {
+		if name == "iptables-legacy-save" || name == "iptables-nft-save" || name == "iptables-save" || name == "nft" {
+			return exec.LookPath(name)
+		}
+		return "", exec.ErrNotFound
+	}
+	for _, bin := range []string{"iptables", "nft", "iptables-nft-save"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("%s not installed", bin)
+		}
+	}
+	run := func(ctx context.Context, name string, args ...string) ([]byte, error) {
+		return ExecRunner(ctx, "ip", append([]string{"netns", "exec", ns, name}, args...)...)
+	}
+	c, err := New(Config{ProcPath: "testdata/proc-full", RulesCheckInterval: time.Hour, CommandTimeout: 10 * time.Second, Run: run, LookPath: look}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect := func(step, value string) {
+		t.Helper()
+		c.CheckRules(context.Background())
+		a := &adapter{c: c}
+		want := rulesHelp[:strings.Index(rulesHelp, "# HELP proxyhealth_node")] + "proxyhealth_invalid_drop_rule_present " + value + "\n"
+		if err := testutil.CollectAndCompare(a, strings.NewReader(want), "proxyhealth_invalid_drop_rule_present"); err != nil {
+			t.Errorf("%s: %v", step, err)
+		}
+		if a.err != nil {
+			t.Errorf("%s: Update: %v", step, a.err)
+		}
+	}
+
+	expect("empty namespace", "0")
+
+	rule := []string{"FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"}
+	inNetns(t, ns, append([]string{"iptables", "-A"}, rule...)...)
+	expect("iptables -A FORWARD ... INVALID -j DROP", "1")
+
+	inNetns(t, ns, append([]string{"iptables", "-D"}, rule...)...)
+	expect("rule deleted", "0")
+
+	inNetns(t, ns, "nft", "add", "table", "inet", "filter")
+	inNetns(t, ns, "nft", "add", "chain", "inet", "filter", "forward", "{ type filter hook forward priority 0; policy accept; }")
+	inNetns(t, ns, "nft", "add", "rule", "inet", "filter", "forward", "ct", "state", "invalid", "drop")
+	expect("nft ct state invalid drop", "1")
+
+	inNetns(t, ns, "nft", "delete", "table", "inet", "filter")
+	expect("nft table deleted", "0")
+
+	if _, err := exec.LookPath("iptables-legacy"); err == nil {
+		inNetns(t, ns, append([]string{"iptables-legacy", "-A"}, rule...)...)
+		expect("iptables-legacy -A FORWARD ... INVALID -j DROP", "1")
+	}
+}
