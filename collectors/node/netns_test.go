@@ -78,6 +78,11 @@ func TestRulesCheckInNetns(t *testing.T) {
 	}
 
 	expect("empty namespace", "0")
+	// Reading must not change the node: iptables-legacy-save -t filter would have created an
+	// empty legacy filter table.
+	if out, err := exec.Command("ip", "netns", "exec", ns, "cat", "/proc/net/ip_tables_names").CombinedOutput(); err != nil || len(out) != 0 {
+		t.Errorf("legacy tables after the check: %q %v", out, err)
+	}
 
 	rule := []string{"FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"}
 	inNetns(t, ns, append([]string{"iptables", "-A"}, rule...)...)

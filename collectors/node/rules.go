@@ -51,16 +51,19 @@ type backend struct {
 	check func(out []byte) (bool, []string, error)
 }
 
+// iptables-legacy-save runs without -t filter: with it, the kernel instantiates an empty legacy
+// filter table in a namespace that had none, and reading must not change the node. Without -t
+// it prints only the tables that exist.
 var (
-	legacyBackend = backend{"iptables-legacy", "iptables-legacy-save", []string{"-t", "filter"}, iptablesForwardDrop}
+	legacyBackend = backend{"iptables-legacy", "iptables-legacy-save", nil, iptablesForwardDrop}
 	nftBackend    = backend{"iptables-nft", "iptables-nft-save", []string{"-t", "filter"}, iptablesForwardDrop}
 	// iptablesSave is used when neither split binary exists (an iptables build with only one
 	// backend); it reads whichever backend that build uses.
-	iptablesSave  = backend{"iptables", "iptables-save", []string{"-t", "filter"}, iptablesForwardDrop}
+	iptablesSave  = backend{"iptables", "iptables-save", nil, iptablesForwardDrop}
 	nativeBackend = backend{"nftables", "nft", []string{"-j", "list", "ruleset"}, nftForwardDrop}
 )
 
-// iptablesForwardDrop parses `iptables-save -t filter` output and looks for an INVALID drop
+// iptablesForwardDrop parses iptables-save output and looks for an INVALID drop
 // reachable from FORWARD.
 func iptablesForwardDrop(out []byte) (bool, []string, error) {
 	rs, err := iptables.Parse(bytes.NewReader(out))
@@ -169,10 +172,11 @@ func checkRules(ctx context.Context, run CommandRunner, lookPath func(string) (s
 		cctx, cancel := context.WithTimeout(ctx, timeout)
 		out, err := run(cctx, path, b.args...)
 		cancel()
+		cmdline := strings.Join(append([]string{b.bin}, b.args...), " ")
 		if err != nil {
-			br.err = fmt.Errorf("%s %s: %w", b.bin, strings.Join(b.args, " "), err)
+			br.err = fmt.Errorf("%s: %w", cmdline, err)
 		} else if br.found, br.path, err = b.check(out); err != nil {
-			br.err = fmt.Errorf("%s %s: %w", b.bin, strings.Join(b.args, " "), err)
+			br.err = fmt.Errorf("%s: %w", cmdline, err)
 		}
 		res.backends = append(res.backends, br)
 	}
