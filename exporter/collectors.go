@@ -7,6 +7,7 @@ import (
 
 	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
 	"github.com/proxyhealth/proxyhealth/collectors/conntrack"
+	"github.com/proxyhealth/proxyhealth/collectors/node"
 )
 
 // Paths are the host filesystems the collectors read; in a container they are the host's
@@ -41,11 +42,22 @@ func register(app *kingpin.Application, name, help string, build func(*slog.Logg
 func registrations(app *kingpin.Application, paths *Paths) []registration {
 	var conntrackCfg conntrack.Config
 	conntrackCfg.AddFlags(app)
+	var nodeCfg node.Config
+	nodeCfg.AddFlags(app)
 	return []registration{
 		register(app, "conntrack", "table fill, per-CPU stats, the event stream and unreplied Service flows (needs CAP_NET_ADMIN).",
 			func(l *slog.Logger) (phcollectors.Collector, error) {
 				conntrackCfg.ProcPath, conntrackCfg.SysPath = paths.ProcFS, paths.SysFS
 				return conntrack.New(conntrackCfg, l)
+			}),
+		register(app, node.Name, "bridge netfilter and conntrack sysctls, and whether a conntrack INVALID drop rule is on the forward path (the rules check runs iptables-legacy-save, iptables-nft-save and nft: needs CAP_NET_ADMIN, and CAP_NET_RAW for legacy).",
+			func(l *slog.Logger) (phcollectors.Collector, error) {
+				nodeCfg.ProcPath = paths.ProcFS
+				c, err := node.New(nodeCfg, l)
+				if err != nil {
+					return nil, err
+				}
+				return c, nil
 			}),
 	}
 }
