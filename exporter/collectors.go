@@ -47,7 +47,7 @@ func registrations(app *kingpin.Application, paths *Paths) []registration {
 	return []registration{
 		register(app, "conntrack", "table fill, per-CPU stats, the event stream and unreplied Service flows (needs CAP_NET_ADMIN).",
 			func(l *slog.Logger) (phcollectors.Collector, error) {
-				conntrackCfg.ProcPath, conntrackCfg.SysPath = paths.ProcFS, paths.SysFS
+				conntrackCfg.ProcPath = paths.ProcFS
 				return conntrack.New(conntrackCfg, l)
 			}),
 		register(app, node.Name, "bridge netfilter and conntrack sysctls, and whether a conntrack INVALID drop rule is on the forward path (the rules check runs iptables-legacy-save, iptables-nft-save and nft: needs CAP_NET_ADMIN, and CAP_NET_RAW for legacy).",

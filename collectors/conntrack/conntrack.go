@@ -24,7 +24,7 @@ import (
 
 // Config holds the collector's settings; AddFlags binds them to command-line flags.
 type Config struct {
-	ProcPath, SysPath string // filled by the exporter from --path.procfs and --path.sysfs
+	ProcPath string // filled by the exporter from --path.procfs
 
 	UnrepliedAfter         time.Duration
 	MaxTrackedFlows        int
@@ -72,17 +72,22 @@ type Collector struct {
 	logger   *slog.Logger
 	tracker  *flowTracker
 	services serviceSource
-	stats    func() (tableStats, error) // the kernel's; replaced in tests
+	// The kernel's interfaces, replaced in tests.
+	stats      func() (tableStats, error)
+	openEvents func(bufBytes int) (eventSource, error)
+	dump       func(fn func(*flowEvent)) error
 
 	events        [eventDestroy + 1]atomic.Uint64
 	receiveErrors atomic.Uint64
 	resyncs       atomic.Uint64
 	view          atomic.Pointer[attributionView]
 
+	silentCheckInterval time.Duration
+
 	mu        sync.Mutex
-	sock      *netlinkSocket // the live event socket, for its drop count
-	lostBase  uint64         // drops of sockets already replaced
-	listenErr error          // why the event listener is not running, nil while it is
+	sock      eventSource // the live event socket, for its drop count
+	lostBase  uint64      // drops of sockets already replaced
+	listenErr error       // why the event listener is not running, nil while it is
 }
 
 // New builds the collector. It opens nothing: the event socket is opened by Run, and a
@@ -92,11 +97,16 @@ func New(cfg Config, logger *slog.Logger) (*Collector, error) {
 		return nil, err
 	}
 	c := &Collector{
-		cfg:      cfg,
-		logger:   logger,
-		tracker:  newFlowTracker(cfg.MaxTrackedFlows, cfg.MaxServiceSeries),
-		services: newKubeProxyServices(logger),
-		stats:    readStats,
+		cfg:        cfg,
+		logger:     logger,
+		tracker:    newFlowTracker(cfg.MaxTrackedFlows, cfg.MaxServiceSeries),
+		services:   newKubeProxyServices(logger),
+		stats:      readStats,
+		openEvents: func(n int) (eventSource, error) { return openEventSocket(n) },
+		dump:       dumpTable,
+		// Start-up flows end within conntrack's timeouts (2 minutes for an unanswered SYN);
+		// checking them every 10s keeps the open gauge within that of the truth.
+		silentCheckInterval: 10 * time.Second,
 	}
 	c.view.Store(&attributionView{services: emptyServiceMap{}, net: &localNet{}})
 	return c, nil
@@ -107,7 +117,36 @@ func New(cfg Config, logger *slog.Logger) (*Collector, error) {
 func (c *Collector) Run(ctx context.Context) {
 	c.warnIfEventsOff()
 	go c.refreshViewLoop(ctx)
+	go c.silentCheckLoop(ctx)
 	c.listenLoop(ctx)
+}
+
+// silentCheckLoop re-reads the table while flows found at start-up are tracked, since those
+// send no events (see trackedFlow.silent).
+func (c *Collector) silentCheckLoop(ctx context.Context) {
+	t := time.NewTicker(c.silentCheckInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !c.tracker.hasSilent() {
+			continue
+		}
+		unreplied := make(map[uint32]bool)
+		err := c.dump(func(ev *flowEvent) {
+			if !ev.seenReply() && ev.dnat() {
+				unreplied[ev.id] = true
+			}
+		})
+		if err != nil {
+			c.logger.Debug("re-reading the conntrack table for flows that predate the listener failed", "err", err)
+			continue
+		}
+		c.tracker.checkSilent(unreplied)
+	}
 }
 
 func (c *Collector) warnIfEventsOff() {
@@ -126,7 +165,7 @@ func (c *Collector) setListenErr(err error) {
 // adopt makes sock the live socket and closes the one it replaces, in that order, so that no
 // moment passes without a subscribed socket (with nf_conntrack_events=2 the kernel stops
 // generating events for flows while nobody listens).
-func (c *Collector) adopt(sock *netlinkSocket) {
+func (c *Collector) adopt(sock eventSource) {
 	c.mu.Lock()
 	old := c.sock
 	if old != nil {
@@ -144,8 +183,9 @@ func (c *Collector) adopt(sock *netlinkSocket) {
 func (c *Collector) listenLoop(ctx context.Context) {
 	const maxBackoff = 30 * time.Second
 	backoff := time.Second
+	first := true // no listener of ours existed before this socket
 	for ctx.Err() == nil {
-		sock, err := openEventSocket(c.cfg.SocketBufferBytes)
+		sock, err := c.openEvents(c.cfg.SocketBufferBytes)
 		if err != nil {
 			c.setListenErr(err)
 			select {
@@ -158,11 +198,12 @@ func (c *Collector) listenLoop(ctx context.Context) {
 		c.adopt(sock)
 		// The socket is subscribed before the table is read, so a flow that changes during the
 		// dump is seen in the dump, in the queued events, or both; never in neither.
-		if err := c.resync(); err != nil {
+		if err := c.resync(first); err != nil {
 			c.setListenErr(fmt.Errorf("seed flow tracking from the conntrack table: %w", err))
 		} else {
 			c.setListenErr(nil)
 		}
+		first = false
 		backoff = time.Second
 		err = c.consume(ctx, sock)
 		if ctx.Err() != nil {
@@ -181,9 +222,9 @@ func (c *Collector) listenLoop(ctx context.Context) {
 }
 
 // resync re-reads the table and replaces the tracked flows with its unreplied DNAT'ed ones.
-func (c *Collector) resync() error {
+func (c *Collector) resync(newAreSilent bool) error {
 	var dump []flowEvent
-	err := dumpTable(func(ev *flowEvent) {
+	err := c.dump(func(ev *flowEvent) {
 		if !ev.seenReply() && ev.dnat() && len(dump) <= c.cfg.MaxTrackedFlows {
 			dump = append(dump, *ev)
 		}
@@ -191,13 +232,13 @@ func (c *Collector) resync() error {
 	if err != nil {
 		return err
 	}
-	c.tracker.resync(dump, time.Now().UnixNano())
+	c.tracker.resync(dump, time.Now().UnixNano(), newAreSilent)
 	c.resyncs.Add(1)
 	return nil
 }
 
 // consume reads events from sock until it fails or ctx is done.
-func (c *Collector) consume(ctx context.Context, sock *netlinkSocket) error {
+func (c *Collector) consume(ctx context.Context, sock eventSource) error {
 	stop := context.AfterFunc(ctx, func() { sock.Close() })
 	defer stop()
 
@@ -232,12 +273,19 @@ func (c *Collector) consume(ctx context.Context, sock *netlinkSocket) error {
 			drops, err := sock.drops()
 			if err == nil && drops > dropsAtResync && now.Sub(lastResync) >= c.cfg.ResyncMinInterval {
 				dropsAtResync, lastResync = drops, now
-				if err := c.resync(); err != nil {
+				if err := c.resync(false); err != nil {
 					c.logger.Warn("re-reading the conntrack table after lost events failed", "err", err)
 				}
 			}
 		}
 	}
+}
+
+// eventSource is the subscribed event socket as the listener uses it.
+type eventSource interface {
+	receive(fn func(msg []byte) error) error
+	drops() (uint32, error)
+	Close() error
 }
 
 // attributionView is the current Service map and local network, swapped as a whole.
@@ -259,7 +307,7 @@ func (c *Collector) refreshViewLoop(ctx context.Context) {
 	defer t.Stop()
 	var lastNetErr string
 	for {
-		ln, err := loadLocalNet(c.cfg.ProcPath, c.cfg.SysPath, systemInterfaceAddrs)
+		ln, err := loadLocalNet()
 		if err != nil {
 			if err.Error() != lastNetErr {
 				c.logger.Warn("cannot read the node's bridges and routes; endpoints will be classed remote", "err", err)

@@ -70,6 +70,10 @@ type attribution interface {
 type trackedFlow struct {
 	since       int64 // unix nanoseconds when first seen unreplied
 	orig, reply tuple
+	// silent flows were found in the table at start-up. With nf_conntrack_events=2 a flow
+	// created while nobody listened never sends events, not even its end, so these are
+	// re-checked against table dumps instead (checkSilent).
+	silent bool
 }
 
 // flowTracker follows DNAT'ed flows from their first event until a reply or their end, counts
@@ -81,6 +85,7 @@ type flowTracker struct {
 
 	mu        sync.Mutex
 	flows     map[uint32]trackedFlow
+	silent    int // how many of flows are silent
 	untracked uint64
 	unreplied map[seriesKey]uint64
 	unlisted  map[overflowKey]uint64
@@ -104,7 +109,7 @@ func (t *flowTracker) handle(ev *flowEvent, now int64, attr attribution) {
 			// Answered: only a tracked flow needs work, and the map lookup is cheaper than
 			// the DNAT test for the common case of an untracked flow.
 			t.mu.Lock()
-			delete(t.flows, ev.id)
+			t.deleteLocked(ev.id)
 			t.mu.Unlock()
 			return
 		}
@@ -112,7 +117,13 @@ func (t *flowTracker) handle(ev *flowEvent, now int64, attr attribution) {
 			return
 		}
 		t.mu.Lock()
-		if _, ok := t.flows[ev.id]; !ok {
+		if f, ok := t.flows[ev.id]; ok {
+			if f.silent { // it does send events after all
+				f.silent = false
+				t.flows[ev.id] = f
+				t.silent--
+			}
+		} else {
 			if len(t.flows) < t.maxTracked {
 				t.flows[ev.id] = trackedFlow{since: now, orig: ev.orig, reply: ev.reply}
 			} else if ev.typ == eventNew {
@@ -123,7 +134,7 @@ func (t *flowTracker) handle(ev *flowEvent, now int64, attr attribution) {
 	case eventDestroy:
 		t.mu.Lock()
 		tracked, wasTracked := t.flows[ev.id]
-		delete(t.flows, ev.id)
+		t.deleteLocked(ev.id)
 		var unreplied bool
 		switch {
 		case ev.hasStatus:
@@ -140,6 +151,15 @@ func (t *flowTracker) handle(ev *flowEvent, now int64, attr attribution) {
 	}
 }
 
+func (t *flowTracker) deleteLocked(id uint32) {
+	if f, ok := t.flows[id]; ok {
+		if f.silent {
+			t.silent--
+		}
+		delete(t.flows, id)
+	}
+}
+
 func (t *flowTracker) countUnrepliedLocked(k seriesKey) {
 	if _, listed := t.unreplied[k]; listed || k.reason == reasonNoService || len(t.unreplied) < t.maxSeries {
 		// no_service flows carry no service labels: one series per protocol, outside the cap.
@@ -152,11 +172,13 @@ func (t *flowTracker) countUnrepliedLocked(k seriesKey) {
 // resync replaces the tracked set with the unreplied DNAT'ed flows of a table dump, keeping the
 // first-seen time of flows already tracked. It is how tracking recovers after events were lost
 // or a socket was replaced; a tracked flow missing from the table ended while we could not see
-// it, and is dropped without being counted, since whether it was answered is unknown.
-func (t *flowTracker) resync(dump []flowEvent, now int64) {
+// it, and is dropped without being counted, since whether it was answered is unknown. Flows
+// new to the tracker are marked silent when they may predate every listener (at start-up).
+func (t *flowTracker) resync(dump []flowEvent, now int64, newAreSilent bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	next := make(map[uint32]trackedFlow, len(t.flows))
+	t.silent = 0
 	for i := range dump {
 		ev := &dump[i]
 		if ev.seenReply() || !ev.dnat() {
@@ -168,11 +190,33 @@ func (t *flowTracker) resync(dump []flowEvent, now int64) {
 		}
 		f, ok := t.flows[ev.id]
 		if !ok {
-			f = trackedFlow{since: now, orig: ev.orig, reply: ev.reply}
+			f = trackedFlow{since: now, orig: ev.orig, reply: ev.reply, silent: newAreSilent}
+		}
+		if f.silent {
+			t.silent++
 		}
 		next[ev.id] = f
 	}
 	t.flows = next
+}
+
+// hasSilent reports whether any tracked flow needs checkSilent.
+func (t *flowTracker) hasSilent() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.silent > 0
+}
+
+// checkSilent drops the silent flows that a table dump shows answered or gone. A gone one is
+// not counted as unreplied: it may have been answered and closed since the last look.
+func (t *flowTracker) checkSilent(stillUnreplied map[uint32]bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for id, f := range t.flows {
+		if f.silent && !stillUnreplied[id] {
+			t.deleteLocked(id)
+		}
+	}
 }
 
 // seriesCount is one series value for the exposition.

@@ -139,7 +139,7 @@ func TestTrackerResync(t *testing.T) {
 		*event(eventNone, 1, statusDstNAT, o1, r1),
 		*event(eventNone, 2, statusDstNAT|statusSeenReply, o2, r2),
 		*event(eventNone, 3, statusDstNAT, o3, r3),
-	}, 50)
+	}, 50, false)
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	if len(tr.flows) != 2 || tr.flows[1].since != 10 || tr.flows[3].since != 50 {
@@ -194,4 +194,35 @@ type updater struct{ c *Collector }
 func (u updater) Describe(chan<- *prometheus.Desc) {}
 func (u updater) Collect(ch chan<- prometheus.Metric) {
 	_ = u.c.Update(ch)
+}
+
+func TestTrackerSilentFlows(t *testing.T) {
+	tr := newFlowTracker(10, 10)
+	view := labView()
+	o1, r1 := dnatTuples(1)
+	o2, r2 := dnatTuples(2)
+	o3, r3 := dnatTuples(3)
+	tr.resync([]flowEvent{
+		*event(eventNone, 1, statusDstNAT, o1, r1),
+		*event(eventNone, 2, statusDstNAT, o2, r2),
+		*event(eventNone, 3, statusDstNAT, o3, r3),
+	}, 0, true)
+	if !tr.hasSilent() {
+		t.Fatal("flows found at start-up are not silent")
+	}
+	// Flow 3 turns out to send events: it is no longer silent, and its end counts.
+	tr.handle(event(eventUpdate, 3, statusDstNAT, o3, r3), 1, view)
+	// The table now shows flow 1 still unreplied; flow 2 is gone.
+	tr.checkSilent(map[uint32]bool{1: true})
+	if s := tr.snapshot(0, view); s.tracked != 2 || len(s.unreplied) != 0 {
+		t.Errorf("after check: tracked %d unreplied %+v, want 2 tracked and nothing counted", s.tracked, s.unreplied)
+	}
+	tr.handle(event(eventDestroy, 3, statusDstNAT, o3, r3), 2, view)
+	tr.checkSilent(map[uint32]bool{})
+	if tr.hasSilent() {
+		t.Error("silent flows left after the table lost them")
+	}
+	if s := tr.snapshot(0, view); s.tracked != 0 || len(s.unreplied) != 1 || s.unreplied[0].value != 1 {
+		t.Errorf("end: tracked %d unreplied %+v, want 0 tracked and flow 3 counted", s.tracked, s.unreplied)
+	}
 }

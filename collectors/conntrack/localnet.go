@@ -1,25 +1,19 @@
 package conntrack
 
 import (
-	"bufio"
-	"encoding/binary"
-	"encoding/hex"
-	"errors"
 	"fmt"
-	"io"
-	"io/fs"
 	"net"
 	"net/netip"
-	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // localNet is this node's view of where pods live, used to name the reason of an unreplied
 // flow: bridges' subnets (a CNI bridge such as cni0 or cbr0), host routes without a gateway
 // (one per pod, as Calico or the ptp plugin write them) and the node's own addresses
-// (hostNetwork endpoints).
+// (hostNetwork endpoints). It is read over rtnetlink, which always answers for the process's
+// own network namespace (sysfs answers for the namespace it was mounted in).
 type localNet struct {
 	bridges []netip.Prefix
 	local   []netip.Prefix
@@ -40,137 +34,92 @@ func (n *localNet) classify(client, endpoint netip.Addr) reason {
 	return reasonRemoteEndpoint
 }
 
-// interfaceAddrs lists an interface's addresses; a variable so tests can give fixture ones.
-type interfaceAddrs func(name string) ([]netip.Prefix, error)
-
-func systemInterfaceAddrs(name string) ([]netip.Prefix, error) {
-	ifi, err := net.InterfaceByName(name)
-	if err != nil {
-		return nil, err
-	}
-	addrs, err := ifi.Addrs()
-	if err != nil {
-		return nil, err
-	}
-	var out []netip.Prefix
-	for _, a := range addrs {
-		ipnet, ok := a.(*net.IPNet)
-		if !ok {
-			continue
-		}
-		ip, ok := netip.AddrFromSlice(ipnet.IP)
-		if !ok {
-			continue
-		}
-		ones, _ := ipnet.Mask.Size()
-		out = append(out, netip.PrefixFrom(ip.Unmap(), ones))
-	}
-	return out, nil
+// iface is what localNet needs of one network interface.
+type iface struct {
+	name     string
+	bridge   bool
+	loopback bool
+	addrs    []netip.Prefix
 }
 
-// loadLocalNet reads bridges from sysfs, host routes from procfs and all interface addresses.
-func loadLocalNet(procPath, sysPath string, addrsOf interfaceAddrs) (*localNet, error) {
+// route is what localNet needs of one main-table route.
+type route struct {
+	dst     netip.Prefix
+	gateway bool
+	iface   string
+}
+
+func newLocalNet(ifaces []iface, routes []route) *localNet {
 	n := &localNet{}
-	ifaces, err := os.ReadDir(filepath.Join(sysPath, "class", "net"))
-	if err != nil {
-		return nil, fmt.Errorf("list network interfaces: %w", err)
-	}
+	loopback := map[string]bool{}
 	for _, ifc := range ifaces {
-		name := ifc.Name()
-		addrs, err := addrsOf(name)
-		if err != nil {
-			continue // the interface went away between the listing and now
-		}
-		_, statErr := os.Stat(filepath.Join(sysPath, "class", "net", name, "bridge"))
-		isBridge := statErr == nil
-		for _, a := range addrs {
+		loopback[ifc.name] = ifc.loopback
+		for _, a := range ifc.addrs {
 			if a.Addr().IsLoopback() || a.Addr().IsLinkLocalUnicast() {
 				continue
 			}
 			n.local = append(n.local, netip.PrefixFrom(a.Addr(), a.Addr().BitLen()))
-			if isBridge {
+			if ifc.bridge {
 				n.bridges = append(n.bridges, a.Masked())
 				n.local = append(n.local, a.Masked())
 			}
 		}
 	}
-	for _, file := range []struct {
-		name  string
-		parse func(io.Reader) ([]netip.Prefix, error)
-	}{{"route", parseIPv4HostRoutes}, {"ipv6_route", parseIPv6HostRoutes}} {
-		f, err := os.Open(filepath.Join(procPath, "net", file.name))
-		if errors.Is(err, fs.ErrNotExist) {
-			continue // no IPv6 on this node
+	for _, r := range routes {
+		if r.gateway || loopback[r.iface] || !r.dst.IsSingleIP() || r.dst.Addr().IsMulticast() || r.dst.Addr().IsLinkLocalUnicast() {
+			continue
 		}
-		if err != nil {
-			return nil, fmt.Errorf("read routes: %w", err)
-		}
-		routes, err := file.parse(f)
-		f.Close()
-		if err != nil {
-			return nil, fmt.Errorf("parse %s: %w", f.Name(), err)
-		}
-		n.local = append(n.local, routes...)
+		n.local = append(n.local, r.dst)
 	}
-	return n, nil
+	return n
 }
 
-// parseIPv4HostRoutes returns the /32 routes without a gateway from /proc/net/route, except on
-// loopback: each names a pod on this node in CNIs that route per pod.
-func parseIPv4HostRoutes(r io.Reader) ([]netip.Prefix, error) {
-	var out []netip.Prefix
-	sc := bufio.NewScanner(r)
-	first := true
-	for sc.Scan() {
-		if first { // header
-			first = false
-			continue
-		}
-		f := strings.Fields(sc.Text())
-		if len(f) < 8 {
-			return nil, fmt.Errorf("route line %q: want at least 8 fields", sc.Text())
-		}
-		if f[0] == "lo" || f[2] != "00000000" || f[7] != "FFFFFFFF" {
-			continue
-		}
-		v, err := strconv.ParseUint(f[1], 16, 32)
-		if err != nil {
-			return nil, fmt.Errorf("route destination %q: %w", f[1], err)
-		}
-		// The kernel prints the network-order address as a host-order u32, so the address
-		// bytes are that number's bytes in this machine's order.
-		var a [4]byte
-		binary.NativeEndian.PutUint32(a[:], uint32(v))
-		out = append(out, netip.PrefixFrom(netip.AddrFrom4(a), 32))
+// loadLocalNet reads interfaces, their addresses and the main routing table.
+func loadLocalNet() (*localNet, error) {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("list network interfaces: %w", err)
 	}
-	return out, sc.Err()
+	names := make(map[int]string, len(links))
+	ifaces := make([]iface, 0, len(links))
+	for _, l := range links {
+		attrs := l.Attrs()
+		names[attrs.Index] = attrs.Name
+		ifc := iface{name: attrs.Name, bridge: l.Type() == "bridge", loopback: attrs.Flags&net.FlagLoopback != 0}
+		addrs, err := netlink.AddrList(l, netlink.FAMILY_ALL)
+		if err != nil {
+			continue // the interface went away since the listing
+		}
+		for _, a := range addrs {
+			if p, ok := prefixOf(a.IPNet); ok {
+				ifc.addrs = append(ifc.addrs, p)
+			}
+		}
+		ifaces = append(ifaces, ifc)
+	}
+	rs, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return nil, fmt.Errorf("list routes: %w", err)
+	}
+	routes := make([]route, 0, len(rs))
+	for _, r := range rs {
+		dst, ok := prefixOf(r.Dst)
+		if !ok {
+			continue // the default route
+		}
+		routes = append(routes, route{dst: dst, gateway: r.Gw != nil || len(r.MultiPath) > 0, iface: names[r.LinkIndex]})
+	}
+	return newLocalNet(ifaces, routes), nil
 }
 
-// parseIPv6HostRoutes returns the /128 routes without a gateway from /proc/net/ipv6_route.
-func parseIPv6HostRoutes(r io.Reader) ([]netip.Prefix, error) {
-	var out []netip.Prefix
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) < 10 {
-			return nil, fmt.Errorf("ipv6 route line %q: want 10 fields", sc.Text())
-		}
-		plen, err := strconv.ParseUint(f[1], 16, 8)
-		if err != nil {
-			return nil, fmt.Errorf("ipv6 route prefix length %q: %w", f[1], err)
-		}
-		if f[9] == "lo" || plen != 128 || f[4] != strings.Repeat("0", 32) {
-			continue
-		}
-		dst, err := hex.DecodeString(f[0])
-		if err != nil || len(dst) != 16 {
-			return nil, fmt.Errorf("ipv6 route destination %q: not 32 hex digits", f[0])
-		}
-		a := netip.AddrFrom16([16]byte(dst))
-		if a.IsMulticast() || a.IsLinkLocalUnicast() {
-			continue
-		}
-		out = append(out, netip.PrefixFrom(a, 128))
+func prefixOf(n *net.IPNet) (netip.Prefix, bool) {
+	if n == nil {
+		return netip.Prefix{}, false
 	}
-	return out, sc.Err()
+	ip, ok := netip.AddrFromSlice(n.IP)
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	ones, _ := n.Mask.Size()
+	return netip.PrefixFrom(ip.Unmap(), ones), true
 }
