@@ -230,7 +230,7 @@ func bench(ctx context.Context, cfg config, argv []string) (results []phaseResul
 			fmt.Fprintf(os.Stderr, "removing namespace %s: %v\n", ns, derr)
 		}
 	}()
-	if err := setupNS(ctx, ns, cfg.udpTimeout, cfg.filler); err != nil {
+	if err := setupNS(ctx, ns, cfg.udpTimeout, cfg.filler, cfg.listenPort); err != nil {
 		return nil, nil, err
 	}
 
@@ -795,7 +795,8 @@ func (e *phaseEnv) waitEmpty(ctx context.Context, entries func(context.Context) 
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("conntrack table still has %d entries after %s", n, e.cfg.drainTimeout)
+			list, _ := run(ctx, "", "ip", "netns", "exec", e.ns, "conntrack", "-L")
+			return fmt.Errorf("conntrack table still has %d entries after %s: %s", n, e.cfg.drainTimeout, strings.Join(strings.Split(strings.TrimSpace(list), "\n"), " ; "))
 		}
 		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
 			return err

@@ -98,7 +98,7 @@ func deleteNS(name string) error {
 
 // setupNS creates the namespace and programs it: loopback addresses, conntrack sysctls and
 // kube-proxy shaped iptables rules.
-func setupNS(ctx context.Context, name string, udpTimeout, fillerServices int) error {
+func setupNS(ctx context.Context, name string, udpTimeout, fillerServices, listenPort int) error {
 	if _, err := run(ctx, "", "ip", "netns", "add", name); err != nil {
 		return err
 	}
@@ -112,7 +112,7 @@ func setupNS(ctx context.Context, name string, udpTimeout, fillerServices int) e
 			return err
 		}
 	}
-	if _, err := run(ctx, kubeProxyRules(fillerServices), "ip", "netns", "exec", name, "iptables-restore"); err != nil {
+	if _, err := run(ctx, kubeProxyRules(fillerServices, listenPort), "ip", "netns", "exec", name, "iptables-restore"); err != nil {
 		return err
 	}
 	// The conntrack sysctls exist once the rules above have made the namespace track.
@@ -156,8 +156,9 @@ func chainHash(s string) string {
 // them for the benchmarked UDP service (three endpoints, random probability chain) plus
 // fillerServices TCP services in front of it in KUBE-SERVICES. The filter table drops the
 // datagrams once they reach the endpoint address, so that no ICMP port unreachable is sent
-// back (conntrack has confirmed the flow by then).
-func kubeProxyRules(fillerServices int) string {
+// back (conntrack has confirmed the flow by then). The raw table leaves the exporter's port
+// (listenPort) untracked.
+func kubeProxyRules(fillerServices, listenPort int) string {
 	var nat, chains strings.Builder
 	svc := func(name, vip, proto string, port int, eps []string) {
 		svcChain := "KUBE-SVC-" + chainHash(name+proto)
@@ -199,6 +200,14 @@ func kubeProxyRules(fillerServices int) string {
 	b.WriteString("COMMIT\n")
 	b.WriteString("*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n")
 	fmt.Fprintf(&b, "-A INPUT -d %s -p udp -m udp --dport %d -j DROP\n", clusterCIDR, defaultPort)
+	b.WriteString("COMMIT\n")
+	// Scrapes of the exporter are not tracked: they would add events and linger in TIME_WAIT.
+	b.WriteString("*raw\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n")
+	for _, chain := range []string{"PREROUTING", "OUTPUT"} {
+		for _, dir := range []string{"--dport", "--sport"} {
+			fmt.Fprintf(&b, "-A %s -p tcp -m tcp %s %d -j CT --notrack\n", chain, dir, listenPort)
+		}
+	}
 	b.WriteString("COMMIT\n")
 	return b.String()
 }
