@@ -104,3 +104,64 @@ func TestRulesCheckInNetns(t *testing.T) {
 		expect("iptables-legacy -A FORWARD ... INVALID -j DROP", "1")
 	}
 }
+
+// TestRulesCheckWithoutCapabilities runs the real binaries as nobody without capabilities: no
+// backend can be read, so the metric is absent and the error says why.
+func TestRulesCheckWithoutCapabilities(t *testing.T) {
+	ns := scratchNetns(t)
+	if _, err := exec.LookPath("setpriv"); err != nil {
+		t.Skip("setpriv not installed")
+	}
+	run := func(ctx context.Context, name string, args ...string) ([]byte, error) {
+		return ExecRunner(ctx, "ip", append([]string{"netns", "exec", ns, "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", name}, args...)...)
+	}
+	c, err := New(Config{ProcPath: "testdata/proc-full", RulesCheckInterval: time.Hour, CommandTimeout: 10 * time.Second, Run: run}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.CheckRules(context.Background())
+	a := &adapter{c: c}
+	if err := testutil.CollectAndCompare(a, strings.NewReader(""), "proxyhealth_invalid_drop_rule_present"); err != nil {
+		t.Error(err)
+	}
+	if a.err == nil || !strings.Contains(a.err.Error(), "no backend could be read") ||
+		!(strings.Contains(a.err.Error(), "Permission denied") || strings.Contains(a.err.Error(), "Operation not permitted")) {
+		t.Errorf("error = %v, want the permission failure of each backend", a.err)
+	}
+	t.Logf("error without capabilities: %v", a.err)
+}
+
+// TestRulesCheckLeastPrivilege runs the real binaries as nobody with only CAP_NET_ADMIN and
+// CAP_NET_RAW, as the DaemonSet does: every backend must be readable, iptables-legacy-save
+// through its -t filter fallback.
+func TestRulesCheckLeastPrivilege(t *testing.T) {
+	ns := scratchNetns(t)
+	for _, bin := range []string{"setpriv", "iptables-legacy"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("%s not installed", bin)
+		}
+	}
+	inNetns(t, ns, "iptables-legacy", "-A", "FORWARD", "-m", "state", "--state", "INVALID", "-j", "DROP")
+	run := func(ctx context.Context, name string, args ...string) ([]byte, error) {
+		return ExecRunner(ctx, "ip", append([]string{"netns", "exec", ns, "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+			"--inh-caps=+net_admin,+net_raw", "--ambient-caps=+net_admin,+net_raw", name}, args...)...)
+	}
+	c, err := New(Config{ProcPath: "testdata/proc-full", RulesCheckInterval: time.Hour, CommandTimeout: 10 * time.Second, Run: run}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.CheckRules(context.Background())
+	a := &adapter{c: c}
+	want := rulesHelp[:strings.Index(rulesHelp, "# HELP proxyhealth_node")] + "proxyhealth_invalid_drop_rule_present 1\n"
+	if err := testutil.CollectAndCompare(a, strings.NewReader(want), "proxyhealth_invalid_drop_rule_present"); err != nil {
+		t.Error(err)
+	}
+	if a.err != nil {
+		t.Errorf("Update: %v", a.err)
+	}
+	for _, b := range c.rules.backends {
+		if !b.missing && b.err != nil {
+			t.Errorf("%s: %v", b.name, b.err)
+		}
+	}
+}

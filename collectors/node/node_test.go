@@ -128,8 +128,12 @@ func (f *fakeNode) run(ctx context.Context, name string, args ...string) ([]byte
 	if _, ok := ctx.Deadline(); !ok {
 		f.t.Errorf("%s run without a timeout", name)
 	}
-	f.ran = append(f.ran, filepath.Base(name)+" "+strings.Join(args, " "))
-	src := f.bins[filepath.Base(name)]
+	cmd := strings.TrimSpace(filepath.Base(name) + " " + strings.Join(args, " "))
+	f.ran = append(f.ran, cmd)
+	src, ok := f.bins[cmd]
+	if !ok {
+		src = f.bins[filepath.Base(name)]
+	}
 	if msg, ok := strings.CutPrefix(src, "!"); ok {
 		return nil, errors.New(msg)
 	}
@@ -150,31 +154,31 @@ func TestRulesCheck(t *testing.T) {
 		{
 			name:  "both iptables backends and nft, drop in iptables-nft",
 			bins:  map[string]string{"iptables-legacy-save": "iptables-legacy-save-empty.txt", "iptables-nft-save": "iptables-nft-save-kube-proxy.txt", "iptables-save": "x", "nft": "nft-iptables-nft-only.json"},
-			ran:   []string{"iptables-legacy-save ", "iptables-nft-save -t filter", "nft -j list ruleset"},
+			ran:   []string{"iptables-legacy-save", "iptables-nft-save -t filter", "nft -j list ruleset"},
 			value: "1",
 		},
 		{
 			name:  "drop in iptables-legacy only",
 			bins:  map[string]string{"iptables-legacy-save": "iptables-legacy-save-drop.txt", "iptables-nft-save": "iptables-save-no-drop.txt", "nft": "nft-empty.json"},
-			ran:   []string{"iptables-legacy-save ", "iptables-nft-save -t filter", "nft -j list ruleset"},
+			ran:   []string{"iptables-legacy-save", "iptables-nft-save -t filter", "nft -j list ruleset"},
 			value: "1",
 		},
 		{
 			name:  "drop in native nft only",
 			bins:  map[string]string{"iptables-legacy-save": "iptables-legacy-save-empty.txt", "iptables-nft-save": "iptables-save-no-drop.txt", "nft": "nft-invalid-drop.json"},
-			ran:   []string{"iptables-legacy-save ", "iptables-nft-save -t filter", "nft -j list ruleset"},
+			ran:   []string{"iptables-legacy-save", "iptables-nft-save -t filter", "nft -j list ruleset"},
 			value: "1",
 		},
 		{
 			name:  "no drop anywhere",
 			bins:  map[string]string{"iptables-legacy-save": "iptables-legacy-save-empty.txt", "iptables-nft-save": "iptables-save-no-drop.txt", "nft": "nft-iptables-nft-only.json"},
-			ran:   []string{"iptables-legacy-save ", "iptables-nft-save -t filter", "nft -j list ruleset"},
+			ran:   []string{"iptables-legacy-save", "iptables-nft-save -t filter", "nft -j list ruleset"},
 			value: "0",
 		},
 		{
 			name:  "only iptables-save and no nft binary",
 			bins:  map[string]string{"iptables-save": "iptables-nft-save-kube-proxy.txt"},
-			ran:   []string{"iptables-save "},
+			ran:   []string{"iptables-save"},
 			value: "1",
 		},
 		{
@@ -191,20 +195,31 @@ func TestRulesCheck(t *testing.T) {
 		{
 			name:    "permission denied everywhere",
 			bins:    map[string]string{"iptables-legacy-save": permLegacy, "iptables-nft-save": permNFT, "nft": permNft},
-			ran:     []string{"iptables-legacy-save ", "iptables-nft-save -t filter", "nft -j list ruleset"},
+			ran:     []string{"iptables-legacy-save", "iptables-nft-save -t filter", "nft -j list ruleset"},
 			wantErr: "no backend could be read: iptables-legacy: iptables-legacy-save: exit status 1: iptables-save v1.8.9 (legacy): Cannot initialize: Permission denied (you must be root)\niptables-nft: iptables-nft-save -t filter: exit status 4",
 		},
 		{
 			name:    "legacy needs CAP_NET_RAW: no drop elsewhere is not certain",
 			bins:    map[string]string{"iptables-legacy-save": permLegacy, "iptables-nft-save": "iptables-save-no-drop.txt", "nft": "nft-empty.json"},
-			ran:     []string{"iptables-legacy-save ", "iptables-nft-save -t filter", "nft -j list ruleset"},
+			ran:     []string{"iptables-legacy-save", "iptables-nft-save -t filter", "nft -j list ruleset"},
 			value:   "0",
 			wantErr: "invalid drop rule check incomplete, no drop found in what could be read: iptables-legacy: iptables-legacy-save: exit status 1: iptables-save v1.8.9 (legacy): Cannot initialize: Permission denied (you must be root)",
 		},
 		{
 			name:  "a drop found is certain whatever else failed",
 			bins:  map[string]string{"iptables-legacy-save": permLegacy, "iptables-nft-save": "iptables-nft-save-kube-proxy.txt", "nft": permNft},
-			ran:   []string{"iptables-legacy-save ", "iptables-nft-save -t filter", "nft -j list ruleset"},
+			ran:   []string{"iptables-legacy-save", "iptables-nft-save -t filter", "nft -j list ruleset"},
+			value: "1",
+		},
+		{
+			name: "legacy without root: falls back to -t filter",
+			bins: map[string]string{
+				"iptables-legacy-save":           "!exit status 1: Failed to list table names in /proc/net/ip_tables_names: Permission denied",
+				"iptables-legacy-save -t filter": "iptables-legacy-save-drop.txt",
+				"iptables-nft-save":              "iptables-save-no-drop.txt",
+				"nft":                            "nft-empty.json",
+			},
+			ran:   []string{"iptables-legacy-save", "iptables-legacy-save -t filter", "iptables-nft-save -t filter", "nft -j list ruleset"},
 			value: "1",
 		},
 		{

@@ -49,18 +49,24 @@ type backend struct {
 	bin   string
 	args  []string
 	check func(out []byte) (bool, []string, error)
+	// retryArgs are used instead of args when the first run fails with an error containing
+	// retryOn.
+	retryArgs []string
+	retryOn   string
 }
 
-// iptables-legacy-save runs without -t filter: with it, the kernel instantiates an empty legacy
-// filter table in a namespace that had none, and reading must not change the node. Without -t
-// it prints only the tables that exist.
+// iptables-legacy-save runs without -t filter first: with it, the kernel instantiates an empty
+// legacy filter table in a namespace that had none, and reading should not change the node.
+// Without -t it prints only the tables that exist, but it must read /proc/net/ip_tables_names,
+// which only root can; without root (CAP_NET_ADMIN and CAP_NET_RAW alone) it falls back to
+// -t filter, which may create that empty table (policy ACCEPT, no rules: no effect on traffic).
 var (
-	legacyBackend = backend{"iptables-legacy", "iptables-legacy-save", nil, iptablesForwardDrop}
-	nftBackend    = backend{"iptables-nft", "iptables-nft-save", []string{"-t", "filter"}, iptablesForwardDrop}
+	legacyBackend = backend{"iptables-legacy", "iptables-legacy-save", nil, iptablesForwardDrop, []string{"-t", "filter"}, "ip_tables_names"}
+	nftBackend    = backend{"iptables-nft", "iptables-nft-save", []string{"-t", "filter"}, iptablesForwardDrop, nil, ""}
 	// iptablesSave is used when neither split binary exists (an iptables build with only one
 	// backend); it reads whichever backend that build uses.
-	iptablesSave  = backend{"iptables", "iptables-save", nil, iptablesForwardDrop}
-	nativeBackend = backend{"nftables", "nft", []string{"-j", "list", "ruleset"}, nftForwardDrop}
+	iptablesSave  = backend{"iptables", "iptables-save", nil, iptablesForwardDrop, []string{"-t", "filter"}, "ip_tables_names"}
+	nativeBackend = backend{"nftables", "nft", []string{"-j", "list", "ruleset"}, nftForwardDrop, nil, ""}
 )
 
 // iptablesForwardDrop parses iptables-save output and looks for an INVALID drop
@@ -169,10 +175,17 @@ func checkRules(ctx context.Context, run CommandRunner, lookPath func(string) (s
 			res.backends = append(res.backends, br)
 			continue
 		}
+		args := b.args
 		cctx, cancel := context.WithTimeout(ctx, timeout)
-		out, err := run(cctx, path, b.args...)
+		out, err := run(cctx, path, args...)
 		cancel()
-		cmdline := strings.Join(append([]string{b.bin}, b.args...), " ")
+		if err != nil && b.retryOn != "" && strings.Contains(err.Error(), b.retryOn) {
+			args = b.retryArgs
+			cctx, cancel := context.WithTimeout(ctx, timeout)
+			out, err = run(cctx, path, args...)
+			cancel()
+		}
+		cmdline := strings.Join(append([]string{b.bin}, args...), " ")
 		if err != nil {
 			br.err = fmt.Errorf("%s: %w", cmdline, err)
 		} else if br.found, br.path, err = b.check(out); err != nil {
