@@ -100,7 +100,7 @@ func New(cfg Config, logger *slog.Logger) (*Collector, error) {
 		cfg:        cfg,
 		logger:     logger,
 		tracker:    newFlowTracker(cfg.MaxTrackedFlows, cfg.MaxServiceSeries),
-		services:   newKubeProxyServices(logger),
+		services:   newKubeProxyServices(cfg.ProcPath, logger),
 		stats:      readStats,
 		openEvents: func(n int) (eventSource, error) { return openEventSocket(n) },
 		dump:       dumpTable,

@@ -68,18 +68,21 @@ const kubeDNSRules = `*nat
 :KUBE-SERVICES - [0:0]
 :KUBE-SVC-TCOU7JCQXEZGVUNU - [0:0]
 :KUBE-SEP-2BQ7TVJBHSYQZ5EO - [0:0]
+:KUBE-SVC-ALTDNS54ALTDNS54 - [0:0]
 -A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
 -A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
 -A KUBE-SERVICES -d 10.96.0.10/32 -p udp -m comment --comment "kube-system/kube-dns:dns cluster IP" -m udp --dport 53 -j KUBE-SVC-TCOU7JCQXEZGVUNU
 -A KUBE-SVC-TCOU7JCQXEZGVUNU -m comment --comment "kube-system/kube-dns:dns -> 10.0.0.1:5353" -j KUBE-SEP-2BQ7TVJBHSYQZ5EO
 -A KUBE-SEP-2BQ7TVJBHSYQZ5EO -p udp -m comment --comment "kube-system/kube-dns:dns" -m udp -j DNAT --to-destination 10.0.0.1:5353
+-A KUBE-SERVICES -d 10.96.0.10/32 -p udp -m comment --comment "kube-system/early:dns cluster IP" -m udp --dport 54 -j KUBE-SVC-ALTDNS54ALTDNS54
+-A KUBE-SVC-ALTDNS54ALTDNS54 -p udp -j DNAT --to-destination 10.0.0.1:5354
 COMMIT
 `
 
-func sendUDP(t *testing.T, n int) {
+func sendUDP(t *testing.T, n int, dst string) {
 	t.Helper()
 	for i := 0; i < n; i++ {
-		conn, err := net.Dial("udp4", "10.96.0.10:53")
+		conn, err := net.Dial("udp4", dst)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -104,8 +107,11 @@ sysctl -qw net.netfilter.nf_conntrack_udp_timeout=3`)
 		t.Fatalf("iptables-restore: %v\n%s", err, out)
 	}
 
-	// One flow exists before the collector starts: it must be seeded from the table dump.
-	sendUDP(t, 1)
+	// One flow exists before the collector starts, to another Service port: it must be seeded
+	// from the table dump. Whether the kernel reports its end (nf_conntrack_events=2 attaches
+	// event delivery at creation only while a listener exists) is the kernel's business; it
+	// must leave the open gauge either way.
+	sendUDP(t, 1, "10.96.0.10:54")
 
 	cfg := Config{UnrepliedAfter: 200 * time.Millisecond, MaxTrackedFlows: 100, MaxServiceSeries: 10,
 		SocketBufferBytes: 1 << 20, ServiceRefreshInterval: time.Hour, ResyncMinInterval: time.Hour,
@@ -120,14 +126,15 @@ sysctl -qw net.netfilter.nf_conntrack_udp_timeout=3`)
 	go func() { c.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 
-	waitFor(t, "the listener to seed from the table", func() bool { return c.resyncs.Load() >= 1 && c.view.Load().services.Len() == 1 })
-	sendUDP(t, 2)
+	waitFor(t, "the listener to seed from the table", func() bool { return c.resyncs.Load() >= 1 && c.view.Load().services.Len() == 2 })
+	early := `protocol="udp",reason="local_endpoint",service_name="early",service_namespace="kube-system",service_port="54"`
+	waitForScrape(t, c, "proxyhealth_conntrack_open_unreplied_flows{"+early+"} 1")
+	sendUDP(t, 2, "10.96.0.10:53")
 
 	// 10.0.0.1 is this namespace's own address: a local endpoint.
 	labels := `protocol="udp",reason="local_endpoint",service_name="kube-dns",service_namespace="kube-system",service_port="53"`
-	waitForScrape(t, c, "proxyhealth_conntrack_open_unreplied_flows{"+labels+"} 3")
-	// They end when the UDP timeout (3s) expires. The flow from before the listener sends no
-	// events (nf_conntrack_events=2): it leaves tracking through the table check, uncounted.
+	waitForScrape(t, c, "proxyhealth_conntrack_open_unreplied_flows{"+labels+"} 2")
+	// They end when the UDP timeout (3s) expires.
 	waitForScrape(t, c, "proxyhealth_conntrack_unreplied_flows_total{"+labels+"} 2")
 	out := scrape(t, c)
 	for _, want := range []string{`proxyhealth_conntrack_events_total{event="new"} 2`, `proxyhealth_conntrack_events_lost_total 0`, `proxyhealth_conntrack_tracked_flows 0`} {

@@ -5,9 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -46,14 +49,39 @@ type serviceSource interface {
 // of megabytes on a large cluster. Every backend present is read, since kube-proxy writes to
 // one of them and either may be the node's.
 type kubeProxyServices struct {
+	procPath string
 	logger   *slog.Logger
 	run      func(ctx context.Context, name string, args ...string) ([]byte, error)
 	lookPath func(string) (string, error)
 	lastNote string
 }
 
-func newKubeProxyServices(logger *slog.Logger) *kubeProxyServices {
-	return &kubeProxyServices{logger: logger, run: runCommand, lookPath: exec.LookPath}
+func newKubeProxyServices(procPath string, logger *slog.Logger) *kubeProxyServices {
+	return &kubeProxyServices{procPath: procPath, logger: logger, run: runCommand, lookPath: exec.LookPath}
+}
+
+// legacyNATExists reports whether the legacy (x_tables) nat table exists. It must be known
+// before asking iptables-legacy about it: naming a legacy table that does not exist makes the
+// kernel create it, and an empty legacy table on a node that uses the nft backend confuses the
+// backend detection of kube-proxy and of iptables itself.
+func legacyNATExists(procPath, bin string) (bool, error) {
+	names := "ip_tables_names"
+	if strings.HasPrefix(bin, "ip6") {
+		names = "ip6_tables_names"
+	}
+	b, err := os.ReadFile(filepath.Join(procPath, "net", names))
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil // x_tables not loaded: no legacy table at all
+	}
+	if err != nil {
+		return false, fmt.Errorf("cannot tell whether %s has a nat table without creating one: %w", bin, err)
+	}
+	for _, name := range strings.Fields(string(b)) {
+		if name == "nat" {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 func runCommand(ctx context.Context, name string, args ...string) ([]byte, error) {
@@ -79,6 +107,15 @@ func (k *kubeProxyServices) load(ctx context.Context) ServiceMap {
 		path, err := k.lookPath(bin)
 		if err != nil {
 			continue
+		}
+		if strings.HasSuffix(bin, "-legacy") {
+			exists, err := legacyNATExists(k.procPath, bin)
+			if err != nil {
+				problems = append(problems, err.Error())
+			}
+			if !exists {
+				continue
+			}
 		}
 		out, err := k.run(ctx, path, "-w", "5", "-t", "nat", "-S", "KUBE-SERVICES")
 		if err != nil {
