@@ -14,6 +14,9 @@ import (
 // an error describing what it could not; the exporter then reports the collector as failing.
 type Collector interface {
 	Update(ch chan<- prometheus.Metric) error
+	// Describe sends the descriptor of every metric Update may send, whether or not this
+	// node produces it now; the metrics reference test compares them with the README.
+	Describe(ch chan<- *prometheus.Desc)
 }
 
 // Runner is implemented by collectors that do background work (an event stream, a periodic

@@ -366,6 +366,18 @@ func newDesc(name, help string) *prometheus.Desc {
 	return prometheus.NewDesc("proxyhealth_conntrack_"+name, help, nil, nil)
 }
 
+// Describe sends every descriptor Update may use.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{entriesDesc, entriesLimitDesc, eventsDesc, eventsLostDesc, receiveErrorsDesc,
+		resyncsDesc, untrackedDesc, trackedDesc, unrepliedDesc, openUnrepliedDesc, unrepliedUnlistedDesc,
+		openUnlistedDesc, servicesKnownDesc} {
+		ch <- d
+	}
+	for _, d := range cpuStatDescs {
+		ch <- d.desc
+	}
+}
+
 // Update reads the kernel's statistics and publishes the event listener's counters and the
 // tracked flows. It fails when the statistics cannot be read or the listener is not running.
 func (c *Collector) Update(ch chan<- prometheus.Metric) error {

@@ -1,0 +1,30 @@
+# proxyhealth: build and test. `sudo make test` is what CI runs (.ci/run).
+GO ?= go
+
+.PHONY: all build test vet unit e2e bench-smoke
+
+all: build
+
+build:
+	$(GO) build -o proxyhealth .
+
+vet:
+	@unformatted="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; \
+	if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) vet -tags e2e ./test/e2e/...
+
+# Unit tests; packages that need the kernel re-run themselves in a private network namespace
+# when run as root, and skip those tests otherwise.
+unit:
+	$(GO) test -race -count=1 ./...
+
+# The kernel lab: incidents 1 and 2 reproduced in network namespaces, asserted on real scrapes.
+e2e:
+	$(GO) test -tags e2e -count=1 -v ./test/e2e/
+
+# The conntrack event benchmark at smoke size: proves the harness, asserts no figures.
+bench-smoke:
+	$(GO) run ./bench/conntrack-events --smoke
+
+test: vet unit e2e bench-smoke

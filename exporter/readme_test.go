@@ -1,0 +1,121 @@
+package exporter
+
+import (
+	"bufio"
+	"os"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/alecthomas/kingpin/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	versioncollector "github.com/prometheus/client_golang/prometheus/collectors/version"
+	"github.com/prometheus/common/promslog"
+)
+
+// metricDoc is one row of the README's metrics reference.
+type metricDoc struct {
+	typ    string
+	labels string // sorted, comma-separated
+}
+
+// readmeMetrics parses the rows "| `proxyhealth_x` | type | `a`, `b` | meaning |".
+func readmeMetrics(t *testing.T) map[string]metricDoc {
+	t.Helper()
+	f, err := os.Open("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	row := regexp.MustCompile("^\\| `(proxyhealth_[a-z0-9_]+)` \\| (gauge|counter|histogram|summary) \\|\\s*([^|]*?)\\s*\\|")
+	docs := map[string]metricDoc{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		m := row.FindStringSubmatch(sc.Text())
+		if m == nil {
+			continue
+		}
+		var labels []string
+		for _, l := range strings.Split(m[3], ",") {
+			if l = strings.Trim(strings.TrimSpace(l), "`"); l != "" {
+				labels = append(labels, l)
+			}
+		}
+		sort.Strings(labels)
+		docs[m[1]] = metricDoc{typ: m[2], labels: strings.Join(labels, ",")}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return docs
+}
+
+var (
+	descFields     = regexp.MustCompile(`fqName: "([^"]+)".*constLabels: \{([^}]*)\}.*variableLabels: \{([^}]*)\}`)
+	constLabelName = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)="`)
+)
+
+// describedMetrics builds every collector with default flags (building opens nothing) and
+// collects the descriptors they declare, plus the exporter's own.
+func describedMetrics(t *testing.T) map[string]string {
+	t.Helper()
+	app := kingpin.New("test", "")
+	regs := registrations(app, addPathFlags(app))
+	if _, err := app.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	ch := make(chan *prometheus.Desc, 1000)
+	for _, r := range regs {
+		c, err := r.build(promslog.NewNopLogger())
+		if err != nil {
+			t.Fatalf("build %s: %v", r.name, err)
+		}
+		c.Describe(ch)
+	}
+	ch <- collectorSuccessDesc
+	ch <- collectorDurationDesc
+	versioncollector.NewCollector("proxyhealth").Describe(ch)
+	close(ch)
+	got := map[string]string{}
+	for d := range ch {
+		m := descFields.FindStringSubmatch(d.String())
+		if m == nil {
+			t.Fatalf("cannot read descriptor %s", d)
+		}
+		labels := strings.Fields(strings.ReplaceAll(m[3], ",", " "))
+		for _, c := range constLabelName.FindAllStringSubmatch(m[2], -1) {
+			labels = append(labels, c[1])
+		}
+		sort.Strings(labels)
+		got[m[1]] = strings.Join(labels, ",")
+	}
+	return got
+}
+
+// TestReadmeDocumentsEveryMetric keeps the README's metrics reference and the collectors in
+// step: the same names and labels, and counters (and only counters) ending in _total.
+func TestReadmeDocumentsEveryMetric(t *testing.T) {
+	docs := readmeMetrics(t)
+	described := describedMetrics(t)
+	if len(docs) == 0 || len(described) == 0 {
+		t.Fatalf("found %d documented and %d described metrics", len(docs), len(described))
+	}
+	for name, labels := range described {
+		doc, ok := docs[name]
+		switch {
+		case !ok:
+			t.Errorf("%s{%s} is exported but not in the README's metrics reference", name, labels)
+		case doc.labels != labels:
+			t.Errorf("%s: README lists labels {%s}, the collector uses {%s}", name, doc.labels, labels)
+		}
+	}
+	for name, doc := range docs {
+		if _, ok := described[name]; !ok {
+			t.Errorf("%s is in the README but no collector exports it", name)
+		}
+		if isCounter := doc.typ == "counter"; isCounter != strings.HasSuffix(name, "_total") {
+			t.Errorf("%s: documented as %s; counters and only counters end in _total", name, doc.typ)
+		}
+	}
+}
