@@ -46,6 +46,7 @@ type config struct {
 	drainTimeout time.Duration
 	listenPort   int
 	keepTmp      bool
+	eventDir     string
 }
 
 type stringList []string
@@ -103,6 +104,7 @@ func runMain(args []string) int {
 	fs.DurationVar(&cfg.drainTimeout, "drain-timeout", 20*time.Second, "how long to wait for the conntrack table to empty after a phase")
 	fs.IntVar(&cfg.listenPort, "listen-port", 9869, "exporter port on 127.0.0.1 inside the namespace")
 	fs.BoolVar(&cfg.keepTmp, "keep-tmp", false, "keep the temporary directory (consumer logs)")
+	fs.StringVar(&cfg.eventDir, "event-dir", "/dev/shm", "directory (tmpfs, so that disk writeback never stalls it) for the file conntrack -E writes; the default temporary directory if empty or missing")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -170,6 +172,7 @@ type header struct {
 	Date, Kernel, CPU, Cmdline     string
 	Events, CTMax, UDPTimeout, NS  string
 	ConntrackVersion, ExporterInfo string
+	EventDir                       string
 	Cores                          int
 	StepDur                        time.Duration
 	Sockets, Filler                int
@@ -234,30 +237,6 @@ func bench(ctx context.Context, cfg config, argv []string) (results []phaseResul
 		return nil, nil, err
 	}
 
-	// The reaper evicts expired entries about every 100ms (see reap.go), on the generator's CPU.
-	reapFor := time.Duration(len(cfg.steps)*len(cfg.consumers))*(cfg.stepDur+cfg.drainTimeout+time.Minute) + 10*time.Minute
-	reaper := exec.Command("ip", "netns", "exec", ns, "taskset", "-c", strconv.Itoa(cfg.genCPU), self, "reap", "--duration", reapFor.String())
-	reaper.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	var reapErr bytes.Buffer
-	reaper.Stderr = &reapErr
-	if err := reaper.Start(); err != nil {
-		return nil, nil, err
-	}
-	reaperDone := make(chan struct{})
-	go func() { _ = reaper.Wait(); close(reaperDone) }()
-	defer func() {
-		_ = syscall.Kill(-reaper.Process.Pid, syscall.SIGKILL)
-		<-reaperDone
-	}()
-	checkReaper := func() error {
-		select {
-		case <-reaperDone:
-			return fmt.Errorf("the conntrack reaper stopped: %s", strings.TrimSpace(reapErr.String()))
-		default:
-			return nil
-		}
-	}
-
 	hdr = &header{
 		Date:       time.Now().UTC().Format(time.RFC3339),
 		Kernel:     strings.TrimSpace(readFile("/proc/sys/kernel/osrelease")),
@@ -298,7 +277,15 @@ func bench(ctx context.Context, cfg config, argv []string) (results []phaseResul
 		exporterBase = append(exporterBase, cfg.exporterArgs...)
 	}
 
-	env := &phaseEnv{cfg: cfg, ns: ns, tmp: tmp, self: self, exporterBin: exporterBin, exporterArgs: exporterBase}
+	eventDir := tmp
+	if fi, err := os.Stat(cfg.eventDir); cfg.eventDir != "" && err == nil && fi.IsDir() {
+		if eventDir, err = os.MkdirTemp(cfg.eventDir, "ph-bench-"); err != nil {
+			return nil, hdr, err
+		}
+		defer os.RemoveAll(eventDir)
+	}
+	hdr.EventDir = eventDir
+	env := &phaseEnv{cfg: cfg, ns: ns, tmp: tmp, eventDir: eventDir, self: self, exporterBin: exporterBin, exporterArgs: exporterBase}
 	for i, st := range cfg.steps {
 		order := slices.Clone(cfg.consumers)
 		if i%2 == 1 {
@@ -306,9 +293,6 @@ func bench(ctx context.Context, cfg config, argv []string) (results []phaseResul
 		}
 		for _, c := range order {
 			if err := ctx.Err(); err != nil {
-				return results, hdr, err
-			}
-			if err := checkReaper(); err != nil {
 				return results, hdr, err
 			}
 			fmt.Fprintf(os.Stderr, "step %s: %s ...\n", st.Label, c)
@@ -395,6 +379,7 @@ func numCPU() int {
 type phaseEnv struct {
 	cfg          config
 	ns, tmp      string
+	eventDir     string // where conntrack -E writes its events
 	self         string
 	exporterBin  string
 	exporterArgs []string
@@ -449,7 +434,7 @@ func (e *phaseEnv) startConsumer(kind string) (*consumer, error) {
 		args = append(append(base, e.exporterBin), e.exporterArgs...)
 	}
 	stamp := strconv.FormatInt(time.Now().UnixNano(), 36)
-	c.outPath = filepath.Join(e.tmp, kind+"-"+stamp+".out")
+	c.outPath = filepath.Join(e.eventDir, kind+"-"+stamp+".out")
 	c.logPath = filepath.Join(e.tmp, kind+"-"+stamp+".log")
 	out, err := os.Create(c.outPath)
 	if err != nil {
@@ -525,6 +510,29 @@ func (c *consumer) eventSocket() (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+// queued returns the bytes waiting in the consumer's conntrack sockets.
+func (c *consumer) queued() (uint64, error) {
+	inodes, err := socketInodes(proc, c.pid)
+	if err != nil {
+		return 0, err
+	}
+	b, err := os.ReadFile(filepath.Join(proc, strconv.Itoa(c.pid), "net", "netlink"))
+	if err != nil {
+		return 0, err
+	}
+	rows, err := parseNetlink(bytes.NewReader(b))
+	if err != nil {
+		return 0, err
+	}
+	var n uint64
+	for _, r := range rows {
+		if r.Proto == netlinkNetfilter && inodes[r.Inode] {
+			n += r.Rmem
+		}
+	}
+	return n, nil
 }
 
 // dropTracker follows the kernel's drop counter of every conntrack socket the consumer holds
@@ -648,7 +656,7 @@ func (e *phaseEnv) runPhase(ctx context.Context, st step, kind string) (res phas
 	}
 
 	// Start from an empty table, so that every event of the phase belongs to its own flows.
-	if err := e.waitEmpty(ctx, func(ctx context.Context) (uint64, error) { return e.nsEntries(ctx) }); err != nil {
+	if err := e.reapUntilEmpty(ctx, e.nsEntries); err != nil {
 		return fail(err)
 	}
 	c, err := e.startConsumer(kind)
@@ -727,20 +735,25 @@ func (e *phaseEnv) runPhase(ctx context.Context, st step, kind string) (res phas
 	}
 	res.Gen = g
 
-	// Drain: the flows time out, their DESTROY events arrive, the consumer catches up.
-	if err := e.waitEmpty(ctx, func(context.Context) (uint64, error) {
-		s, err := nsCTStats(c.pid)
-		return s.Entries, err
-	}); err != nil {
-		return fail(err)
+	// End of the window: the consumer has read what its sockets held and its count is
+	// stable. Entries of the last flows expire meanwhile but nothing evicts them yet (the
+	// kernel's own garbage collection aside).
+	for i := 0; i < 500; i++ {
+		q, err := c.queued()
+		if err != nil {
+			return fail(err)
+		}
+		if q == 0 {
+			break
+		}
+		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
+			return fail(err)
+		}
 	}
 	var h1 float64
 	var m1 exporterCounts
 	prev := -1.0
 	for i := 0; i < 50; i++ {
-		if err := sleepCtx(ctx, 300*time.Millisecond); err != nil {
-			return fail(err)
-		}
 		if h1, m1, err = e.handled(ctx, c); err != nil {
 			return fail(err)
 		}
@@ -748,6 +761,9 @@ func (e *phaseEnv) runPhase(ctx context.Context, st step, kind string) (res phas
 			break
 		}
 		prev = h1
+		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
+			return fail(err)
+		}
 	}
 	stopSampler()
 	<-samplerDone
@@ -778,9 +794,45 @@ func (e *phaseEnv) runPhase(ctx context.Context, st step, kind string) (res phas
 		return fail(fmt.Errorf("%s exited during the phase (%v): %s", kind, c.waitErr, c.logTail()))
 	default:
 	}
+	// Drain, outside the measurement: evict the expired entries while the consumer still
+	// listens (their DESTROY events were announced to it), then stop it.
+	if err := e.reapUntilEmpty(ctx, func(context.Context) (uint64, error) {
+		s, err := nsCTStats(c.pid)
+		return s.Entries, err
+	}); err != nil {
+		return fail(err)
+	}
 	c.stop()
 	os.Remove(c.outPath)
 	return res
+}
+
+// reapUntilEmpty runs the reaper (see reap.go) on the generator's CPU until the namespace's
+// table is empty.
+func (e *phaseEnv) reapUntilEmpty(ctx context.Context, entries func(context.Context) (uint64, error)) error {
+	cmd := exec.Command("ip", "netns", "exec", e.ns, "taskset", "-c", strconv.Itoa(e.cfg.genCPU), e.self, "reap",
+		"--duration", (e.cfg.drainTimeout + 5*time.Second).String())
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	defer func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+	}()
+	return e.waitEmpty(ctx, func(context.Context) (uint64, error) {
+		select {
+		case err := <-done:
+			done <- err
+			return 0, fmt.Errorf("the conntrack reaper stopped (%v): %s", err, strings.TrimSpace(stderr.String()))
+		default:
+		}
+		return entries(ctx)
+	})
 }
 
 // waitEmpty waits (bounded) until the namespace's conntrack table is empty.

@@ -25,6 +25,8 @@ type genResult struct {
 	Errors  map[string]uint64 `json:"errors,omitempty"`
 	Seconds float64           `json:"seconds"`
 	Tuples  uint64            `json:"tuples"`
+	// EarlyReuse counts blocks sent to again before --reuse-after (the tuple space ran out).
+	EarlyReuse uint64 `json:"early_reuse,omitempty"`
 }
 
 // genMaxMessages bounds one generator run whatever the flags say.
@@ -33,17 +35,20 @@ const genMaxMessages = 200_000_000
 // runGen sends UDP datagrams to vip:port so that each one is a new conntrack flow: the source
 // address walks a client prefix that is local to the namespace's loopback (set per datagram
 // with IP_PKTINFO) and the source port walks a set of sockets, one sendmmsg batch at a time.
-// It must run inside the benchmark's network namespace.
+// It must run inside the benchmark's network namespace, whose rules DNAT the VIP to endpoints
+// routed to a veth whose peer is down: the datagrams are dropped by the veth once conntrack
+// has confirmed their flow, and nothing receives them.
 func runGen(args []string) error {
 	fs := flag.NewFlagSet("gen", flag.ContinueOnError)
 	var (
-		vipS     = fs.String("vip", defaultVIP, "destination (service VIP)")
-		port     = fs.Int("port", defaultPort, "destination UDP port")
-		clientsS = fs.String("clients", defaultClients, "client prefix; local to lo in the namespace")
-		sockets  = fs.Int("sockets", 64, "number of sending sockets (source ports)")
-		rate     = fs.Float64("rate", 0, "new flows per second; 0 sends as fast as possible")
-		dur      = fs.Duration("duration", 5*time.Second, "how long to send")
-		batch    = fs.Int("batch", 32, "datagrams per sendmmsg call")
+		vipS       = fs.String("vip", defaultVIP, "destination (service VIP)")
+		port       = fs.Int("port", defaultPort, "destination UDP port")
+		clientsS   = fs.String("clients", defaultClients, "client prefix; local to lo in the namespace")
+		sockets    = fs.Int("sockets", 64, "number of sending sockets (source ports)")
+		rate       = fs.Float64("rate", 0, "new flows per second; 0 sends as fast as possible")
+		dur        = fs.Duration("duration", 5*time.Second, "how long to send")
+		batch      = fs.Int("batch", 32, "datagrams per sendmmsg call")
+		reuseAfter = fs.Duration("reuse-after", 1100*time.Millisecond, "send to a tuple again once this long has passed (longer than the UDP timeout)")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -112,8 +117,36 @@ func runGen(args []string) error {
 	// Offset of Inet4Pktinfo.Spec_dst inside each control block.
 	specOff := unix.CmsgLen(0) + 4
 
-	res := genResult{Target: *rate, Errors: map[string]uint64{}, Tuples: uint64(nHosts) * uint64(len(fds))}
-	var k uint64 // flow index: host = k % nHosts, socket = (k / nHosts) % sockets
+	res := genResult{Target: *rate, Errors: map[string]uint64{}, Tuples: uint64(nHosts/uint32(b)) * uint64(b) * uint64(len(fds))}
+	// Blocks of b tuples (one socket, b consecutive client addresses) are used in FIFO order:
+	// a block is sent to again once --reuse-after has passed since its last use, so that its
+	// previous entries have expired and the kernel's lookup of the new datagram evicts them
+	// (a DESTROY event right before the NEW one, in steady state), as busy nodes see it.
+	perSock := nHosts / uint32(b)
+	if perSock == 0 {
+		return errors.New("--clients prefix smaller than one batch")
+	}
+	totalBlocks := uint64(perSock) * uint64(len(fds))
+	type used struct {
+		block uint64
+		at    time.Time
+	}
+	ring := make([]used, totalBlocks)
+	var head, size, allocated uint64
+	nextBlock := func(now time.Time) uint64 {
+		if size > 0 && (now.Sub(ring[head].at) >= *reuseAfter || allocated == totalBlocks) {
+			if now.Sub(ring[head].at) < *reuseAfter {
+				res.EarlyReuse++
+			}
+			blk := ring[head].block
+			head = (head + 1) % totalBlocks
+			size--
+			return blk
+		}
+		allocated++
+		return allocated - 1
+	}
+
 	var attempted uint64
 	start := time.Now()
 	deadline := start.Add(*dur)
@@ -133,32 +166,28 @@ func runGen(args []string) error {
 				continue
 			}
 		}
-		// A batch shares one socket: stop it where the host walk wraps to the next socket.
-		n := b
-		host := uint32(k % uint64(nHosts))
-		if left := nHosts - host; uint32(n) > left {
-			n = int(left)
-		}
-		fd := fds[(k/uint64(nHosts))%uint64(len(fds))]
-		for i := 0; i < n; i++ {
+		blk := nextBlock(now)
+		fd := fds[blk%uint64(len(fds))]
+		host := uint32(blk/uint64(len(fds))) * uint32(b)
+		for i := 0; i < b; i++ {
 			binary.BigEndian.PutUint32(ctl[i*cmsgSpace+specOff:], base+host+uint32(i))
 		}
-		r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, uintptr(fd), uintptr(unsafe.Pointer(&msgs[0])), uintptr(n), 0, 0, 0)
+		r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, uintptr(fd), uintptr(unsafe.Pointer(&msgs[0])), uintptr(b), 0, 0, 0)
 		runtime.KeepAlive(msgs)
 		runtime.KeepAlive(ctl)
 		runtime.KeepAlive(iov)
 		runtime.KeepAlive(payload)
 		runtime.KeepAlive(dst)
+		ring[(head+size)%totalBlocks] = used{block: blk, at: time.Now()}
+		size++
 		if e != 0 {
 			// The first datagram of the batch failed (EPERM when conntrack drops it, for
-			// instance): count it and move past it.
+			// instance): count it; the rest of the block waits for its next turn.
 			res.Errors[errnoName(e)]++
-			k++
 			attempted++
 			continue
 		}
 		res.Sent += uint64(r)
-		k += uint64(r)
 		attempted += uint64(r)
 	}
 	res.Seconds = time.Since(start).Seconds()

@@ -19,6 +19,7 @@ const netlinkNetfilter = 12
 type netlinkSock struct {
 	Proto  int
 	Groups uint64
+	Rmem   uint64
 	Drops  uint64
 	Inode  uint64
 }
@@ -48,6 +49,9 @@ func parseNetlink(r io.Reader) ([]netlinkSock, error) {
 		}
 		if s.Groups, err = strconv.ParseUint(f[3], 16, 64); err != nil {
 			return nil, fmt.Errorf("netlink Groups %q: %w", f[3], err)
+		}
+		if s.Rmem, err = strconv.ParseUint(f[4], 10, 64); err != nil {
+			return nil, fmt.Errorf("netlink Rmem %q: %w", f[4], err)
 		}
 		if s.Drops, err = strconv.ParseUint(f[8], 10, 64); err != nil {
 			return nil, fmt.Errorf("netlink Drops %q: %w", f[8], err)

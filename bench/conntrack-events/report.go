@@ -18,7 +18,7 @@ func renderReport(h *header, rs []phaseResult) string {
 		fmt.Fprintf(&b, "Exporter: %s.  \n", h.ExporterInfo)
 	}
 	if h.ConntrackVersion != "" {
-		fmt.Fprintf(&b, "conntrack-tools: %s.  \n", h.ConntrackVersion)
+		fmt.Fprintf(&b, "conntrack-tools: %s, `conntrack -E -e NEW,UPDATE,DESTROY` writing to a file in %s.  \n", h.ConntrackVersion, h.EventDir)
 	}
 	fmt.Fprintf(&b, "Command: `%s`\n\n", h.Cmdline)
 
