@@ -4,7 +4,9 @@
 // INVALID drop rule is on the forward path.
 //
 // Sysctls are read on every scrape. The rules are read by running iptables-legacy-save,
-// iptables-nft-save and nft in a background loop; a scrape only reads the last result.
+// iptables-nft-save and nft in a background loop; a scrape only reads the last result. Reading
+// never changes the node: iptables-legacy-save is only run when <procfs>/net/ip_tables_names
+// lists the legacy filter table, since naming a missing legacy table makes the kernel create it.
 package node
 
 import (
@@ -29,7 +31,9 @@ const namespace = "proxyhealth"
 
 // Config configures the collector.
 type Config struct {
-	// ProcPath is the procfs mountpoint (the exporter's --path.procfs).
+	// ProcPath is the procfs mountpoint (the exporter's --path.procfs). Besides the sysctls, the
+	// rules check reads net/ip_tables_names there, so it must show the network namespace the
+	// commands run in.
 	ProcPath string
 	// RulesCheckInterval is how often the firewall rules are read.
 	RulesCheckInterval time.Duration
@@ -128,7 +132,7 @@ func (c *Collector) Run(ctx context.Context) {
 
 // CheckRules runs one rules check now and publishes its result for Update.
 func (c *Collector) CheckRules(ctx context.Context) {
-	res := checkRules(ctx, c.cfg.Run, c.cfg.LookPath, c.cfg.CommandTimeout, c.now)
+	res := checkRules(ctx, c.cfg.ProcPath, c.cfg.Run, c.cfg.LookPath, c.cfg.CommandTimeout, c.now)
 	if ctx.Err() != nil {
 		return // shutting down: the failures are ours, not the node's
 	}
@@ -201,4 +205,12 @@ func (c *Collector) Update(ch chan<- prometheus.Metric) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Describe sends every descriptor Update may use.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{bridgeNFCallIptablesDesc, bridgeNFCallIp6tablesDesc, tcpBeLiberalDesc,
+		conntrackEventsDesc, invalidDropDesc, rulesLastCheckDesc} {
+		ch <- d
+	}
 }

@@ -140,6 +140,48 @@ func (f *fakeNode) run(ctx context.Context, name string, args ...string) ([]byte
 	return os.ReadFile(filepath.Join("testdata", src))
 }
 
+// Values of a TestRulesCheck case's tables field, besides the literal contents of
+// net/ip_tables_names.
+const (
+	fixtureTables    = ""  // testdata/proc-full as is: its ip_tables_names lists nat and filter
+	noTablesFile     = "-" // no ip_tables_names: x_tables not loaded
+	unreadableTables = "!" // ip_tables_names cannot be read
+	emptyTables      = "0" // an empty ip_tables_names: x_tables loaded, no legacy table
+)
+
+// procWithTables returns testdata/proc-full, or a copy of it whose net/ip_tables_names is as
+// tables says. An unreadable list is a directory at that path: reading it fails with EISDIR even
+// as root, which a mode 000 file would not.
+func procWithTables(t *testing.T, tables string) string {
+	t.Helper()
+	proc := filepath.Join("testdata", "proc-full")
+	if tables == fixtureTables {
+		return proc
+	}
+	dir := t.TempDir()
+	if err := os.CopyFS(dir, os.DirFS(proc)); err != nil {
+		t.Fatal(err)
+	}
+	names := filepath.Join(dir, "net", "ip_tables_names")
+	if err := os.Remove(names); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	switch tables {
+	case noTablesFile:
+	case unreadableTables:
+		err = os.Mkdir(names, 0o755)
+	case emptyTables:
+		err = os.WriteFile(names, nil, 0o644)
+	default:
+		err = os.WriteFile(names, []byte(tables), 0o644)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 func TestRulesCheck(t *testing.T) {
 	const permLegacy = "!exit status 1: iptables-save v1.8.9 (legacy): Cannot initialize: Permission denied (you must be root)"
 	const permNFT = "!exit status 4: iptables-nft-save v1.8.9 (nf_tables): Could not fetch rule set generation id: Permission denied (you must be root)"
@@ -147,6 +189,7 @@ func TestRulesCheck(t *testing.T) {
 	tests := []struct {
 		name    string
 		bins    map[string]string
+		tables  string // net/ip_tables_names: one of the constants above, or its contents
 		ran     []string
 		value   string // "" when the metric must be absent
 		wantErr string // substring; "" for no error
@@ -154,25 +197,25 @@ func TestRulesCheck(t *testing.T) {
 		{
 			name:  "both iptables backends and nft, drop in iptables-nft",
 			bins:  map[string]string{"iptables-legacy-save": "iptables-legacy-save-empty.txt", "iptables-nft-save": "iptables-nft-save-kube-proxy.txt", "iptables-save": "x", "nft": "nft-iptables-nft-only.json"},
-			ran:   []string{"iptables-legacy-save", "iptables-nft-save -t filter", "nft -j list ruleset"},
+			ran:   []string{"iptables-legacy-save -t filter", "iptables-nft-save -t filter", "nft -j list ruleset"},
 			value: "1",
 		},
 		{
 			name:  "drop in iptables-legacy only",
 			bins:  map[string]string{"iptables-legacy-save": "iptables-legacy-save-drop.txt", "iptables-nft-save": "iptables-save-no-drop.txt", "nft": "nft-empty.json"},
-			ran:   []string{"iptables-legacy-save", "iptables-nft-save -t filter", "nft -j list ruleset"},
+			ran:   []string{"iptables-legacy-save -t filter", "iptables-nft-save -t filter", "nft -j list ruleset"},
 			value: "1",
 		},
 		{
 			name:  "drop in native nft only",
 			bins:  map[string]string{"iptables-legacy-save": "iptables-legacy-save-empty.txt", "iptables-nft-save": "iptables-save-no-drop.txt", "nft": "nft-invalid-drop.json"},
-			ran:   []string{"iptables-legacy-save", "iptables-nft-save -t filter", "nft -j list ruleset"},
+			ran:   []string{"iptables-legacy-save -t filter", "iptables-nft-save -t filter", "nft -j list ruleset"},
 			value: "1",
 		},
 		{
 			name:  "no drop anywhere",
 			bins:  map[string]string{"iptables-legacy-save": "iptables-legacy-save-empty.txt", "iptables-nft-save": "iptables-save-no-drop.txt", "nft": "nft-iptables-nft-only.json"},
-			ran:   []string{"iptables-legacy-save", "iptables-nft-save -t filter", "nft -j list ruleset"},
+			ran:   []string{"iptables-legacy-save -t filter", "iptables-nft-save -t filter", "nft -j list ruleset"},
 			value: "0",
 		},
 		{
@@ -195,32 +238,74 @@ func TestRulesCheck(t *testing.T) {
 		{
 			name:    "permission denied everywhere",
 			bins:    map[string]string{"iptables-legacy-save": permLegacy, "iptables-nft-save": permNFT, "nft": permNft},
-			ran:     []string{"iptables-legacy-save", "iptables-nft-save -t filter", "nft -j list ruleset"},
-			wantErr: "no backend could be read: iptables-legacy: iptables-legacy-save: exit status 1: iptables-save v1.8.9 (legacy): Cannot initialize: Permission denied (you must be root)\niptables-nft: iptables-nft-save -t filter: exit status 4",
+			ran:     []string{"iptables-legacy-save -t filter", "iptables-nft-save -t filter", "nft -j list ruleset"},
+			wantErr: "no backend could be read: iptables-legacy: iptables-legacy-save -t filter: exit status 1: iptables-save v1.8.9 (legacy): Cannot initialize: Permission denied (you must be root)\niptables-nft: iptables-nft-save -t filter: exit status 4",
 		},
 		{
 			name:    "legacy needs CAP_NET_RAW: no drop elsewhere is not certain",
 			bins:    map[string]string{"iptables-legacy-save": permLegacy, "iptables-nft-save": "iptables-save-no-drop.txt", "nft": "nft-empty.json"},
-			ran:     []string{"iptables-legacy-save", "iptables-nft-save -t filter", "nft -j list ruleset"},
+			ran:     []string{"iptables-legacy-save -t filter", "iptables-nft-save -t filter", "nft -j list ruleset"},
 			value:   "0",
-			wantErr: "invalid drop rule check incomplete, no drop found in what could be read: iptables-legacy: iptables-legacy-save: exit status 1: iptables-save v1.8.9 (legacy): Cannot initialize: Permission denied (you must be root)",
+			wantErr: "invalid drop rule check incomplete, no drop found in what could be read: iptables-legacy: iptables-legacy-save -t filter: exit status 1: iptables-save v1.8.9 (legacy): Cannot initialize: Permission denied (you must be root)",
 		},
 		{
 			name:  "a drop found is certain whatever else failed",
 			bins:  map[string]string{"iptables-legacy-save": permLegacy, "iptables-nft-save": "iptables-nft-save-kube-proxy.txt", "nft": permNft},
-			ran:   []string{"iptables-legacy-save", "iptables-nft-save -t filter", "nft -j list ruleset"},
+			ran:   []string{"iptables-legacy-save -t filter", "iptables-nft-save -t filter", "nft -j list ruleset"},
 			value: "1",
 		},
 		{
-			name: "legacy without root: falls back to -t filter",
-			bins: map[string]string{
-				"iptables-legacy-save":           "!exit status 1: Failed to list table names in /proc/net/ip_tables_names: Permission denied",
-				"iptables-legacy-save -t filter": "iptables-legacy-save-drop.txt",
-				"iptables-nft-save":              "iptables-save-no-drop.txt",
-				"nft":                            "nft-empty.json",
-			},
-			ran:   []string{"iptables-legacy-save", "iptables-legacy-save -t filter", "iptables-nft-save -t filter", "nft -j list ruleset"},
-			value: "1",
+			// The legacy fixture has a drop: finding none shows iptables-legacy-save did not run.
+			name:   "no ip_tables_names: x_tables not loaded, iptables-legacy-save never run",
+			bins:   map[string]string{"iptables-legacy-save": "iptables-legacy-save-drop.txt", "iptables-nft-save": "iptables-save-no-drop.txt", "nft": "nft-empty.json"},
+			tables: noTablesFile,
+			ran:    []string{"iptables-nft-save -t filter", "nft -j list ruleset"},
+			value:  "0",
+		},
+		{
+			name:   "ip_tables_names without filter: iptables-legacy-save never run",
+			bins:   map[string]string{"iptables-legacy-save": "iptables-legacy-save-drop.txt", "iptables-nft-save": "iptables-save-no-drop.txt", "nft": "nft-empty.json"},
+			tables: "nat\nmangle\n",
+			ran:    []string{"iptables-nft-save -t filter", "nft -j list ruleset"},
+			value:  "0",
+		},
+		{
+			name:   "empty ip_tables_names: no legacy table, iptables-legacy-save never run",
+			bins:   map[string]string{"iptables-legacy-save": "iptables-legacy-save-drop.txt", "iptables-nft-save": "iptables-save-no-drop.txt", "nft": "nft-empty.json"},
+			tables: emptyTables,
+			ran:    []string{"iptables-nft-save -t filter", "nft -j list ruleset"},
+			value:  "0",
+		},
+		{
+			// Without root the list cannot be read; asking -t filter anyway could create the
+			// table, so the legacy backend is an error and no drop elsewhere is not certain.
+			name:    "ip_tables_names unreadable: error, no legacy command run",
+			bins:    map[string]string{"iptables-legacy-save": "iptables-legacy-save-drop.txt", "iptables-nft-save": "iptables-save-no-drop.txt", "nft": "nft-empty.json"},
+			tables:  unreadableTables,
+			ran:     []string{"iptables-nft-save -t filter", "nft -j list ruleset"},
+			value:   "0",
+			wantErr: "invalid drop rule check incomplete, no drop found in what could be read: iptables-legacy: cannot tell whether a legacy filter table exists without creating one: read ",
+		},
+		{
+			name:    "ip_tables_names unreadable and no other backend: no answer",
+			bins:    map[string]string{"iptables-legacy-save": "iptables-legacy-save-drop.txt"},
+			tables:  unreadableTables,
+			wantErr: "no backend could be read (binaries not found: iptables-nft, nftables): iptables-legacy: cannot tell whether a legacy filter table exists without creating one: read ",
+		},
+		{
+			name:   "ip_tables_names unreadable: a drop elsewhere is still certain",
+			bins:   map[string]string{"iptables-legacy-save": "iptables-legacy-save-empty.txt", "iptables-nft-save": "iptables-nft-save-kube-proxy.txt", "nft": "nft-empty.json"},
+			tables: unreadableTables,
+			ran:    []string{"iptables-nft-save -t filter", "nft -j list ruleset"},
+			value:  "1",
+		},
+		{
+			// iptables-save without -t prints only the tables that exist, so it needs no list.
+			name:   "only iptables-save: run without -t whatever ip_tables_names says",
+			bins:   map[string]string{"iptables-save": "iptables-legacy-save-drop.txt", "nft": "nft-empty.json"},
+			tables: unreadableTables,
+			ran:    []string{"iptables-save", "nft -j list ruleset"},
+			value:  "1",
 		},
 		{
 			name:    "unparsable output",
@@ -232,7 +317,7 @@ func TestRulesCheck(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := &fakeNode{t: t, bins: tt.bins}
-			c := newTestCollector(t, filepath.Join("testdata", "proc-full"), f.run, f.lookPath)
+			c := newTestCollector(t, procWithTables(t, tt.tables), f.run, f.lookPath)
 			a := &adapter{c: c}
 
 			// Before the first check: sysctls only, no error.

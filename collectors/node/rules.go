@@ -5,7 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -49,25 +53,42 @@ type backend struct {
 	bin   string
 	args  []string
 	check func(out []byte) (bool, []string, error)
-	// retryArgs are used instead of args when the first run fails with an error containing
-	// retryOn.
-	retryArgs []string
-	retryOn   string
+	// tablesFile, when set, names the procfs file (net/ip_tables_names) listing the x_tables
+	// tables that exist. Such a backend is only asked about its filter table when that table
+	// exists: naming a legacy table that does not exist makes the kernel create it (empty, but
+	// it confuses the backend detection of kube-proxy and iptables), and reading must not
+	// change the node.
+	tablesFile string
 }
 
-// iptables-legacy-save runs without -t filter first: with it, the kernel instantiates an empty
-// legacy filter table in a namespace that had none, and reading should not change the node.
-// Without -t it prints only the tables that exist, but it must read /proc/net/ip_tables_names,
-// which only root can; without root (CAP_NET_ADMIN and CAP_NET_RAW alone) it falls back to
-// -t filter, which may create that empty table (policy ACCEPT, no rules: no effect on traffic).
+// iptables-legacy-save is run with -t filter only when <procfs>/net/ip_tables_names lists the
+// legacy filter table. That file is readable by root only (mode 0440): with CAP_NET_ADMIN and
+// CAP_NET_RAW alone the legacy backend reports that it cannot tell, rather than risk creating
+// the table.
 var (
-	legacyBackend = backend{"iptables-legacy", "iptables-legacy-save", nil, iptablesForwardDrop, []string{"-t", "filter"}, "ip_tables_names"}
-	nftBackend    = backend{"iptables-nft", "iptables-nft-save", []string{"-t", "filter"}, iptablesForwardDrop, nil, ""}
+	legacyBackend = backend{"iptables-legacy", "iptables-legacy-save", []string{"-t", "filter"}, iptablesForwardDrop, "ip_tables_names"}
+	nftBackend    = backend{"iptables-nft", "iptables-nft-save", []string{"-t", "filter"}, iptablesForwardDrop, ""}
 	// iptablesSave is used when neither split binary exists (an iptables build with only one
-	// backend); it reads whichever backend that build uses.
-	iptablesSave  = backend{"iptables", "iptables-save", nil, iptablesForwardDrop, []string{"-t", "filter"}, "ip_tables_names"}
-	nativeBackend = backend{"nftables", "nft", []string{"-j", "list", "ruleset"}, nftForwardDrop, nil, ""}
+	// backend); it reads whichever backend that build uses. Such a build is usually legacy, so
+	// it runs without -t: iptables-save then prints only the tables that exist (it reads
+	// ip_tables_names itself, and fails without root) and never creates one.
+	iptablesSave  = backend{"iptables", "iptables-save", nil, iptablesForwardDrop, ""}
+	nativeBackend = backend{"nftables", "nft", []string{"-j", "list", "ruleset"}, nftForwardDrop, ""}
 )
+
+// filterTableExists reads the x_tables table list <procPath>/net/<file>. Without it (x_tables
+// not loaded) there is no legacy table, a certain answer; unreadable (it is readable by root
+// only) means the answer is unknown, an error.
+func filterTableExists(procPath, file string) (bool, error) {
+	b, err := os.ReadFile(filepath.Join(procPath, "net", file))
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("cannot tell whether a legacy filter table exists without creating one: %w", err)
+	}
+	return slices.Contains(strings.Fields(string(b)), "filter"), nil
+}
 
 // iptablesForwardDrop parses iptables-save output and looks for an INVALID drop
 // reachable from FORWARD.
@@ -156,8 +177,9 @@ func (r *rulesResult) err() error {
 	return nil
 }
 
-// checkRules runs every backend's command (each bounded by timeout) and evaluates its output.
-func checkRules(ctx context.Context, run CommandRunner, lookPath func(string) (string, error), timeout time.Duration, now func() time.Time) *rulesResult {
+// checkRules runs every backend's command (each bounded by timeout) and evaluates its output. A
+// backend with a tablesFile is only run when procPath's table list shows its filter table exists.
+func checkRules(ctx context.Context, procPath string, run CommandRunner, lookPath func(string) (string, error), timeout time.Duration, now func() time.Time) *rulesResult {
 	res := &rulesResult{}
 	_, legacyErr := lookPath(legacyBackend.bin)
 	_, nftErr := lookPath(nftBackend.bin)
@@ -175,17 +197,19 @@ func checkRules(ctx context.Context, run CommandRunner, lookPath func(string) (s
 			res.backends = append(res.backends, br)
 			continue
 		}
-		args := b.args
-		cctx, cancel := context.WithTimeout(ctx, timeout)
-		out, err := run(cctx, path, args...)
-		cancel()
-		if err != nil && b.retryOn != "" && strings.Contains(err.Error(), b.retryOn) {
-			args = b.retryArgs
-			cctx, cancel := context.WithTimeout(ctx, timeout)
-			out, err = run(cctx, path, args...)
-			cancel()
+		if b.tablesFile != "" {
+			exists, err := filterTableExists(procPath, b.tablesFile)
+			if err != nil || !exists {
+				// No table is a certain "no rule here"; an unreadable list is an error.
+				br.err = err
+				res.backends = append(res.backends, br)
+				continue
+			}
 		}
-		cmdline := strings.Join(append([]string{b.bin}, args...), " ")
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		out, err := run(cctx, path, b.args...)
+		cancel()
+		cmdline := strings.Join(append([]string{b.bin}, b.args...), " ")
 		if err != nil {
 			br.err = fmt.Errorf("%s: %w", cmdline, err)
 		} else if br.found, br.path, err = b.check(out); err != nil {
