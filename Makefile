@@ -1,12 +1,15 @@
 # proxyhealth: build and test. `sudo make test` is what CI runs (.ci/run).
 GO ?= go
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+LDFLAGS := -X github.com/prometheus/common/version.Version=$(VERSION) -X github.com/prometheus/common/version.Revision=$(REVISION)
 
 .PHONY: all build test vet unit e2e bench-smoke
 
 all: build
 
 build:
-	$(GO) build -o proxyhealth .
+	$(GO) build -ldflags '$(LDFLAGS)' -o proxyhealth .
 
 vet:
 	@unformatted="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; \
