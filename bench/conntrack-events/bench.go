@@ -393,8 +393,9 @@ type phaseResult struct {
 	Handled   uint64
 	Lost      uint64 // the kernel's Drops for the consumer's conntrack sockets
 	ExpLost   float64
-	HaveExpCt bool // the exporter served proxyhealth_conntrack_events_lost_total
-	Ticks     uint64
+	HaveExpCt bool   // the exporter served proxyhealth_conntrack_events_lost_total
+	Ticks     uint64 // utime+stime
+	SysTicks  uint64 // stime
 	Wall      time.Duration
 	HWMKB     uint64
 	Table     ctStats // deltas of drop/early_drop/insert_failed
@@ -698,7 +699,7 @@ func (e *phaseEnv) runPhase(ctx context.Context, st step, kind string) (res phas
 	if err != nil {
 		return fail(err)
 	}
-	t0, err := cpuTicks(proc, c.pid)
+	u0, s0, err := cpuTicks(proc, c.pid)
 	if err != nil {
 		return fail(err)
 	}
@@ -770,7 +771,7 @@ func (e *phaseEnv) runPhase(ctx context.Context, st step, kind string) (res phas
 	if err := dt.sample(); err != nil {
 		return fail(err)
 	}
-	t1, err := cpuTicks(proc, c.pid)
+	u1, s1, err := cpuTicks(proc, c.pid)
 	if err != nil {
 		return fail(err)
 	}
@@ -782,7 +783,8 @@ func (e *phaseEnv) runPhase(ctx context.Context, st step, kind string) (res phas
 	res.HWMKB, _ = statusKB(proc, c.pid, "VmHWM")
 	res.Handled = uint64(h1 - h0)
 	res.Lost = dt.total()
-	res.Ticks = t1 - t0
+	res.Ticks = u1 - u0 + s1 - s0
+	res.SysTicks = s1 - s0
 	res.MaxEnt = dt.ent
 	res.Table = ctStats{Drop: st1.Drop - st0.Drop, EarlyDrop: st1.EarlyDrop - st0.EarlyDrop, InsertFailed: st1.InsertFailed - st0.InsertFailed}
 	if kind == "exporter" {

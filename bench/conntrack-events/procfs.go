@@ -97,32 +97,32 @@ func parseSocketLink(l string) (uint64, bool) {
 	return ino, err == nil
 }
 
-// cpuTicks returns utime+stime of a process (all its threads) in clock ticks from
+// cpuTicks returns utime and stime of a process (all its threads) in clock ticks from
 // /proc/<pid>/stat.
-func cpuTicks(proc string, pid int) (uint64, error) {
+func cpuTicks(proc string, pid int) (user, sys uint64, err error) {
 	b, err := os.ReadFile(filepath.Join(proc, strconv.Itoa(pid), "stat"))
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	return parseStatCPU(string(b))
 }
 
-func parseStatCPU(s string) (uint64, error) {
+func parseStatCPU(s string) (user, sys uint64, err error) {
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("malformed stat %q", s)
+		return 0, 0, fmt.Errorf("malformed stat %q", s)
 	}
 	// Fields after the command: state(3) ppid(4) ... utime(14) stime(15).
 	f := strings.Fields(s[i+1:])
 	if len(f) < 13 {
-		return 0, fmt.Errorf("short stat %q", s)
+		return 0, 0, fmt.Errorf("short stat %q", s)
 	}
 	ut, err1 := strconv.ParseUint(f[11], 10, 64)
 	st, err2 := strconv.ParseUint(f[12], 10, 64)
 	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("bad utime/stime in stat %q", s)
+		return 0, 0, fmt.Errorf("bad utime/stime in stat %q", s)
 	}
-	return ut + st, nil
+	return ut, st, nil
 }
 
 // statusKB returns a "kB" field (VmHWM, VmRSS) of /proc/<pid>/status.
