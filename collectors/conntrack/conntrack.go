@@ -245,11 +245,30 @@ func (c *Collector) consume(ctx context.Context, sock eventSource) error {
 	const dropCheckInterval = 5 * time.Second
 	var (
 		ev            flowEvent
+		sinceCheck    int
 		lastCheck     = time.Now()
 		lastResync    = time.Now()
 		dropsAtResync uint32
 	)
-	handle := func(msg []byte) error {
+	// checkDrops re-reads the table when the kernel dropped events for us: lost events leave
+	// tracking wrong (a missed reply or end). At most once per ResyncMinInterval, so that a
+	// sustained overload is not made worse; only looked at every few thousand events and
+	// seconds, since drops only happen under load.
+	checkDrops := func() {
+		now := time.Now()
+		if now.Sub(lastCheck) < dropCheckInterval {
+			return
+		}
+		lastCheck = now
+		drops, err := sock.drops()
+		if err == nil && drops > dropsAtResync && now.Sub(lastResync) >= c.cfg.ResyncMinInterval {
+			dropsAtResync, lastResync = drops, now
+			if err := c.resync(false); err != nil {
+				c.logger.Warn("re-reading the conntrack table after lost events failed", "err", err)
+			}
+		}
+	}
+	return sock.receiveBatches(func(msg []byte) error {
 		if err := decodeFlowMessage(msg, &ev); err != nil {
 			if !errors.Is(err, errNotConntrack) {
 				// One undecodable message loses one event, not the stream.
@@ -260,30 +279,18 @@ func (c *Collector) consume(ctx context.Context, sock eventSource) error {
 		}
 		c.events[ev.typ].Add(1)
 		c.tracker.handle(&ev, time.Now().UnixNano(), c.view.Load())
+		if sinceCheck++; sinceCheck >= 4096 {
+			sinceCheck = 0
+			checkDrops()
+		}
 		return nil
-	}
-	for {
-		if err := sock.receive(handle); err != nil {
-			return err
-		}
-		// Lost events leave tracking wrong (a missed reply or end); re-read the table then,
-		// at most once per ResyncMinInterval so a sustained overload is not made worse.
-		if now := time.Now(); now.Sub(lastCheck) >= dropCheckInterval {
-			lastCheck = now
-			drops, err := sock.drops()
-			if err == nil && drops > dropsAtResync && now.Sub(lastResync) >= c.cfg.ResyncMinInterval {
-				dropsAtResync, lastResync = drops, now
-				if err := c.resync(false); err != nil {
-					c.logger.Warn("re-reading the conntrack table after lost events failed", "err", err)
-				}
-			}
-		}
-	}
+	})
 }
 
 // eventSource is the subscribed event socket as the listener uses it.
 type eventSource interface {
-	receive(fn func(msg []byte) error) error
+	// receiveBatches calls fn with each message until fn or the socket fails.
+	receiveBatches(fn func(msg []byte) error) error
 	drops() (uint32, error)
 	Close() error
 }

@@ -29,16 +29,13 @@ func (f *fakeSource) record(s string) {
 	f.mu.Unlock()
 }
 
-func (f *fakeSource) receive(fn func([]byte) error) error {
-	if len(f.msgs) > 0 {
-		for _, m := range f.msgs {
-			if err := fn(m); err != nil {
-				return err
-			}
+func (f *fakeSource) receiveBatches(fn func([]byte) error) error {
+	for _, m := range f.msgs {
+		if err := fn(m); err != nil {
+			return err
 		}
-		f.msgs = nil
-		return nil
 	}
+	f.msgs = nil
 	if f.err != nil {
 		return f.err
 	}
