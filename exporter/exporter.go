@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"syscall"
@@ -103,6 +104,12 @@ func Main(args []string) int {
 		MaxRequestsInFlight: *maxRequests,
 		Registry:            registry,
 	}))
+	// Profiles, as the landing page links them; behind the same web config (TLS, auth).
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	if *telemetryPath != "/" {
 		mux.Handle("/", landingPage(*telemetryPath, set))
 	}
