@@ -25,6 +25,7 @@ const (
 
 	exporterPort = 19869
 	nobodyPort   = 19870
+	noToolsPort  = 19871
 )
 
 // svc selects the unreplied-flow series of one lab Service port and reason.
@@ -167,6 +168,9 @@ func TestExporter(t *testing.T) {
 	t.Run("remote_endpoint_and_no_service", func(t *testing.T) { testRemoteAndNoService(t, l.In(t), e) })
 	t.Run("incident2_invalid_and_settings", func(t *testing.T) { testIncident2(t, l.In(t), e) })
 	t.Run("no_capability", func(t *testing.T) { testNoCapability(t, l.In(t)) })
+	t.Run("no_iptables_binaries", func(t *testing.T) { testNoBinaries(t, l.In(t)) })
+	// Last, when the incidents have made the per-service series exist.
+	t.Run("scrape_matches_readme", func(t *testing.T) { testScrapeMatchesReadme(t, e.Scrape(t)) })
 }
 
 // testIncident1: bridge-nf-call-iptables=0 breaks a Service whose endpoint is on the client's
@@ -370,6 +374,31 @@ func testNoCapability(t *testing.T, l *Lab) {
 	}
 	if !namesCap {
 		t.Errorf("no conntrack collector log line names CAP_NET_ADMIN as what is missing")
+	}
+}
+
+// testNoBinaries runs an exporter that finds no iptables or nft binary (an empty PATH): the
+// node collector fails and says which are missing, once; its sysctls and the conntrack
+// collector keep serving.
+func testNoBinaries(t *testing.T, l *Lab) {
+	e := l.StartExporter("proxyhealth-no-tools", noToolsPort, []string{"env", "PATH=/nonexistent"}, "--log.level=info")
+	s := e.Poll(t, 15*time.Second, "the node collector to report its rules check failing", nil, func(s Scrape) (bool, string) {
+		v, ok, err := s.Value(success, map[string]string{"collector": "node"})
+		return err == nil && ok && v == 0, s.Series(success)
+	})
+	checkValue(t, s, success, map[string]string{"collector": "conntrack"}, 1)
+	checkValue(t, s, bridgeNF, nil, 1)
+	if _, ok := s[dropRule]; ok {
+		t.Errorf("%s is exported although no rules could be read:\n%s", dropRule, s.Series(dropRule))
+	}
+	time.Sleep(2 * time.Second) // two more rules checks (1s interval in the lab)
+	e.Scrape(t)
+	log, err := os.ReadFile(e.p.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(log), "binaries not found"); n != 1 {
+		t.Errorf("the missing binaries are named %d times in the log, want once:\n%s", n, log)
 	}
 }
 
