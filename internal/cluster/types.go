@@ -1,0 +1,63 @@
+// Package cluster is proxyhealth's view of the Kubernetes API: informers on Services,
+// EndpointSlices and this node's Node object, reduced to what kube-proxy on this node should
+// have programmed, per service port.
+package cluster
+
+import (
+	"net/netip"
+	"time"
+)
+
+// ServicePortName identifies a service port the way kube-proxy does (its proxy.ServicePortName
+// plus the protocol): kube-proxy's chain names are hashes of String() and Protocol.
+type ServicePortName struct {
+	Namespace string
+	Name      string
+	Port      string // the port's name; "" for a Service's single unnamed port
+	Protocol  string // as in the API: "TCP", "UDP" or "SCTP"
+}
+
+// String is kube-proxy's ServicePortName.String(): "namespace/name:port", or
+// "namespace/name" when the port has no name.
+func (n ServicePortName) String() string {
+	if n.Port == "" {
+		return n.Namespace + "/" + n.Name
+	}
+	return n.Namespace + "/" + n.Name + ":" + n.Port
+}
+
+// ServicePort is one service port as kube-proxy on this node should program it.
+type ServicePort struct {
+	Name       ServicePortName
+	ClusterIPs []netip.Addr // one per IP family the Service has
+	Port       uint16       // the Service's port number
+	// InternalLocal is internalTrafficPolicy: Local (kube-proxy's KUBE-SVL chain, or the
+	// local- chain in nftables mode, takes ClusterIP traffic).
+	InternalLocal bool
+	// ClusterEndpoints and LocalEndpoints are the endpoints kube-proxy on this node programs
+	// into the service port's cluster chain (KUBE-SVC-*) and local chain (KUBE-SVL-*), computed
+	// the way kube-proxy computes them (ready, else serving-terminating; topology hints for
+	// this node; local ones for the local chain). Both IP families are listed together; compare
+	// each family's chain with its own family's endpoints. Sorted, without duplicates.
+	ClusterEndpoints []netip.AddrPort
+	LocalEndpoints   []netip.AddrPort
+}
+
+// Snapshot is the view at one moment. Ports is sorted by Name.String() then Protocol.
+type Snapshot struct {
+	Ports []ServicePort
+	// Synced is true once every informer has listed its resources.
+	Synced bool
+	// LastHeard is when the exporter last had proof its connection to the API server works
+	// (a watch event, a bookmark, or a successful probe on the same client).
+	LastHeard time.Time
+	// Fresh is true while LastHeard is recent enough that the view can be trusted to reflect
+	// the API: drift is only reported while it is.
+	Fresh bool
+}
+
+// View is what the rules collector and the conntrack collector read.
+type View interface {
+	// Snapshot returns the current view; callers must not modify it.
+	Snapshot() *Snapshot
+}
