@@ -34,11 +34,18 @@ type ServicePort struct {
 	// InternalLocal is internalTrafficPolicy: Local (kube-proxy's KUBE-SVL chain, or the
 	// local- chain in nftables mode, takes ClusterIP traffic).
 	InternalLocal bool
+	// ExternalLocal is externalTrafficPolicy: Local on a NodePort or LoadBalancer Service (or
+	// one with external IPs): kube-proxy then also fills the local chain, for external
+	// traffic, so LocalEndpoints can be set while InternalLocal is false.
+	ExternalLocal bool
 	// ClusterEndpoints and LocalEndpoints are the endpoints kube-proxy on this node programs
 	// into the service port's cluster chain (KUBE-SVC-*) and local chain (KUBE-SVL-*), computed
 	// the way kube-proxy computes them (ready, else serving-terminating; topology hints for
 	// this node; local ones for the local chain). Both IP families are listed together; compare
-	// each family's chain with its own family's endpoints. Sorted, without duplicates.
+	// each family's chain with its own family's endpoints. Sorted, without duplicates. Empty
+	// (nil) when kube-proxy writes no such chain: the port has no usable endpoints of that kind,
+	// or does not use that kind at all (no cluster chain for an internalTrafficPolicy: Local
+	// port that is not externally reachable; no local chain unless a traffic policy is Local).
 	ClusterEndpoints []netip.AddrPort
 	LocalEndpoints   []netip.AddrPort
 }

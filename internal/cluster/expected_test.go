@@ -1,0 +1,505 @@
+package cluster
+
+import (
+	"net/netip"
+	"slices"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+)
+
+// Builders for the API objects, in the shape the API server stores them (defaults filled).
+
+func service(name string, mod ...func(*corev1.Service)) *corev1.Service {
+	s := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
+		Spec: corev1.ServiceSpec{
+			Type:       corev1.ServiceTypeClusterIP,
+			ClusterIP:  "10.96.0.10",
+			ClusterIPs: []string{"10.96.0.10"},
+			IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol},
+			Ports:      []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80}},
+		},
+	}
+	for _, m := range mod {
+		m(s)
+	}
+	return s
+}
+
+func dualStack(s *corev1.Service) {
+	s.Spec.ClusterIPs = []string{"10.96.0.10", "fd00::10"}
+	s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
+}
+
+func itpLocal(s *corev1.Service) {
+	s.Spec.InternalTrafficPolicy = ptr.To(corev1.ServiceInternalTrafficPolicyLocal)
+}
+
+func slicePort(name string, port int32, proto corev1.Protocol) discoveryv1.EndpointPort {
+	return discoveryv1.EndpointPort{Name: ptr.To(name), Port: ptr.To(port), Protocol: ptr.To(proto)}
+}
+
+func epSlice(name, svcName string, at discoveryv1.AddressType, ports []discoveryv1.EndpointPort, eps ...discoveryv1.Endpoint) *discoveryv1.EndpointSlice {
+	return &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "ns", Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: svcName}},
+		AddressType: at,
+		Ports:       ports,
+		Endpoints:   eps,
+	}
+}
+
+func apiEP(addr, node string, mod ...func(*discoveryv1.Endpoint)) discoveryv1.Endpoint {
+	e := discoveryv1.Endpoint{
+		Addresses: []string{addr},
+		Conditions: discoveryv1.EndpointConditions{
+			Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false),
+		},
+	}
+	if node != "" {
+		e.NodeName = ptr.To(node)
+	}
+	for _, m := range mod {
+		m(&e)
+	}
+	return e
+}
+
+func terminating(e *discoveryv1.Endpoint) {
+	e.Conditions = discoveryv1.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(true), Terminating: ptr.To(true)}
+}
+
+func notReady(e *discoveryv1.Endpoint) {
+	e.Conditions = discoveryv1.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(false), Terminating: ptr.To(false)}
+}
+
+func zoneHint(z ...string) func(*discoveryv1.Endpoint) {
+	return func(e *discoveryv1.Endpoint) {
+		if e.Hints == nil {
+			e.Hints = &discoveryv1.EndpointHints{}
+		}
+		for _, n := range z {
+			e.Hints.ForZones = append(e.Hints.ForZones, discoveryv1.ForZone{Name: n})
+		}
+	}
+}
+
+func nodeHint(n ...string) func(*discoveryv1.Endpoint) {
+	return func(e *discoveryv1.Endpoint) {
+		if e.Hints == nil {
+			e.Hints = &discoveryv1.EndpointHints{}
+		}
+		for _, name := range n {
+			e.Hints.ForNodes = append(e.Hints.ForNodes, discoveryv1.ForNode{Name: name})
+		}
+	}
+}
+
+var (
+	ipv4 = discoveryv1.AddressTypeIPv4
+	ipv6 = discoveryv1.AddressTypeIPv6
+	http = []discoveryv1.EndpointPort{slicePort("http", 8080, corev1.ProtocolTCP)}
+)
+
+// want is one expected service port: name "port/PROTO", endpoint lists.
+type want struct {
+	port, proto string
+	cluster     []netip.AddrPort
+	local       []netip.AddrPort
+}
+
+func TestServicePorts(t *testing.T) {
+	cases := []struct {
+		name   string
+		svc    *corev1.Service
+		slices []*discoveryv1.EndpointSlice
+		node   string
+		zone   string
+		want   []want // nil: the Service is not programmed
+		check  func(t *testing.T, got []ServicePort)
+	}{{
+		name: "headless Service is skipped",
+		svc: service("s", func(s *corev1.Service) {
+			s.Spec.ClusterIP, s.Spec.ClusterIPs = corev1.ClusterIPNone, []string{corev1.ClusterIPNone}
+		}),
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http, apiEP("10.0.0.1", ""))},
+	}, {
+		name: "ExternalName Service is skipped even with a cluster IP",
+		svc:  service("s", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeExternalName }),
+	}, {
+		name: "Service without cluster IP is skipped",
+		svc:  service("s", func(s *corev1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "", nil }),
+	}, {
+		name: "single endpoint, port from the slice",
+		svc:  service("s"),
+		slices: []*discoveryv1.EndpointSlice{
+			epSlice("s-1", "s", ipv4, http, apiEP("10.0.0.1", "node-a"), apiEP("10.0.0.2", "node-b")),
+		},
+		node: "node-a",
+		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.0.1:8080", "10.0.0.2:8080")}},
+	}, {
+		name: "ports matched by name and protocol (kube-dns)",
+		svc: service("dns", func(s *corev1.Service) {
+			s.Spec.Ports = []corev1.ServicePort{
+				{Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53},
+				{Name: "dns-tcp", Protocol: corev1.ProtocolTCP, Port: 53},
+				{Name: "metrics", Protocol: corev1.ProtocolTCP, Port: 9153},
+			}
+		}),
+		slices: []*discoveryv1.EndpointSlice{epSlice("dns-1", "dns", ipv4,
+			[]discoveryv1.EndpointPort{
+				slicePort("dns-tcp", 53, corev1.ProtocolTCP),
+				slicePort("dns", 53, corev1.ProtocolUDP),
+				slicePort("metrics", 9153, corev1.ProtocolTCP),
+				slicePort("dns", 5353, corev1.ProtocolTCP), // same name, other protocol: not "dns"/UDP
+			},
+			apiEP("10.0.0.1", ""), apiEP("10.0.0.2", ""))},
+		want: []want{
+			{port: "dns", proto: "UDP", cluster: addrs("10.0.0.1:53", "10.0.0.2:53")},
+			{port: "dns-tcp", proto: "TCP", cluster: addrs("10.0.0.1:53", "10.0.0.2:53")},
+			{port: "metrics", proto: "TCP", cluster: addrs("10.0.0.1:9153", "10.0.0.2:9153")},
+		},
+	}, {
+		name: "unnamed port matches the slice port named \"\"",
+		svc:  service("s", func(s *corev1.Service) { s.Spec.Ports[0].Name = "" }),
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4,
+			[]discoveryv1.EndpointPort{slicePort("", 8080, corev1.ProtocolTCP)}, apiEP("10.0.0.1", ""))},
+		want: []want{{port: "", proto: "TCP", cluster: addrs("10.0.0.1:8080")}},
+	}, {
+		name: "slice port with nil name or nil port is ignored (kube-proxy: nil port should not break anything)",
+		svc:  service("s", func(s *corev1.Service) { s.Spec.Ports[0].Name = "" }),
+		slices: []*discoveryv1.EndpointSlice{
+			epSlice("s-1", "s", ipv4, []discoveryv1.EndpointPort{{Port: ptr.To[int32](8080), Protocol: ptr.To(corev1.ProtocolTCP)}}, apiEP("10.0.0.1", "")),
+			epSlice("s-2", "s", ipv4, []discoveryv1.EndpointPort{{Name: ptr.To(""), Protocol: ptr.To(corev1.ProtocolTCP)}}, apiEP("10.0.0.2", "")),
+		},
+		want: []want{{port: "", proto: "TCP"}},
+	}, {
+		name: "no slices: port listed with no endpoints",
+		svc:  service("s"),
+		want: []want{{port: "http", proto: "TCP"}},
+	}, {
+		name: "two slices, same port: union",
+		svc:  service("s"),
+		slices: []*discoveryv1.EndpointSlice{
+			epSlice("s-1", "s", ipv4, http, apiEP("10.0.1.1", ""), apiEP("10.0.1.2", ""), apiEP("10.0.1.3", "")),
+			epSlice("s-2", "s", ipv4, http, apiEP("10.0.2.1", ""), apiEP("10.0.2.2", ""), apiEP("10.0.2.3", "")),
+		},
+		want: []want{{port: "http", proto: "TCP", cluster: addrs(
+			"10.0.1.1:8080", "10.0.1.2:8080", "10.0.1.3:8080", "10.0.2.1:8080", "10.0.2.2:8080", "10.0.2.3:8080")}},
+	}, {
+		name: "two overlapping slices: union without duplicates",
+		svc:  service("s"),
+		slices: []*discoveryv1.EndpointSlice{
+			epSlice("s-1", "s", ipv4, http, apiEP("10.0.1.1", ""), apiEP("10.0.1.2", ""), apiEP("10.0.1.3", "")),
+			epSlice("s-2", "s", ipv4, http, apiEP("10.0.1.1", ""), apiEP("10.0.1.2", ""), apiEP("10.0.1.3", ""), apiEP("10.0.1.4", "")),
+		},
+		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "10.0.1.2:8080", "10.0.1.3:8080", "10.0.1.4:8080")}},
+	}, {
+		name: "slices of other Services are not mixed in",
+		svc:  service("s"),
+		slices: []*discoveryv1.EndpointSlice{
+			epSlice("s-1", "s", ipv4, http, apiEP("10.0.1.1", "")),
+			epSlice("t-1", "t", ipv4, http, apiEP("10.0.2.1", "")),
+		},
+		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080")}},
+	}, {
+		name: "same IP with two ports across slices (targetPort change): both",
+		svc:  service("s"),
+		slices: []*discoveryv1.EndpointSlice{
+			epSlice("s-1", "s", ipv4, http, apiEP("10.0.1.1", ""), apiEP("10.0.1.2", "")),
+			epSlice("s-2", "s", ipv4, []discoveryv1.EndpointPort{slicePort("http", 9090, corev1.ProtocolTCP)}, apiEP("10.0.1.1", ""), apiEP("10.0.1.2", "")),
+		},
+		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "10.0.1.1:9090", "10.0.1.2:8080", "10.0.1.2:9090")}},
+	}, {
+		name: "duplicate endpoint: the non-terminating copy wins",
+		svc:  service("s"),
+		slices: []*discoveryv1.EndpointSlice{
+			epSlice("s-1", "s", ipv4, http,
+				apiEP("10.0.1.1", "", terminating),
+				apiEP("10.0.1.1", ""),
+				apiEP("10.0.1.1", "", func(e *discoveryv1.Endpoint) { notReady(e); e.Conditions.Terminating = ptr.To(true) }),
+				apiEP("10.0.1.2", "", terminating)),
+		},
+		// 10.0.1.1 is ready, so the terminating 10.0.1.2 is not used.
+		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080")}},
+	}, {
+		name: "duplicate endpoint across slices: a terminating copy does not replace a ready one",
+		svc:  service("s"),
+		slices: []*discoveryv1.EndpointSlice{
+			epSlice("s-2", "s", ipv4, http, apiEP("10.0.1.1", "", terminating), apiEP("10.0.1.2", "", terminating)),
+			epSlice("s-1", "s", ipv4, http, apiEP("10.0.1.1", "")),
+		},
+		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080")}},
+	}, {
+		name: "conditions unset mean ready and serving (API semantics)",
+		svc:  service("s"),
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+			apiEP("10.0.1.1", "", func(e *discoveryv1.Endpoint) { e.Conditions = discoveryv1.EndpointConditions{} }),
+			apiEP("10.0.1.2", "", notReady))},
+		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080")}},
+	}, {
+		name: "no ready endpoint: serving-terminating ones are used",
+		svc:  service("s"),
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+			apiEP("10.0.1.1", "", terminating),
+			apiEP("10.0.1.2", "", notReady),
+			apiEP("10.0.1.3", "", func(e *discoveryv1.Endpoint) { notReady(e); e.Conditions.Terminating = ptr.To(true) }))},
+		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080")}},
+	}, {
+		name: "endpoint without address or with a bad one is ignored; only the first address counts; leading zeros accepted",
+		svc:  service("s"),
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+			discoveryv1.Endpoint{},
+			apiEP("not-an-ip", ""),
+			apiEP("010.000.001.001", ""),
+			discoveryv1.Endpoint{Addresses: []string{"10.0.1.2", "10.0.1.3"}})},
+		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "10.0.1.2:8080")}},
+	}, {
+		name: "internalTrafficPolicy Local: only this node's endpoints, no cluster chain",
+		svc:  service("s", itpLocal),
+		node: "node-a",
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+			apiEP("10.0.1.1", "node-a"), apiEP("10.0.1.2", "node-b"), apiEP("10.0.1.3", ""), apiEP("10.0.1.4", "node-a", terminating))},
+		want:  []want{{port: "http", proto: "TCP", local: addrs("10.0.1.1:8080")}},
+		check: func(t *testing.T, got []ServicePort) { mustBool(t, "InternalLocal", got[0].InternalLocal, true) },
+	}, {
+		name: "internalTrafficPolicy Local: local terminating fallback though remote endpoints are ready",
+		svc:  service("s", itpLocal),
+		node: "node-a",
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+			apiEP("10.0.1.1", "node-b"), apiEP("10.0.1.4", "node-a", terminating))},
+		want: []want{{port: "http", proto: "TCP", local: addrs("10.0.1.4:8080")}},
+	}, {
+		name: "internalTrafficPolicy Local with no node name: nothing is local",
+		svc:  service("s", itpLocal),
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+			apiEP("10.0.1.1", ""), apiEP("10.0.1.2", "node-b"))},
+		want: []want{{port: "http", proto: "TCP"}},
+	}, {
+		name: "internalTrafficPolicy Local on a NodePort Service: cluster chain too",
+		svc: service("s", itpLocal, func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeNodePort
+			s.Spec.Ports[0].NodePort = 30080
+		}),
+		node: "node-a",
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+			apiEP("10.0.1.1", "node-a"), apiEP("10.0.1.2", "node-b"))},
+		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "10.0.1.2:8080"), local: addrs("10.0.1.1:8080")}},
+	}, {
+		name: "externalTrafficPolicy Local on a LoadBalancer Service: local chain",
+		svc: service("s", func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeLoadBalancer
+			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			s.Spec.Ports[0].NodePort = 30080
+		}),
+		node: "node-a",
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+			apiEP("10.0.1.1", "node-a"), apiEP("10.0.1.2", "node-b"))},
+		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "10.0.1.2:8080"), local: addrs("10.0.1.1:8080")}},
+		check: func(t *testing.T, got []ServicePort) {
+			mustBool(t, "ExternalLocal", got[0].ExternalLocal, true)
+			mustBool(t, "InternalLocal", got[0].InternalLocal, false)
+		},
+	}, {
+		name: "externalTrafficPolicy Local without node ports (allocateLoadBalancerNodePorts false) but with a VIP",
+		svc: service("s", func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeLoadBalancer
+			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "192.0.2.1"}}
+		}),
+		node: "node-a",
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+			apiEP("10.0.1.1", "node-a"), apiEP("10.0.1.2", "node-b"))},
+		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "10.0.1.2:8080"), local: addrs("10.0.1.1:8080")}},
+	}, {
+		name: "externalTrafficPolicy Local, no node port, proxy-mode ingress only: not externally accessible",
+		svc: service("s", func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeLoadBalancer
+			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "192.0.2.1", IPMode: ptr.To(corev1.LoadBalancerIPModeProxy)}}
+		}),
+		node: "node-a",
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+			apiEP("10.0.1.1", "node-a"), apiEP("10.0.1.2", "node-b"))},
+		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "10.0.1.2:8080")}},
+	}, {
+		name: "externalTrafficPolicy Local on a plain ClusterIP Service is ignored",
+		svc:  service("s", func(s *corev1.Service) { s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal }),
+		node: "node-a",
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+			apiEP("10.0.1.1", "node-a"), apiEP("10.0.1.2", "node-b"))},
+		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "10.0.1.2:8080")}},
+	}, {
+		name: "zone hints for this zone",
+		svc:  service("s"),
+		zone: "zone-a",
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+			apiEP("10.0.1.1", "", zoneHint("zone-a")), apiEP("10.0.1.2", "", zoneHint("zone-b")),
+			apiEP("10.0.1.3", "", notReady))}, // unready endpoints need no hints
+		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080")}},
+	}, {
+		name: "zone hints ignored when one ready endpoint has none, even in another slice",
+		svc:  service("s"),
+		zone: "zone-a",
+		slices: []*discoveryv1.EndpointSlice{
+			epSlice("s-1", "s", ipv4, http, apiEP("10.0.1.1", "", zoneHint("zone-a")), apiEP("10.0.1.2", "", zoneHint("zone-b"))),
+			epSlice("s-2", "s", ipv4, http, apiEP("10.0.1.3", "")),
+		},
+		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "10.0.1.2:8080", "10.0.1.3:8080")}},
+	}, {
+		name: "zone hints ignored when none names this node's zone",
+		svc:  service("s"),
+		zone: "zone-c",
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+			apiEP("10.0.1.1", "", zoneHint("zone-a")), apiEP("10.0.1.2", "", zoneHint("zone-b")))},
+		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "10.0.1.2:8080")}},
+	}, {
+		name: "zone hints ignored when the node has no zone label",
+		svc:  service("s"),
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+			apiEP("10.0.1.1", "", zoneHint("zone-a")), apiEP("10.0.1.2", "", zoneHint("zone-b")))},
+		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "10.0.1.2:8080")}},
+	}, {
+		name: "node hints (trafficDistribution PreferSameNode) for this node",
+		svc:  service("s"),
+		node: "node-a",
+		zone: "zone-a",
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+			apiEP("10.0.1.1", "node-a", zoneHint("zone-a"), nodeHint("node-a")),
+			apiEP("10.0.1.2", "node-b", zoneHint("zone-a"), nodeHint("node-b")),
+			apiEP("10.0.1.3", "node-c", zoneHint("zone-b"), nodeHint("node-c")))},
+		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080")}},
+	}, {
+		name: "node hints for other nodes only: zone hints decide",
+		svc:  service("s"),
+		node: "node-x",
+		zone: "zone-a",
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+			apiEP("10.0.1.1", "node-a", zoneHint("zone-a"), nodeHint("node-a")),
+			apiEP("10.0.1.2", "node-b", zoneHint("zone-a"), nodeHint("node-b")),
+			apiEP("10.0.1.3", "node-c", zoneHint("zone-b"), nodeHint("node-c")))},
+		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "10.0.1.2:8080")}},
+	}, {
+		name: "hints with all endpoints terminating: no topology, terminating ones used",
+		svc:  service("s"),
+		zone: "zone-a",
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+			apiEP("10.0.1.1", "", terminating, zoneHint("zone-a")), apiEP("10.0.1.2", "", terminating, zoneHint("zone-b")))},
+		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "10.0.1.2:8080")}},
+	}, {
+		name: "single-stack IPv4 Service: IPv6 and FQDN slices ignored",
+		svc:  service("s"),
+		slices: []*discoveryv1.EndpointSlice{
+			epSlice("s-1", "s", ipv4, http, apiEP("10.0.1.1", "")),
+			epSlice("s-2", "s", ipv6, http, apiEP("fd00::1", "")),
+			epSlice("s-3", "s", discoveryv1.AddressTypeFQDN, http, apiEP("example.com", "")),
+		},
+		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080")}},
+	}, {
+		name: "single-stack Service without ipFamilies (version skew): family from clusterIP",
+		svc: service("s", func(s *corev1.Service) {
+			s.Spec.ClusterIP, s.Spec.ClusterIPs, s.Spec.IPFamilies = "fd00::10", nil, nil
+		}),
+		slices: []*discoveryv1.EndpointSlice{
+			epSlice("s-1", "s", ipv4, http, apiEP("10.0.1.1", "")),
+			epSlice("s-2", "s", ipv6, http, apiEP("fd00::1", "")),
+		},
+		want: []want{{port: "http", proto: "TCP", cluster: addrs("[fd00::1]:8080")}},
+		check: func(t *testing.T, got []ServicePort) {
+			if !slices.Equal(got[0].ClusterIPs, []netip.Addr{netip.MustParseAddr("fd00::10")}) {
+				t.Errorf("ClusterIPs = %v", got[0].ClusterIPs)
+			}
+		},
+	}, {
+		name: "dual stack: both families listed, cluster IPs primary first",
+		svc: service("s", func(s *corev1.Service) {
+			s.Spec.ClusterIP = "fd00::10"
+			s.Spec.ClusterIPs = []string{"fd00::10", "10.96.0.10"}
+			s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol, corev1.IPv4Protocol}
+		}),
+		slices: []*discoveryv1.EndpointSlice{
+			epSlice("s-a", "s", ipv4, http, apiEP("10.0.1.1", "")),
+			epSlice("s-b", "s", ipv6, http, apiEP("fd00::1", ""), apiEP("fd00::2", "")),
+		},
+		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "[fd00::1]:8080", "[fd00::2]:8080")}},
+		check: func(t *testing.T, got []ServicePort) {
+			w := []netip.Addr{netip.MustParseAddr("fd00::10"), netip.MustParseAddr("10.96.0.10")}
+			if !slices.Equal(got[0].ClusterIPs, w) {
+				t.Errorf("ClusterIPs = %v, want %v", got[0].ClusterIPs, w)
+			}
+		},
+	}, {
+		name: "dual stack: hints decided per family",
+		svc:  service("s", dualStack),
+		zone: "zone-a",
+		slices: []*discoveryv1.EndpointSlice{
+			epSlice("s-a", "s", ipv4, http, apiEP("10.0.1.1", "", zoneHint("zone-a")), apiEP("10.0.1.2", "", zoneHint("zone-b"))),
+			epSlice("s-b", "s", ipv6, http, apiEP("fd00::1", "", zoneHint("zone-a")), apiEP("fd00::2", "")),
+		},
+		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "[fd00::1]:8080", "[fd00::2]:8080")}},
+	}, {
+		name: "dual stack: terminating fallback decided per family",
+		svc:  service("s", dualStack),
+		slices: []*discoveryv1.EndpointSlice{
+			epSlice("s-a", "s", ipv4, http, apiEP("10.0.1.1", "", terminating), apiEP("10.0.1.2", "", notReady)),
+			epSlice("s-b", "s", ipv6, http, apiEP("fd00::1", ""), apiEP("fd00::2", "", terminating)),
+		},
+		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "[fd00::1]:8080")}},
+	}, {
+		name: "dual stack iTP Local with an IPv4 external IP: cluster chain only for IPv4",
+		svc:  service("s", dualStack, itpLocal, func(s *corev1.Service) { s.Spec.ExternalIPs = []string{"192.0.2.7"} }),
+		node: "node-a",
+		slices: []*discoveryv1.EndpointSlice{
+			epSlice("s-a", "s", ipv4, http, apiEP("10.0.1.1", "node-a"), apiEP("10.0.1.2", "node-b")),
+			epSlice("s-b", "s", ipv6, http, apiEP("fd00::1", "node-a"), apiEP("fd00::2", "node-b")),
+		},
+		want: []want{{port: "http", proto: "TCP",
+			cluster: addrs("10.0.1.1:8080", "10.0.1.2:8080"),
+			local:   addrs("10.0.1.1:8080", "[fd00::1]:8080")}},
+	}, {
+		name: "empty protocol defaults to TCP on both sides",
+		svc:  service("s", func(s *corev1.Service) { s.Spec.Ports[0].Protocol = "" }),
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4,
+			[]discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080)}}, apiEP("10.0.1.1", ""))},
+		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080")}},
+	}}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := ServicePorts(tc.svc, tc.slices, tc.node, tc.zone)
+			if tc.want == nil {
+				if got != nil {
+					t.Fatalf("got %+v, want the Service skipped", got)
+				}
+				return
+			}
+			if len(got) != len(tc.want) {
+				t.Fatalf("got %d ports %+v, want %d", len(got), got, len(tc.want))
+			}
+			for i, w := range tc.want {
+				g := got[i]
+				if g.Name.Namespace != tc.svc.Namespace || g.Name.Name != tc.svc.Name || g.Name.Port != w.port || g.Name.Protocol != w.proto {
+					t.Errorf("port %d: name %+v, want %s/%s", i, g.Name, w.port, w.proto)
+				}
+				if !slices.Equal(g.ClusterEndpoints, w.cluster) {
+					t.Errorf("%s: cluster endpoints = %v, want %v", g.Name, g.ClusterEndpoints, w.cluster)
+				}
+				if !slices.Equal(g.LocalEndpoints, w.local) {
+					t.Errorf("%s: local endpoints = %v, want %v", g.Name, g.LocalEndpoints, w.local)
+				}
+			}
+			if tc.check != nil {
+				tc.check(t, got)
+			}
+		})
+	}
+}
+
+func mustBool(t *testing.T, what string, got, want bool) {
+	t.Helper()
+	if got != want {
+		t.Errorf("%s = %v, want %v", what, got, want)
+	}
+}
