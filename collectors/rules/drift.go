@@ -1,0 +1,214 @@
+package rules
+
+import (
+	"net/netip"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/proxyhealth/proxyhealth/internal/cluster"
+)
+
+// programmedRules is one read of what kube-proxy programmed for one IP family, whatever its
+// mode: the endpoints of a service port's cluster and local chains.
+type programmedRules interface {
+	// chainsFor names the service port's cluster and local chains.
+	chainsFor(n cluster.ServicePortName) (clusterChain, localChain string)
+	// endpoints returns a chain's endpoints; nil when kube-proxy wrote no such chain.
+	endpoints(chain string) []netip.AddrPort
+	// serviceChains lists every service port chain in the rules: those no API service port
+	// accounts for are rules of service ports the API does not have.
+	serviceChains() []string
+}
+
+// diffKey is one endpoint that differs between the rules and the API for one chain.
+type diffKey struct {
+	name  cluster.ServicePortName
+	ipv6  bool
+	local bool // the local chain (KUBE-SVL) rather than the cluster chain (KUBE-SVC)
+	ep    netip.AddrPort
+	stale bool // in the rules, not in the API; else missing: in the API, not in the rules
+}
+
+// portDrift is one service port whose rules have differed from the API past the grace period.
+type portDrift struct {
+	name           cluster.ServicePortName
+	port           uint16
+	stale, missing int
+	since          time.Time // when its oldest current difference was first seen
+}
+
+// checkResult is one drift check, which a scrape reads.
+type checkResult struct {
+	at       time.Time
+	duration time.Duration
+	err      error
+	mode     string
+	// fresh is false when the exporter's own API view could not be trusted: nothing was
+	// compared then, so that a stale view never reads as stale rules.
+	fresh    bool
+	checked  int
+	drifting []portDrift // sorted by stale+missing, largest first
+	orphans  int         // service port chains no API service port accounts for
+}
+
+// driftEngine compares the API's expected endpoints with the programmed ones. It follows each
+// differing endpoint separately and counts it only once it has differed for longer than the
+// grace period: kube-proxy applies a change within about a second but a sync under load can
+// take much longer, and during steady churn every endpoint's difference is short-lived even
+// when some difference exists at every check. In incident 3 the same endpoints stay wrong.
+type driftEngine struct {
+	grace time.Duration
+	since map[diffKey]time.Time
+}
+
+func newDriftEngine(grace time.Duration) *driftEngine {
+	return &driftEngine{grace: grace, since: map[diffKey]time.Time{}}
+}
+
+// check compares snap with rules (by IP family; a family without rules is not compared) at now.
+func (e *driftEngine) check(snap *cluster.Snapshot, rules map[bool]programmedRules, now time.Time) checkResult {
+	res := checkResult{at: now, fresh: snap.Fresh}
+	if !snap.Fresh {
+		// Start every grace period anew once the view is trusted again.
+		clear(e.since)
+		return res
+	}
+	next := make(map[diffKey]time.Time, len(e.since))
+	drifts := map[cluster.ServicePortName]*portDrift{}
+	accounted := map[string]bool{}
+	note := func(k diffKey, port uint16) {
+		first, ok := e.since[k]
+		if !ok {
+			first = now
+		}
+		next[k] = first
+		if now.Sub(first) < e.grace {
+			return
+		}
+		d := drifts[k.name]
+		if d == nil {
+			d = &portDrift{name: k.name, port: port, since: first}
+			drifts[k.name] = d
+		}
+		if k.stale {
+			d.stale++
+		} else {
+			d.missing++
+		}
+		if first.Before(d.since) {
+			d.since = first
+		}
+	}
+	for i := range snap.Ports {
+		sp := &snap.Ports[i]
+		compared := false
+		for _, ipv6 := range []bool{false, true} {
+			r := rules[ipv6]
+			if r == nil || !hasFamily(sp.ClusterIPs, ipv6) {
+				continue
+			}
+			compared = true
+			clusterChain, localChain := r.chainsFor(sp.Name)
+			accounted[clusterChain], accounted[localChain] = true, true
+			for _, local := range []bool{false, true} {
+				chain, expected := clusterChain, sp.ClusterEndpoints
+				if local {
+					chain, expected = localChain, sp.LocalEndpoints
+				}
+				stale, missing := diffEndpoints(r.endpoints(chain), expected, ipv6)
+				for _, ep := range stale {
+					note(diffKey{sp.Name, ipv6, local, ep, true}, sp.Port)
+				}
+				for _, ep := range missing {
+					note(diffKey{sp.Name, ipv6, local, ep, false}, sp.Port)
+				}
+			}
+		}
+		if compared {
+			res.checked++
+		}
+	}
+	e.since = next
+	for _, r := range rules {
+		if r == nil {
+			continue
+		}
+		for _, c := range r.serviceChains() {
+			if !accounted[c] {
+				res.orphans++
+			}
+		}
+	}
+	for _, d := range drifts {
+		res.drifting = append(res.drifting, *d)
+	}
+	sort.Slice(res.drifting, func(i, j int) bool {
+		a, b := res.drifting[i], res.drifting[j]
+		if a.stale+a.missing != b.stale+b.missing {
+			return a.stale+a.missing > b.stale+b.missing
+		}
+		return a.name.String()+a.name.Protocol < b.name.String()+b.name.Protocol
+	})
+	return res
+}
+
+func hasFamily(ips []netip.Addr, ipv6 bool) bool {
+	for _, ip := range ips {
+		if ip.Unmap().Is6() == ipv6 {
+			return true
+		}
+	}
+	return false
+}
+
+// diffEndpoints returns the distinct endpoints of the given family that are programmed but not
+// expected (stale) and expected but not programmed (missing). Lists are short (a service port
+// has a handful of endpoints) so they are scanned rather than hashed, except large ones.
+func diffEndpoints(programmed, expected []netip.AddrPort, ipv6 bool) (stale, missing []netip.AddrPort) {
+	if len(programmed)+len(expected) > 64 {
+		return diffEndpointsLarge(programmed, expected, ipv6)
+	}
+	for i, ep := range programmed {
+		if slices.Contains(programmed[:i], ep) {
+			continue
+		}
+		if !slices.Contains(expected, ep) {
+			stale = append(stale, ep)
+		}
+	}
+	for i, ep := range expected {
+		if ep.Addr().Unmap().Is6() != ipv6 || slices.Contains(expected[:i], ep) {
+			continue
+		}
+		if !slices.Contains(programmed, ep) {
+			missing = append(missing, ep)
+		}
+	}
+	return stale, missing
+}
+
+func diffEndpointsLarge(programmed, expected []netip.AddrPort, ipv6 bool) (stale, missing []netip.AddrPort) {
+	want := make(map[netip.AddrPort]bool, len(expected))
+	for _, ep := range expected {
+		if ep.Addr().Unmap().Is6() == ipv6 {
+			want[ep] = true
+		}
+	}
+	have := make(map[netip.AddrPort]bool, len(programmed))
+	for _, ep := range programmed {
+		if have[ep] {
+			continue
+		}
+		have[ep] = true
+		if !want[ep] {
+			stale = append(stale, ep)
+		}
+	}
+	for ep := range want {
+		if !have[ep] {
+			missing = append(missing, ep)
+		}
+	}
+	return stale, missing
+}

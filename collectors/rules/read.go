@@ -1,0 +1,181 @@
+package rules
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/proxyhealth/proxyhealth/internal/iptables"
+)
+
+// Proxy modes, the values of proxyhealth_proxy_mode's mode label.
+const (
+	modeIPTables = "iptables"
+	modeNFTables = "nftables"
+	modeIPVS     = "ipvs"
+	modeNone     = "none"
+)
+
+var modes = []string{modeIPTables, modeNFTables, modeIPVS, modeNone}
+
+// commandRunner runs a command and returns its standard output; a failed command's error
+// carries its standard error.
+type commandRunner func(ctx context.Context, name string, args ...string) ([]byte, error)
+
+func execRunner(ctx context.Context, name string, args ...string) ([]byte, error) {
+	var stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w: %s", filepath.Base(name), strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return out, nil
+}
+
+// reader finds kube-proxy's mode and reads its rules.
+type reader struct {
+	procPath   string
+	timeout    time.Duration
+	run        commandRunner
+	lookPath   func(string) (string, error)
+	ipvsActive func() bool
+}
+
+func newReader(procPath string, timeout time.Duration) *reader {
+	return &reader{procPath: procPath, timeout: timeout, run: execRunner, lookPath: exec.LookPath, ipvsActive: ipvsInterfaceExists}
+}
+
+// ipvsInterfaceExists: kube-proxy's IPVS mode binds service addresses to a dummy interface
+// named kube-ipvs0 (pkg/proxy/ipvs: defaultDummyDevice).
+func ipvsInterfaceExists() bool {
+	_, err := net.InterfaceByName("kube-ipvs0")
+	return err == nil
+}
+
+// iptablesFamily names one IP family's save binaries and legacy table list.
+type iptablesFamily struct {
+	nftSave, legacySave, legacyTables string
+}
+
+var (
+	ipv4Family = iptablesFamily{"iptables-nft-save", "iptables-legacy-save", "ip_tables_names"}
+	ipv6Family = iptablesFamily{"ip6tables-nft-save", "ip6tables-legacy-save", "ip6_tables_names"}
+)
+
+// readResult is what one read found.
+type readResult struct {
+	mode    string
+	backend string                   // the binary the rules came from, for the log
+	rules   map[bool]programmedRules // by ipv6; a family that could not be read is absent
+}
+
+// read finds the mode and, in iptables mode, the programmed rules of IPv4 and, when wantIPv6,
+// of IPv6. An error means the mode or rules could not be read.
+func (rd *reader) read(ctx context.Context, wantIPv6 bool) (readResult, error) {
+	if rd.ipvsActive() {
+		return readResult{mode: modeIPVS}, nil
+	}
+	v4, backend, err := rd.readIPTables(ctx, ipv4Family)
+	if err != nil {
+		return readResult{}, err
+	}
+	if v4 != nil {
+		res := readResult{mode: modeIPTables, backend: backend, rules: map[bool]programmedRules{false: v4}}
+		if wantIPv6 {
+			v6, _, err := rd.readIPTables(ctx, ipv6Family)
+			if err != nil {
+				return readResult{}, err
+			}
+			if v6 != nil {
+				res.rules[true] = v6
+			}
+		}
+		return res, nil
+	}
+	if rd.nftKubeProxyTable(ctx) {
+		return readResult{mode: modeNFTables}, nil
+	}
+	return readResult{mode: modeNone}, nil
+}
+
+// readIPTables reads the nat table of every backend that has kube-proxy's KUBE-SERVICES chain
+// and keeps the one with the most service chains (during a backend migration both may hold
+// some). It returns nil rules when no backend has the chain.
+func (rd *reader) readIPTables(ctx context.Context, fam iptablesFamily) (*iptablesRules, string, error) {
+	var best *iptablesRules
+	var bestBin string
+	var errs []error
+	for _, bin := range []string{fam.nftSave, fam.legacySave} {
+		path, err := rd.lookPath(bin)
+		if err != nil {
+			continue
+		}
+		if bin == fam.legacySave {
+			// Naming a legacy table that does not exist makes the kernel create it.
+			exists, err := legacyTableExists(rd.procPath, fam.legacyTables, "nat")
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if !exists {
+				continue
+			}
+		}
+		cctx, cancel := context.WithTimeout(ctx, rd.timeout)
+		out, err := rd.run(cctx, path, "-t", "nat")
+		cancel()
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		rs, err := iptables.Parse(bytes.NewReader(out))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s -t nat: %w", bin, err))
+			continue
+		}
+		if rs.Table("nat").Chain("KUBE-SERVICES") == nil {
+			continue
+		}
+		r := newIPTablesRules(rs)
+		if best == nil || len(r.chains) > len(best.chains) {
+			best, bestBin = r, bin
+		}
+	}
+	if best == nil && len(errs) > 0 {
+		return nil, "", errors.Join(errs...)
+	}
+	return best, bestBin, nil
+}
+
+func legacyTableExists(procPath, file, table string) (bool, error) {
+	b, err := os.ReadFile(filepath.Join(procPath, "net", file))
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("cannot tell whether a legacy %s table exists without creating one: %w", table, err)
+	}
+	return slices.Contains(strings.Fields(string(b)), table), nil
+}
+
+// nftKubeProxyTable reports whether kube-proxy's nftables mode table exists.
+func (rd *reader) nftKubeProxyTable(ctx context.Context) bool {
+	path, err := rd.lookPath("nft")
+	if err != nil {
+		return false
+	}
+	cctx, cancel := context.WithTimeout(ctx, rd.timeout)
+	defer cancel()
+	_, err = rd.run(cctx, path, "list", "table", "ip", "kube-proxy")
+	return err == nil
+}

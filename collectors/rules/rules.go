@@ -1,0 +1,279 @@
+// Package rules is the rules collector: it compares, per Service port, the endpoints
+// kube-proxy programmed on this node with those the API says it should have (incident 3:
+// kube-proxy's list/watch silently failing while its rules keep yesterday's endpoints). The
+// comparison runs on a background loop; a scrape reads its last result.
+package rules
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/alecthomas/kingpin/v2"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/proxyhealth/proxyhealth/internal/cluster"
+)
+
+// Config holds the collector's settings; AddFlags binds them to command-line flags.
+type Config struct {
+	ProcPath string       // from --path.procfs
+	View     cluster.View // the API view; nil when no API is configured
+
+	CheckInterval  time.Duration
+	GracePeriod    time.Duration
+	MaxSeries      int
+	CommandTimeout time.Duration
+}
+
+// AddFlags registers the collector's flags on app.
+func (c *Config) AddFlags(app *kingpin.Application) {
+	app.Flag("rules.check-interval", "How often kube-proxy's rules are read and compared with the API.").
+		Default("10s").DurationVar(&c.CheckInterval)
+	app.Flag("rules.grace-period", "How long an endpoint may differ between kube-proxy's rules and the API before it counts as drift (kube-proxy's sync lag must not page anyone).").
+		Default("60s").DurationVar(&c.GracePeriod)
+	app.Flag("rules.max-service-series", "Most drifting service ports given their own proxyhealth_service_drift_endpoints series; the rest are counted in proxyhealth_rules_drift_unlisted.").
+		Default("100").IntVar(&c.MaxSeries)
+	app.Flag("rules.command-timeout", "Limit on each iptables-save or nft run.").
+		Default("60s").DurationVar(&c.CommandTimeout)
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.CheckInterval <= 0:
+		return errors.New("--rules.check-interval must be positive")
+	case c.GracePeriod < 0:
+		return errors.New("--rules.grace-period must not be negative")
+	case c.MaxSeries < 0:
+		return errors.New("--rules.max-service-series must not be negative")
+	case c.CommandTimeout <= 0:
+		return errors.New("--rules.command-timeout must be positive")
+	}
+	return nil
+}
+
+// Collector is the rules collector.
+type Collector struct {
+	cfg    Config
+	logger *slog.Logger
+	reader *reader
+	engine *driftEngine
+	now    func() time.Time
+
+	checkErrors uint64 // guarded by mu
+	mu          sync.Mutex
+	last        *checkResult // nil until the first check
+	lastNote    string
+}
+
+// New builds the collector; it reads nothing until Run.
+func New(cfg Config, logger *slog.Logger) (*Collector, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Collector{
+		cfg:    cfg,
+		logger: logger,
+		reader: newReader(cfg.ProcPath, cfg.CommandTimeout),
+		engine: newDriftEngine(cfg.GracePeriod),
+		now:    time.Now,
+	}, nil
+}
+
+// Run checks at once and then every CheckInterval until ctx is done.
+func (c *Collector) Run(ctx context.Context) {
+	t := time.NewTicker(c.cfg.CheckInterval)
+	defer t.Stop()
+	for {
+		c.check(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+var errNoAPI = errors.New("no Kubernetes API view: drift cannot be checked (see --kubeconfig)")
+
+// check runs one comparison and publishes it.
+func (c *Collector) check(ctx context.Context) {
+	start := c.now()
+	if c.cfg.View == nil {
+		c.publish(&checkResult{at: start, err: errNoAPI})
+		return
+	}
+	snap := c.cfg.View.Snapshot()
+	rr, err := c.reader.read(ctx, wantsIPv6(snap))
+	if ctx.Err() != nil {
+		return // shutting down
+	}
+	var res checkResult
+	switch {
+	case err != nil:
+		res = checkResult{at: start, err: fmt.Errorf("read kube-proxy's rules: %w", err)}
+	case rr.mode == modeIPTables:
+		res = c.engine.check(snap, rr.rules, start)
+		res.mode = rr.mode
+	default:
+		// Nothing to compare: the engine's grace periods start anew if rules appear.
+		c.engine.check(&cluster.Snapshot{}, nil, start)
+		res = checkResult{at: start, mode: rr.mode, fresh: snap.Fresh}
+	}
+	res.duration = c.now().Sub(start)
+	c.noteMode(rr, err)
+	c.publish(&res)
+}
+
+// noteMode logs once, and again on a change, what this node's rules allow.
+func (c *Collector) noteMode(rr readResult, err error) {
+	var note string
+	switch {
+	case err != nil:
+		return // the collector set logs the error
+	case rr.mode == modeIPTables:
+		families := "IPv4"
+		if rr.rules[true] != nil {
+			families += " and IPv6"
+		}
+		note = fmt.Sprintf("kube-proxy is in iptables mode (%s, %s): checking drift", rr.backend, families)
+	case rr.mode == modeNFTables:
+		note = "kube-proxy is in nftables mode: this version compares iptables-mode rules only, so the drift check is idle"
+	case rr.mode == modeIPVS:
+		note = "kube-proxy is in IPVS mode (kube-ipvs0 exists): its rules cannot be compared here, the drift check is off"
+	default:
+		note = "no kube-proxy rules on this node (no KUBE-SERVICES chain, no kube-proxy nftables table): a kube-proxy replacement or no kube-proxy; the drift check is idle"
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if note != c.lastNote {
+		c.logger.Info(note)
+		c.lastNote = note
+	}
+}
+
+func (c *Collector) publish(res *checkResult) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if res.err != nil {
+		c.checkErrors++
+	}
+	c.last = res
+}
+
+func wantsIPv6(snap *cluster.Snapshot) bool {
+	for i := range snap.Ports {
+		if hasFamily(snap.Ports[i].ClusterIPs, true) {
+			return true
+		}
+	}
+	return false
+}
+
+var (
+	modeDesc = prometheus.NewDesc("proxyhealth_proxy_mode",
+		"kube-proxy's mode on this node, found from its rules: 1 for the mode in use (iptables, nftables, ipvs, or none when there are no kube-proxy rules).",
+		[]string{"mode"}, nil)
+	servicesCheckedDesc = newDesc("rules_services_checked", "Service ports whose programmed endpoints were compared with the API in the last check (0 while the exporter's API view is not fresh).")
+	servicesDriftedDesc = newDesc("rules_services_drifted", "Service ports with endpoints that have differed between kube-proxy's rules and the API for longer than --rules.grace-period.")
+	endpointsStaleDesc  = newDesc("rules_endpoints_stale", "Endpoints in kube-proxy's rules but not in the API past the grace period, over all service ports.")
+	endpointsMissDesc   = newDesc("rules_endpoints_missing", "Endpoints in the API but not in kube-proxy's rules past the grace period, over all service ports.")
+	serviceDriftDesc    = prometheus.NewDesc("proxyhealth_service_drift_endpoints",
+		"Endpoints of one drifting service port that are stale (in the rules, not in the API) or missing (in the API, not in the rules) past the grace period. Only drifting service ports have series, at most --rules.max-service-series.",
+		[]string{"service_namespace", "service_name", "service_port", "protocol", "kind"}, nil)
+	driftUnlistedDesc = newDesc("rules_drift_unlisted", "Drifting service ports left out of proxyhealth_service_drift_endpoints by --rules.max-service-series.")
+	driftAgeDesc      = newDesc("rules_drift_age_seconds", "How long the oldest current drift has lasted (0 when none).")
+	orphanChainsDesc  = newDesc("rules_orphan_chains", "kube-proxy service port chains (KUBE-SVC-*, KUBE-SVL-*) that no Service port in the API accounts for: rules left for deleted Services.")
+	checkDurationDesc = newDesc("rules_check_duration_seconds", "How long the last drift check took (reading the rules and comparing).")
+	lastCheckDesc     = newDesc("rules_last_check_timestamp_seconds", "When the last drift check ran.")
+	checkErrorsDesc   = newDesc("rules_check_errors_total", "Drift checks that failed to read kube-proxy's rules or the API view.")
+	lastHeardDesc     = prometheus.NewDesc("proxyhealth_api_last_heard_timestamp_seconds", "When the exporter's own API view last heard from the API server (a watch event or a probe on the same connection).", nil, nil)
+	viewFreshDesc     = prometheus.NewDesc("proxyhealth_api_view_fresh", "1 while the exporter's own API view is synced and recently heard from; drift is only reported while it is.", nil, nil)
+)
+
+func newDesc(name, help string) *prometheus.Desc {
+	return prometheus.NewDesc("proxyhealth_"+name, help, nil, nil)
+}
+
+// Describe sends every descriptor Update may use.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{modeDesc, servicesCheckedDesc, servicesDriftedDesc, endpointsStaleDesc,
+		endpointsMissDesc, serviceDriftDesc, driftUnlistedDesc, driftAgeDesc, orphanChainsDesc, checkDurationDesc,
+		lastCheckDesc, checkErrorsDesc, lastHeardDesc, viewFreshDesc} {
+		ch <- d
+	}
+}
+
+// Update publishes the last check and the API view's freshness.
+func (c *Collector) Update(ch chan<- prometheus.Metric) error {
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	var viewErr error
+	if c.cfg.View != nil {
+		snap := c.cfg.View.Snapshot()
+		if !snap.LastHeard.IsZero() {
+			gauge(lastHeardDesc, float64(snap.LastHeard.UnixNano())/1e9)
+		}
+		gauge(viewFreshDesc, boolFloat(snap.Fresh))
+	} else {
+		gauge(viewFreshDesc, 0)
+		viewErr = errNoAPI
+	}
+
+	c.mu.Lock()
+	res, errorsTotal := c.last, c.checkErrors
+	c.mu.Unlock()
+	ch <- prometheus.MustNewConstMetric(checkErrorsDesc, prometheus.CounterValue, float64(errorsTotal))
+	if res == nil {
+		return viewErr // no check yet
+	}
+	gauge(lastCheckDesc, float64(res.at.UnixNano())/1e9)
+	gauge(checkDurationDesc, res.duration.Seconds())
+	if res.err != nil {
+		return res.err
+	}
+	for _, m := range modes {
+		gauge(modeDesc, boolFloat(m == res.mode), m)
+	}
+	var stale, missing int
+	oldest := res.at
+	for _, d := range res.drifting {
+		stale += d.stale
+		missing += d.missing
+		if d.since.Before(oldest) {
+			oldest = d.since
+		}
+	}
+	gauge(servicesCheckedDesc, float64(res.checked))
+	gauge(servicesDriftedDesc, float64(len(res.drifting)))
+	gauge(endpointsStaleDesc, float64(stale))
+	gauge(endpointsMissDesc, float64(missing))
+	gauge(driftAgeDesc, c.now().Sub(oldest).Seconds()*boolFloat(len(res.drifting) > 0))
+	gauge(orphanChainsDesc, float64(res.orphans))
+	listed := min(len(res.drifting), c.cfg.MaxSeries)
+	for _, d := range res.drifting[:listed] {
+		port := strconv.Itoa(int(d.port))
+		proto := strings.ToLower(d.name.Protocol)
+		if d.stale > 0 {
+			gauge(serviceDriftDesc, float64(d.stale), d.name.Namespace, d.name.Name, port, proto, "stale")
+		}
+		if d.missing > 0 {
+			gauge(serviceDriftDesc, float64(d.missing), d.name.Namespace, d.name.Name, port, proto, "missing")
+		}
+	}
+	gauge(driftUnlistedDesc, float64(len(res.drifting)-listed))
+	return viewErr
+}
+
+func boolFloat(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

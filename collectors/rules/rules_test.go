@@ -1,0 +1,314 @@
+package rules
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/common/promslog"
+
+	"github.com/proxyhealth/proxyhealth/internal/cluster"
+	"github.com/proxyhealth/proxyhealth/internal/iptables"
+)
+
+var (
+	dns        = cluster.ServicePortName{Namespace: "kube-system", Name: "kube-dns", Port: "dns", Protocol: "UDP"}
+	kubernetes = cluster.ServicePortName{Namespace: "default", Name: "kubernetes", Port: "https", Protocol: "TCP"}
+)
+
+func ap(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
+
+// These chain names are the ones kube-proxy writes on every cluster.
+func TestChainNamesAreKubeProxys(t *testing.T) {
+	for _, tc := range []struct {
+		name cluster.ServicePortName
+		want string
+	}{
+		{dns, "KUBE-SVC-TCOU7JCQXEZGVUNU"},
+		{cluster.ServicePortName{Namespace: "kube-system", Name: "kube-dns", Port: "dns-tcp", Protocol: "TCP"}, "KUBE-SVC-ERIFXISQEP7F7OF4"},
+		{kubernetes, "KUBE-SVC-NPX46M4PTMTKRN6Y"},
+	} {
+		if got := clusterChain(tc.name); got != tc.want {
+			t.Errorf("clusterChain(%s %s) = %s, want %s", tc.name, tc.name.Protocol, got, tc.want)
+		}
+	}
+	if got := localChain(dns); !strings.HasPrefix(got, "KUBE-SVL-") || got[9:] != clusterChain(dns)[9:] {
+		t.Errorf("localChain(dns) = %s, want KUBE-SVL- and the same hash", got)
+	}
+}
+
+func loadRules(t testing.TB, file string) *iptablesRules {
+	t.Helper()
+	f, err := os.Open(filepath.Join("testdata", file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rs, err := iptables.Parse(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newIPTablesRules(rs)
+}
+
+func TestIPTablesProgrammedEndpoints(t *testing.T) {
+	r := loadRules(t, "kube-proxy-nat.txt")
+	dnsCluster, dnsLocal := r.chainsFor(dns)
+	got := r.endpoints(dnsCluster)
+	want := []netip.AddrPort{ap("10.244.1.5:53"), ap("10.244.2.6:53"), ap("10.244.3.7:53")}
+	if !slices.Equal(got, want) {
+		t.Errorf("dns endpoints = %v, want %v", got, want)
+	}
+	if got := r.endpoints(dnsLocal); got != nil {
+		t.Errorf("dns local chain = %v, want none", got)
+	}
+	if got := r.endpoints(clusterChain(kubernetes)); !slices.Equal(got, []netip.AddrPort{ap("192.168.0.10:6443")}) {
+		t.Errorf("kubernetes endpoints = %v", got)
+	}
+}
+
+// snapshot is a fresh view with the given ports.
+func snapshot(ports ...cluster.ServicePort) *cluster.Snapshot {
+	return &cluster.Snapshot{Ports: ports, Synced: true, Fresh: true, LastHeard: time.Unix(1000, 0)}
+}
+
+func dnsPort(endpoints ...string) cluster.ServicePort {
+	sp := cluster.ServicePort{Name: dns, ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")}, Port: 53}
+	for _, e := range endpoints {
+		sp.ClusterEndpoints = append(sp.ClusterEndpoints, ap(e))
+	}
+	return sp
+}
+
+func kubernetesPort() cluster.ServicePort {
+	return cluster.ServicePort{Name: kubernetes, ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")}, Port: 443,
+		ClusterEndpoints: []netip.AddrPort{ap("192.168.0.10:6443")}}
+}
+
+func TestDriftNeedsTheGracePeriod(t *testing.T) {
+	rules := map[bool]programmedRules{false: loadRules(t, "kube-proxy-nat.txt")}
+	e := newDriftEngine(time.Minute)
+	t0 := time.Unix(2000, 0)
+	// The API dropped 10.244.3.7 and added two endpoints: 1 stale, 2 missing.
+	snap := snapshot(dnsPort("10.244.1.5:53", "10.244.2.6:53", "10.244.4.1:53", "10.244.4.2:53"), kubernetesPort())
+	if res := e.check(snap, rules, t0); len(res.drifting) != 0 || res.checked != 2 {
+		t.Fatalf("at first sight: %+v, want 2 checked and nothing drifting yet", res)
+	}
+	if res := e.check(snap, rules, t0.Add(59*time.Second)); len(res.drifting) != 0 {
+		t.Fatalf("inside the grace period: drifting %+v", res.drifting)
+	}
+	res := e.check(snap, rules, t0.Add(61*time.Second))
+	if len(res.drifting) != 1 {
+		t.Fatalf("past the grace period: drifting %+v, want kube-dns", res.drifting)
+	}
+	d := res.drifting[0]
+	if d.name != dns || d.stale != 1 || d.missing != 2 || !d.since.Equal(t0) || d.port != 53 {
+		t.Errorf("drift = %+v, want kube-dns stale 1 missing 2 since t0", d)
+	}
+	if res.orphans != 1 {
+		t.Errorf("orphan chains = %d, want the one chain no API service port accounts for", res.orphans)
+	}
+	// Healed: the next check finds nothing.
+	healed := snapshot(dnsPort("10.244.1.5:53", "10.244.2.6:53", "10.244.3.7:53"), kubernetesPort())
+	if res := e.check(healed, rules, t0.Add(62*time.Second)); len(res.drifting) != 0 {
+		t.Errorf("after healing: drifting %+v", res.drifting)
+	}
+}
+
+// During steady churn a difference exists at every check, but each endpoint's difference is
+// short-lived: that is kube-proxy's sync lag, not drift.
+func TestChurnIsNotDrift(t *testing.T) {
+	rules := map[bool]programmedRules{false: loadRules(t, "kube-proxy-nat.txt")}
+	e := newDriftEngine(30 * time.Second)
+	t0 := time.Unix(2000, 0)
+	for i := 0; i < 20; i++ {
+		// Each check the API has one new endpoint the rules do not have yet.
+		extra := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, 9, byte(i)}), 53).String()
+		snap := snapshot(dnsPort("10.244.1.5:53", "10.244.2.6:53", "10.244.3.7:53", extra), kubernetesPort())
+		if res := e.check(snap, rules, t0.Add(time.Duration(i)*10*time.Second)); len(res.drifting) != 0 {
+			t.Fatalf("check %d: churn reported as drift: %+v", i, res.drifting)
+		}
+	}
+}
+
+func TestStaleViewReportsNoDrift(t *testing.T) {
+	rules := map[bool]programmedRules{false: loadRules(t, "kube-proxy-nat.txt")}
+	e := newDriftEngine(0)
+	snap := snapshot(dnsPort("10.244.1.5:53"), kubernetesPort())
+	if res := e.check(snap, rules, time.Unix(1, 0)); len(res.drifting) != 1 {
+		t.Fatalf("fresh view: drifting %+v, want kube-dns", res.drifting)
+	}
+	snap.Fresh = false
+	res := e.check(snap, rules, time.Unix(2, 0))
+	if res.fresh || res.checked != 0 || len(res.drifting) != 0 {
+		t.Errorf("stale view: %+v, want nothing compared", res)
+	}
+	if len(e.since) != 0 {
+		t.Errorf("grace periods kept across a stale view: %v", e.since)
+	}
+}
+
+func TestDriftPerFamily(t *testing.T) {
+	rules := map[bool]programmedRules{false: loadRules(t, "kube-proxy-nat.txt")} // no IPv6 rules read
+	e := newDriftEngine(0)
+	sp := dnsPort("10.244.1.5:53", "10.244.2.6:53", "10.244.3.7:53", "[fd00::5]:53")
+	sp.ClusterIPs = append(sp.ClusterIPs, netip.MustParseAddr("fd00:96::a"))
+	// The IPv6 endpoint is not compared with the IPv4 chain, and IPv6 was not read.
+	if res := e.check(snapshot(sp, kubernetesPort()), rules, time.Unix(1, 0)); len(res.drifting) != 0 {
+		t.Errorf("drifting %+v: an IPv6 endpoint was compared with IPv4 rules", res.drifting)
+	}
+}
+
+type fakeView struct{ snap *cluster.Snapshot }
+
+func (f fakeView) Snapshot() *cluster.Snapshot { return f.snap }
+
+func TestCollectorExposition(t *testing.T) {
+	nat, err := os.ReadFile("testdata/kube-proxy-nat.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	view := fakeView{snapshot(dnsPort("10.244.1.5:53", "10.244.2.6:53", "10.244.4.1:53", "10.244.4.2:53"), kubernetesPort())}
+	c, err := New(Config{View: view, ProcPath: t.TempDir(), CheckInterval: time.Second, GracePeriod: 0, MaxSeries: 10, CommandTimeout: time.Second}, promslog.NewNopLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.reader.ipvsActive = func() bool { return false }
+	c.reader.lookPath = func(bin string) (string, error) { return "/usr/sbin/" + bin, nil }
+	c.reader.run = func(_ context.Context, name string, args ...string) ([]byte, error) {
+		if strings.HasSuffix(name, "/iptables-nft-save") {
+			return nat, nil
+		}
+		return nil, errors.New("exit status 1")
+	}
+	c.now = func() time.Time { return time.Unix(5000, 0) }
+	c.check(context.Background())
+
+	want := `
+# HELP proxyhealth_proxy_mode kube-proxy's mode on this node, found from its rules: 1 for the mode in use (iptables, nftables, ipvs, or none when there are no kube-proxy rules).
+# TYPE proxyhealth_proxy_mode gauge
+proxyhealth_proxy_mode{mode="iptables"} 1
+proxyhealth_proxy_mode{mode="ipvs"} 0
+proxyhealth_proxy_mode{mode="nftables"} 0
+proxyhealth_proxy_mode{mode="none"} 0
+# HELP proxyhealth_rules_endpoints_missing Endpoints in the API but not in kube-proxy's rules past the grace period, over all service ports.
+# TYPE proxyhealth_rules_endpoints_missing gauge
+proxyhealth_rules_endpoints_missing 2
+# HELP proxyhealth_rules_endpoints_stale Endpoints in kube-proxy's rules but not in the API past the grace period, over all service ports.
+# TYPE proxyhealth_rules_endpoints_stale gauge
+proxyhealth_rules_endpoints_stale 1
+# HELP proxyhealth_rules_services_checked Service ports whose programmed endpoints were compared with the API in the last check (0 while the exporter's API view is not fresh).
+# TYPE proxyhealth_rules_services_checked gauge
+proxyhealth_rules_services_checked 2
+# HELP proxyhealth_rules_services_drifted Service ports with endpoints that have differed between kube-proxy's rules and the API for longer than --rules.grace-period.
+# TYPE proxyhealth_rules_services_drifted gauge
+proxyhealth_rules_services_drifted 1
+# HELP proxyhealth_service_drift_endpoints Endpoints of one drifting service port that are stale (in the rules, not in the API) or missing (in the API, not in the rules) past the grace period. Only drifting service ports have series, at most --rules.max-service-series.
+# TYPE proxyhealth_service_drift_endpoints gauge
+proxyhealth_service_drift_endpoints{kind="missing",protocol="udp",service_name="kube-dns",service_namespace="kube-system",service_port="53"} 2
+proxyhealth_service_drift_endpoints{kind="stale",protocol="udp",service_name="kube-dns",service_namespace="kube-system",service_port="53"} 1
+# HELP proxyhealth_api_view_fresh 1 while the exporter's own API view is synced and recently heard from; drift is only reported while it is.
+# TYPE proxyhealth_api_view_fresh gauge
+proxyhealth_api_view_fresh 1
+`
+	if err := testutil.CollectAndCompare(collectorAdapter{c}, strings.NewReader(want),
+		"proxyhealth_proxy_mode", "proxyhealth_rules_endpoints_missing", "proxyhealth_rules_endpoints_stale",
+		"proxyhealth_rules_services_checked", "proxyhealth_rules_services_drifted", "proxyhealth_service_drift_endpoints",
+		"proxyhealth_api_view_fresh"); err != nil {
+		t.Error(err)
+	}
+
+	// The cap: no per-service series, the drifting port counted as unlisted.
+	c.cfg.MaxSeries = 0
+	if n := testutil.CollectAndCount(collectorAdapter{c}, "proxyhealth_service_drift_endpoints"); n != 0 {
+		t.Errorf("%d per-service series with a cap of 0", n)
+	}
+	if v := testutil.ToFloat64(onlyMetric{c, "proxyhealth_rules_drift_unlisted"}); v != 1 {
+		t.Errorf("proxyhealth_rules_drift_unlisted = %v, want 1", v)
+	}
+}
+
+func TestReaderNeverAsksAboutMissingLegacyTables(t *testing.T) {
+	var ran []string
+	rd := newReader(t.TempDir(), time.Second) // no net/ip_tables_names: no legacy tables
+	rd.ipvsActive = func() bool { return false }
+	rd.lookPath = func(bin string) (string, error) { return "/usr/sbin/" + bin, nil }
+	rd.run = func(_ context.Context, name string, args ...string) ([]byte, error) {
+		ran = append(ran, filepath.Base(name))
+		return nil, errors.New("exit status 1: no such table")
+	}
+	res, err := rd.read(context.Background(), true)
+	if err == nil && res.mode == modeIPTables {
+		t.Fatalf("read = %+v, want no iptables rules", res)
+	}
+	for _, r := range ran {
+		if strings.Contains(r, "legacy") {
+			t.Errorf("ran %v: asked iptables-legacy about a table that does not exist (that creates it)", ran)
+		}
+	}
+}
+
+func TestReaderModes(t *testing.T) {
+	rd := newReader(t.TempDir(), time.Second)
+	rd.lookPath = func(bin string) (string, error) { return "/usr/sbin/" + bin, nil }
+	rd.ipvsActive = func() bool { return true }
+	if res, err := rd.read(context.Background(), false); err != nil || res.mode != modeIPVS {
+		t.Errorf("with kube-ipvs0: %+v %v, want ipvs", res, err)
+	}
+	rd.ipvsActive = func() bool { return false }
+	rd.run = func(_ context.Context, name string, args ...string) ([]byte, error) {
+		if strings.HasSuffix(name, "/nft") {
+			return []byte("table ip kube-proxy {\n}\n"), nil
+		}
+		return []byte("*nat\n:PREROUTING ACCEPT [0:0]\nCOMMIT\n"), nil
+	}
+	if res, err := rd.read(context.Background(), false); err != nil || res.mode != modeNFTables {
+		t.Errorf("with table ip kube-proxy: %+v %v, want nftables", res, err)
+	}
+	rd.run = func(_ context.Context, name string, args ...string) ([]byte, error) {
+		if strings.HasSuffix(name, "/nft") {
+			return nil, errors.New("exit status 1: Error: No such file or directory")
+		}
+		return []byte("*nat\n:PREROUTING ACCEPT [0:0]\nCOMMIT\n"), nil // what iptables-nft-save prints without a nat table
+	}
+	if res, err := rd.read(context.Background(), false); err != nil || res.mode != modeNone {
+		t.Errorf("nothing: %+v %v, want none", res, err)
+	}
+	rd.run = func(_ context.Context, name string, args ...string) ([]byte, error) {
+		return nil, errors.New("exit status 4: Permission denied (you must be root)")
+	}
+	if _, err := rd.read(context.Background(), false); err == nil || !strings.Contains(err.Error(), "Permission denied") {
+		t.Errorf("refused: error %v, want the refusal passed on", err)
+	}
+}
+
+// collectorAdapter and onlyMetric adapt the collector for testutil.
+type collectorAdapter struct{ c *Collector }
+
+func (a collectorAdapter) Describe(ch chan<- *prometheus.Desc) { a.c.Describe(ch) }
+func (a collectorAdapter) Collect(ch chan<- prometheus.Metric) { _ = a.c.Update(ch) }
+
+type onlyMetric struct {
+	c    *Collector
+	name string
+}
+
+func (o onlyMetric) Describe(ch chan<- *prometheus.Desc) {}
+func (o onlyMetric) Collect(ch chan<- prometheus.Metric) {
+	all := make(chan prometheus.Metric, 100)
+	_ = o.c.Update(all)
+	close(all)
+	for m := range all {
+		if strings.Contains(m.Desc().String(), `"`+o.name+`"`) {
+			ch <- m
+		}
+	}
+}
