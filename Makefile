@@ -4,7 +4,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo unkn
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X github.com/prometheus/common/version.Version=$(VERSION) -X github.com/prometheus/common/version.Revision=$(REVISION)
 
-.PHONY: all build test vet unit e2e bench-smoke
+.PHONY: all build test vet unit kube e2e bench-smoke
 
 all: build
 
@@ -22,7 +22,13 @@ vet:
 unit:
 	$(GO) test -race -count=1 ./...
 
-# The kernel lab: incidents 1 and 2 reproduced in network namespaces, asserted on real scrapes.
+# kube-apiserver and kube-proxy for the control-plane lab, built from test/kube (a separate
+# module) into a cache keyed by version; a no-op once built (the first build takes minutes).
+kube:
+	test/kube/build.sh
+
+# The kernel lab: incidents 1 and 2 reproduced in network namespaces, asserted on real scrapes;
+# the control-plane lab (etcd, kube-apiserver, kube-proxy) reproduces incident 3.
 e2e:
 	$(GO) test -tags e2e -count=1 -v ./test/e2e/
 
@@ -30,4 +36,4 @@ e2e:
 bench-smoke:
 	$(GO) run ./bench/conntrack-events --smoke
 
-test: vet unit e2e bench-smoke
+test: vet unit kube e2e bench-smoke

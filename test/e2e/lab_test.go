@@ -68,6 +68,13 @@ var nodeSysctls = []string{
 
 func newLab(t *testing.T) *Lab {
 	t.Helper()
+	return newLabRules(t, kubeProxyRules())
+}
+
+// newLabRules is newLab with the node namespace's initial rules (iptables-restore format) given:
+// the control-plane lab starts from labRawRules alone and lets the real kube-proxy write the rest.
+func newLabRules(t *testing.T, rules string) *Lab {
+	t.Helper()
 	requireLab(t)
 	var b [3]byte
 	if _, err := rand.Read(b[:]); err != nil {
@@ -121,7 +128,7 @@ func newLab(t *testing.T) *Lab {
 	l.MustExecInput(l.C, cNftRules, "nft", "-f", "-")
 
 	l.MustExec(l.Node, append([]string{"sysctl", "-qw"}, nodeSysctls...)...)
-	l.IptablesRestore(kubeProxyRules())
+	l.IptablesRestore(rules)
 
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -142,6 +149,18 @@ const cNftRules = `table ip lab {
 }
 `
 
+// labRawRules leaves loopback (and the bridge's IGMP reports) untracked so that the lab's own
+// scrapes, and the control plane's loopback traffic, add no flows, events or INVALID packets to
+// what the scenarios count.
+const labRawRules = `*raw
+:PREROUTING ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+-A PREROUTING -i lo -j NOTRACK
+-A OUTPUT -o lo -j NOTRACK
+-A OUTPUT -p igmp -j NOTRACK
+COMMIT
+`
+
 // chainHash is kube-proxy's chain name suffix (pkg/proxy/iptables: servicePortChainNameBase and
 // servicePortEndpointChainName): base32 of sha256 over the service port name, the lower-case
 // protocol and, for an endpoint chain, the endpoint, cut to 16 characters.
@@ -155,9 +174,7 @@ func chainHash(parts ...string) string {
 // lab/web-remote:http (port 80) with endpoint C on the remote node. A plain DNAT for plainVIP,
 // outside KUBE-SERVICES, stands for a DNAT no Service owns. There is deliberately no
 // "--ctstate INVALID -j DROP" rule in KUBE-FORWARD: that is incident 2's condition.
-//
-// The raw table leaves loopback (and the bridge's IGMP reports) untracked so that the lab's own
-// scrapes add no flows, events or INVALID packets to what the scenarios count.
+// The raw table is labRawRules.
 func kubeProxyRules() string {
 	type svc struct {
 		name, vip string
@@ -186,14 +203,7 @@ func kubeProxyRules() string {
 			fmt.Fprintf(&rules, "-A %s -p tcp -m comment --comment \"%s\" -m tcp -j DNAT --to-destination %s\n", sepChain, s.name, ep)
 		}
 	}
-	return `*raw
-:PREROUTING ACCEPT [0:0]
-:OUTPUT ACCEPT [0:0]
--A PREROUTING -i lo -j NOTRACK
--A OUTPUT -o lo -j NOTRACK
--A OUTPUT -p igmp -j NOTRACK
-COMMIT
-*filter
+	return labRawRules + `*filter
 :INPUT ACCEPT [0:0]
 :FORWARD ACCEPT [0:0]
 :OUTPUT ACCEPT [0:0]

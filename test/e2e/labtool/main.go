@@ -9,6 +9,9 @@
 //	get <url> [--timeout 5s]                 HTTP GET, print the body (how the lab scrapes)
 //	send-invalid <ip:port> [--count N]       send N crafted TCP SYN+FIN packets from a raw socket;
 //	                                         conntrack marks every one INVALID
+//	fault-proxy <listen> --to <addr> --control <addr>
+//	                                         TCP proxy that black-holes and heals on command
+//	                                         (faultproxy.go)
 package main
 
 import (
@@ -52,6 +55,12 @@ func main() {
 		count := fs.Int("count", 1, "packets to send")
 		_ = fs.Parse(rest)
 		err = sendInvalid(target, *count)
+	case "fault-proxy":
+		fs := flag.NewFlagSet(cmd, flag.ExitOnError)
+		to := fs.String("to", "", "upstream address")
+		control := fs.String("control", "", "control endpoint address (HTTP)")
+		_ = fs.Parse(rest)
+		err = runFaultProxy(target, *to, *control)
 	default:
 		usage()
 	}
@@ -62,7 +71,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: labtool serve-tcp|connect|get|send-invalid <addr|url> [flags]")
+	fmt.Fprintln(os.Stderr, "usage: labtool serve-tcp|connect|get|send-invalid|fault-proxy <addr|url> [flags]")
 	os.Exit(2)
 }
 
