@@ -20,11 +20,16 @@ import (
 
 	"github.com/alecthomas/kingpin/v2"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/proxyhealth/proxyhealth/internal/cluster"
 )
 
 // Config holds the collector's settings; AddFlags binds them to command-line flags.
 type Config struct {
 	ProcPath string // filled by the exporter from --path.procfs
+	// API is the exporter's view of the Kubernetes API, the preferred source of Service
+	// attribution; nil without one (kube-proxy's rules are read instead).
+	API cluster.View
 
 	UnrepliedAfter         time.Duration
 	MaxTrackedFlows        int
@@ -309,13 +314,27 @@ func (v *attributionView) attribute(orig, reply *tuple) seriesKey {
 	return seriesKey{svc: svc, proto: orig.proto, reason: v.net.classify(orig.src, reply.src)}
 }
 
+// refreshViewLoop keeps the attribution view current: the node's bridges and routes and, without
+// a synced API view, kube-proxy's KUBE-SERVICES rules every ServiceRefreshInterval; with one,
+// the Service map is rebuilt whenever the API view publishes a new snapshot (looked at every
+// second, a pointer comparison).
 func (c *Collector) refreshViewLoop(ctx context.Context) {
-	t := time.NewTicker(c.cfg.ServiceRefreshInterval)
-	defer t.Stop()
-	var lastNetErr string
-	for {
-		ln, err := loadLocalNet()
-		if err != nil {
+	slow := time.NewTicker(c.cfg.ServiceRefreshInterval)
+	defer slow.Stop()
+	fast := time.NewTicker(time.Second)
+	defer fast.Stop()
+	var (
+		lastNetErr string
+		ln         *localNet
+		fromRules  ServiceMap = emptyServiceMap{}
+		lastSnap   *cluster.Snapshot
+		fromAPI    ServiceMap
+		usingAPI   bool
+		dirty      = true // the view must be stored anew
+	)
+	reload := func() {
+		var err error
+		if ln, err = loadLocalNet(); err != nil {
 			if err.Error() != lastNetErr {
 				c.logger.Warn("cannot read the node's bridges and routes; endpoints will be classed remote", "err", err)
 			}
@@ -324,11 +343,32 @@ func (c *Collector) refreshViewLoop(ctx context.Context) {
 		} else {
 			lastNetErr = ""
 		}
-		c.view.Store(&attributionView{services: c.services.load(ctx), net: ln})
+		if c.cfg.API == nil || !c.cfg.API.Snapshot().Synced {
+			fromRules = c.services.load(ctx)
+		}
+		dirty = true
+	}
+	reload()
+	for {
+		services, api := fromRules, false
+		if c.cfg.API != nil {
+			if snap := c.cfg.API.Snapshot(); snap.Synced {
+				if snap != lastSnap {
+					fromAPI, lastSnap, dirty = apiServiceMap(snap), snap, true
+				}
+				services, api = fromAPI, true
+			}
+		}
+		if dirty || api != usingAPI {
+			c.view.Store(&attributionView{services: services, net: ln})
+			dirty, usingAPI = false, api
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-slow.C:
+			reload()
+		case <-fast.C:
 		}
 	}
 }
@@ -366,7 +406,7 @@ var (
 	overflowLabels        = []string{"protocol", "reason"}
 	unrepliedUnlistedDesc = prometheus.NewDesc("proxyhealth_conntrack_unreplied_flows_unlisted_total", "Unreplied flows of Service ports left out of the per-service series by --conntrack.max-service-series.", overflowLabels, nil)
 	openUnlistedDesc      = prometheus.NewDesc("proxyhealth_conntrack_open_unreplied_flows_unlisted", "Open unreplied flows of Service ports left out of the per-service series by --conntrack.max-service-series.", overflowLabels, nil)
-	servicesKnownDesc     = newDesc("service_ports_known", "Service ports the exporter can attribute flows to (from kube-proxy's KUBE-SERVICES rules); 0 means every flow is no_service.")
+	servicesKnownDesc     = newDesc("service_ports_known", "Service addresses (cluster IP, port, protocol) the exporter can attribute flows to, from its API view or, without a synced one, from kube-proxy's KUBE-SERVICES rules; 0 means every flow is no_service.")
 )
 
 func newDesc(name, help string) *prometheus.Desc {

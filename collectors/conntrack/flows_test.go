@@ -10,6 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/promslog"
 	"golang.org/x/sys/unix"
+
+	"github.com/proxyhealth/proxyhealth/internal/cluster"
 )
 
 var webService = Service{Namespace: "lab", Name: "web", Port: 80}
@@ -224,5 +226,27 @@ func TestTrackerSilentFlows(t *testing.T) {
 	}
 	if s := tr.snapshot(0, view); s.tracked != 0 || len(s.unreplied) != 1 || s.unreplied[0].value != 1 {
 		t.Errorf("end: tracked %d unreplied %+v, want 0 tracked and flow 3 counted", s.tracked, s.unreplied)
+	}
+}
+
+type staticView struct{ snap *cluster.Snapshot }
+
+func (v staticView) Snapshot() *cluster.Snapshot { return v.snap }
+
+func TestAPIServiceMap(t *testing.T) {
+	snap := &cluster.Snapshot{Synced: true, Ports: []cluster.ServicePort{{
+		Name:       cluster.ServicePortName{Namespace: "kube-system", Name: "kube-dns", Port: "dns", Protocol: "UDP"},
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("fd00:96::a")},
+		Port:       53,
+	}}}
+	m := apiServiceMap(staticView{snap}.Snapshot())
+	want := Service{Namespace: "kube-system", Name: "kube-dns", Port: 53}
+	for _, ip := range []string{"10.96.0.10", "fd00:96::a"} {
+		if got, ok := m.Lookup(netip.MustParseAddr(ip), 53, 17); !ok || got != want {
+			t.Errorf("Lookup(%s:53/udp) = %+v, %v; want %+v", ip, got, ok, want)
+		}
+	}
+	if _, ok := m.Lookup(netip.MustParseAddr("10.96.0.10"), 53, 6); ok {
+		t.Error("Lookup(10.96.0.10:53/tcp) found the UDP port")
 	}
 }

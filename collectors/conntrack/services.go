@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/proxyhealth/proxyhealth/internal/cluster"
 	"github.com/proxyhealth/proxyhealth/internal/iptables"
 )
 
@@ -32,6 +33,22 @@ func (m serviceMap) Lookup(addr netip.Addr, port uint16, proto uint8) (Service, 
 }
 
 func (m serviceMap) Len() int { return len(m) }
+
+// apiServiceMap maps each cluster IP, port and protocol of the API view to its Service.
+func apiServiceMap(snap *cluster.Snapshot) serviceMap {
+	m := make(serviceMap, len(snap.Ports))
+	for i := range snap.Ports {
+		sp := &snap.Ports[i]
+		proto, ok := protocolNumbers[strings.ToLower(sp.Name.Protocol)]
+		if !ok {
+			continue
+		}
+		for _, ip := range sp.ClusterIPs {
+			m[serviceKey{ip.Unmap(), sp.Port, proto}] = Service{Namespace: sp.Name.Namespace, Name: sp.Name.Name, Port: sp.Port}
+		}
+	}
+	return m
+}
 
 type emptyServiceMap struct{}
 
