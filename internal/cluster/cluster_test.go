@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -19,7 +20,12 @@ import (
 	"k8s.io/utils/ptr"
 )
 
-func testLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+func testLogger() *slog.Logger {
+	if os.Getenv("CLUSTER_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
 
 // startFake runs a Cluster on a fake clientset holding objs and returns it once synced.
 func startFake(t *testing.T, objs ...runtime.Object) (*Cluster, *fake.Clientset) {
@@ -100,14 +106,14 @@ func TestClusterInformers(t *testing.T) {
 	headless := service("db", func(s *corev1.Service) {
 		s.Spec.ClusterIP, s.Spec.ClusterIPs = corev1.ClusterIPNone, []string{corev1.ClusterIPNone}
 	})
-	webSlice := epSlice("web-1", "web", ipv4, http,
+	webSlice := epSlice("web-1", "web", ipv4, httpPort,
 		apiEP("10.0.1.1", "node-a", zoneHint("zone-a")), apiEP("10.0.1.2", "node-b", zoneHint("zone-b")))
-	headlessSlice := epSlice("web-headless", "web", ipv4, http, apiEP("10.0.9.9", ""))
+	headlessSlice := epSlice("web-headless", "web", ipv4, httpPort, apiEP("10.0.9.9", ""))
 	headlessSlice.Labels[corev1.IsHeadlessService] = ""
 	c, client := startFake(t, node("node-a", "zone-b"), node("node-b", "zone-a"),
 		proxied, otherProxy, headless, webSlice, headlessSlice,
-		epSlice("mesh-1", "mesh", ipv4, http, apiEP("10.0.2.1", "")),
-		epSlice("db-1", "db", ipv4, http, apiEP("10.0.3.1", "")))
+		epSlice("mesh-1", "mesh", ipv4, httpPort, apiEP("10.0.2.1", "")),
+		epSlice("db-1", "db", ipv4, httpPort, apiEP("10.0.3.1", "")))
 	ctx := context.Background()
 
 	// Zone hints for zone-b, this node's zone; the headless-labelled slice is left out.
@@ -137,7 +143,7 @@ func TestClusterInformers(t *testing.T) {
 			t.Fatal(err)
 		}
 		portsAre(t, c, "ns/api:http/TCP=|", "ns/web:http/TCP=10.0.1.1:8080|")
-		s := epSlice("api-1", "api", ipv4, http, apiEP("10.0.4.1", "node-a"), apiEP("10.0.4.2", "node-b"))
+		s := epSlice("api-1", "api", ipv4, httpPort, apiEP("10.0.4.1", "node-a"), apiEP("10.0.4.2", "node-b"))
 		if _, err := client.DiscoveryV1().EndpointSlices("ns").Create(ctx, s, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -145,7 +151,7 @@ func TestClusterInformers(t *testing.T) {
 	})
 
 	t.Run("slice changed: endpoint terminating", func(t *testing.T) {
-		s := epSlice("web-1", "web", ipv4, http,
+		s := epSlice("web-1", "web", ipv4, httpPort,
 			apiEP("10.0.1.1", "node-a", terminating, zoneHint("zone-a")), apiEP("10.0.1.2", "node-b", zoneHint("zone-b")))
 		if _, err := client.DiscoveryV1().EndpointSlices("ns").Update(ctx, s, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
@@ -155,7 +161,7 @@ func TestClusterInformers(t *testing.T) {
 	})
 
 	t.Run("second slice added, then first deleted", func(t *testing.T) {
-		s := epSlice("web-2", "web", ipv4, http, apiEP("10.0.1.3", "node-b"))
+		s := epSlice("web-2", "web", ipv4, httpPort, apiEP("10.0.1.3", "node-b"))
 		if _, err := client.DiscoveryV1().EndpointSlices("ns").Create(ctx, s, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -223,7 +229,7 @@ func TestTransformsKeepWhatServicePortsReads(t *testing.T) {
 		s.Spec.Ports[0].TargetPort.StrVal = "http"
 		s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "192.0.2.1", IPMode: ptr.To(corev1.LoadBalancerIPModeProxy)}, {Hostname: "lb.example"}}
 	})
-	sl := epSlice("s-1", "s", ipv4, http,
+	sl := epSlice("s-1", "s", ipv4, httpPort,
 		apiEP("10.0.1.1", "node-a", zoneHint("zone-a"), nodeHint("node-a"), func(e *discoveryv1.Endpoint) {
 			e.TargetRef = &corev1.ObjectReference{Kind: "Pod", Name: "s-abc"}
 			e.Hostname = ptr.To("s-abc")

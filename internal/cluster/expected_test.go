@@ -99,9 +99,9 @@ func nodeHint(n ...string) func(*discoveryv1.Endpoint) {
 }
 
 var (
-	ipv4 = discoveryv1.AddressTypeIPv4
-	ipv6 = discoveryv1.AddressTypeIPv6
-	http = []discoveryv1.EndpointPort{slicePort("http", 8080, corev1.ProtocolTCP)}
+	ipv4     = discoveryv1.AddressTypeIPv4
+	ipv6     = discoveryv1.AddressTypeIPv6
+	httpPort = []discoveryv1.EndpointPort{slicePort("http", 8080, corev1.ProtocolTCP)}
 )
 
 // want is one expected service port: name "port/PROTO", endpoint lists.
@@ -125,7 +125,7 @@ func TestServicePorts(t *testing.T) {
 		svc: service("s", func(s *corev1.Service) {
 			s.Spec.ClusterIP, s.Spec.ClusterIPs = corev1.ClusterIPNone, []string{corev1.ClusterIPNone}
 		}),
-		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http, apiEP("10.0.0.1", ""))},
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, httpPort, apiEP("10.0.0.1", ""))},
 	}, {
 		name: "ExternalName Service is skipped even with a cluster IP",
 		svc:  service("s", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeExternalName }),
@@ -136,7 +136,7 @@ func TestServicePorts(t *testing.T) {
 		name: "single endpoint, port from the slice",
 		svc:  service("s"),
 		slices: []*discoveryv1.EndpointSlice{
-			epSlice("s-1", "s", ipv4, http, apiEP("10.0.0.1", "node-a"), apiEP("10.0.0.2", "node-b")),
+			epSlice("s-1", "s", ipv4, httpPort, apiEP("10.0.0.1", "node-a"), apiEP("10.0.0.2", "node-b")),
 		},
 		node: "node-a",
 		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.0.1:8080", "10.0.0.2:8080")}},
@@ -184,8 +184,8 @@ func TestServicePorts(t *testing.T) {
 		name: "two slices, same port: union",
 		svc:  service("s"),
 		slices: []*discoveryv1.EndpointSlice{
-			epSlice("s-1", "s", ipv4, http, apiEP("10.0.1.1", ""), apiEP("10.0.1.2", ""), apiEP("10.0.1.3", "")),
-			epSlice("s-2", "s", ipv4, http, apiEP("10.0.2.1", ""), apiEP("10.0.2.2", ""), apiEP("10.0.2.3", "")),
+			epSlice("s-1", "s", ipv4, httpPort, apiEP("10.0.1.1", ""), apiEP("10.0.1.2", ""), apiEP("10.0.1.3", "")),
+			epSlice("s-2", "s", ipv4, httpPort, apiEP("10.0.2.1", ""), apiEP("10.0.2.2", ""), apiEP("10.0.2.3", "")),
 		},
 		want: []want{{port: "http", proto: "TCP", cluster: addrs(
 			"10.0.1.1:8080", "10.0.1.2:8080", "10.0.1.3:8080", "10.0.2.1:8080", "10.0.2.2:8080", "10.0.2.3:8080")}},
@@ -193,23 +193,23 @@ func TestServicePorts(t *testing.T) {
 		name: "two overlapping slices: union without duplicates",
 		svc:  service("s"),
 		slices: []*discoveryv1.EndpointSlice{
-			epSlice("s-1", "s", ipv4, http, apiEP("10.0.1.1", ""), apiEP("10.0.1.2", ""), apiEP("10.0.1.3", "")),
-			epSlice("s-2", "s", ipv4, http, apiEP("10.0.1.1", ""), apiEP("10.0.1.2", ""), apiEP("10.0.1.3", ""), apiEP("10.0.1.4", "")),
+			epSlice("s-1", "s", ipv4, httpPort, apiEP("10.0.1.1", ""), apiEP("10.0.1.2", ""), apiEP("10.0.1.3", "")),
+			epSlice("s-2", "s", ipv4, httpPort, apiEP("10.0.1.1", ""), apiEP("10.0.1.2", ""), apiEP("10.0.1.3", ""), apiEP("10.0.1.4", "")),
 		},
 		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "10.0.1.2:8080", "10.0.1.3:8080", "10.0.1.4:8080")}},
 	}, {
 		name: "slices of other Services are not mixed in",
 		svc:  service("s"),
 		slices: []*discoveryv1.EndpointSlice{
-			epSlice("s-1", "s", ipv4, http, apiEP("10.0.1.1", "")),
-			epSlice("t-1", "t", ipv4, http, apiEP("10.0.2.1", "")),
+			epSlice("s-1", "s", ipv4, httpPort, apiEP("10.0.1.1", "")),
+			epSlice("t-1", "t", ipv4, httpPort, apiEP("10.0.2.1", "")),
 		},
 		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080")}},
 	}, {
 		name: "same IP with two ports across slices (targetPort change): both",
 		svc:  service("s"),
 		slices: []*discoveryv1.EndpointSlice{
-			epSlice("s-1", "s", ipv4, http, apiEP("10.0.1.1", ""), apiEP("10.0.1.2", "")),
+			epSlice("s-1", "s", ipv4, httpPort, apiEP("10.0.1.1", ""), apiEP("10.0.1.2", "")),
 			epSlice("s-2", "s", ipv4, []discoveryv1.EndpointPort{slicePort("http", 9090, corev1.ProtocolTCP)}, apiEP("10.0.1.1", ""), apiEP("10.0.1.2", "")),
 		},
 		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "10.0.1.1:9090", "10.0.1.2:8080", "10.0.1.2:9090")}},
@@ -217,7 +217,7 @@ func TestServicePorts(t *testing.T) {
 		name: "duplicate endpoint: the non-terminating copy wins",
 		svc:  service("s"),
 		slices: []*discoveryv1.EndpointSlice{
-			epSlice("s-1", "s", ipv4, http,
+			epSlice("s-1", "s", ipv4, httpPort,
 				apiEP("10.0.1.1", "", terminating),
 				apiEP("10.0.1.1", ""),
 				apiEP("10.0.1.1", "", func(e *discoveryv1.Endpoint) { notReady(e); e.Conditions.Terminating = ptr.To(true) }),
@@ -229,21 +229,21 @@ func TestServicePorts(t *testing.T) {
 		name: "duplicate endpoint across slices: a terminating copy does not replace a ready one",
 		svc:  service("s"),
 		slices: []*discoveryv1.EndpointSlice{
-			epSlice("s-2", "s", ipv4, http, apiEP("10.0.1.1", "", terminating), apiEP("10.0.1.2", "", terminating)),
-			epSlice("s-1", "s", ipv4, http, apiEP("10.0.1.1", "")),
+			epSlice("s-2", "s", ipv4, httpPort, apiEP("10.0.1.1", "", terminating), apiEP("10.0.1.2", "", terminating)),
+			epSlice("s-1", "s", ipv4, httpPort, apiEP("10.0.1.1", "")),
 		},
 		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080")}},
 	}, {
 		name: "conditions unset mean ready and serving (API semantics)",
 		svc:  service("s"),
-		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, httpPort,
 			apiEP("10.0.1.1", "", func(e *discoveryv1.Endpoint) { e.Conditions = discoveryv1.EndpointConditions{} }),
 			apiEP("10.0.1.2", "", notReady))},
 		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080")}},
 	}, {
 		name: "no ready endpoint: serving-terminating ones are used",
 		svc:  service("s"),
-		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, httpPort,
 			apiEP("10.0.1.1", "", terminating),
 			apiEP("10.0.1.2", "", notReady),
 			apiEP("10.0.1.3", "", func(e *discoveryv1.Endpoint) { notReady(e); e.Conditions.Terminating = ptr.To(true) }))},
@@ -251,7 +251,7 @@ func TestServicePorts(t *testing.T) {
 	}, {
 		name: "endpoint without address or with a bad one is ignored; only the first address counts; leading zeros accepted",
 		svc:  service("s"),
-		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, httpPort,
 			discoveryv1.Endpoint{},
 			apiEP("not-an-ip", ""),
 			apiEP("010.000.001.001", ""),
@@ -261,7 +261,7 @@ func TestServicePorts(t *testing.T) {
 		name: "internalTrafficPolicy Local: only this node's endpoints, no cluster chain",
 		svc:  service("s", itpLocal),
 		node: "node-a",
-		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, httpPort,
 			apiEP("10.0.1.1", "node-a"), apiEP("10.0.1.2", "node-b"), apiEP("10.0.1.3", ""), apiEP("10.0.1.4", "node-a", terminating))},
 		want:  []want{{port: "http", proto: "TCP", local: addrs("10.0.1.1:8080")}},
 		check: func(t *testing.T, got []ServicePort) { mustBool(t, "InternalLocal", got[0].InternalLocal, true) },
@@ -269,13 +269,13 @@ func TestServicePorts(t *testing.T) {
 		name: "internalTrafficPolicy Local: local terminating fallback though remote endpoints are ready",
 		svc:  service("s", itpLocal),
 		node: "node-a",
-		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, httpPort,
 			apiEP("10.0.1.1", "node-b"), apiEP("10.0.1.4", "node-a", terminating))},
 		want: []want{{port: "http", proto: "TCP", local: addrs("10.0.1.4:8080")}},
 	}, {
 		name: "internalTrafficPolicy Local with no node name: nothing is local",
 		svc:  service("s", itpLocal),
-		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, httpPort,
 			apiEP("10.0.1.1", ""), apiEP("10.0.1.2", "node-b"))},
 		want: []want{{port: "http", proto: "TCP"}},
 	}, {
@@ -285,7 +285,7 @@ func TestServicePorts(t *testing.T) {
 			s.Spec.Ports[0].NodePort = 30080
 		}),
 		node: "node-a",
-		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, httpPort,
 			apiEP("10.0.1.1", "node-a"), apiEP("10.0.1.2", "node-b"))},
 		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "10.0.1.2:8080"), local: addrs("10.0.1.1:8080")}},
 	}, {
@@ -296,7 +296,7 @@ func TestServicePorts(t *testing.T) {
 			s.Spec.Ports[0].NodePort = 30080
 		}),
 		node: "node-a",
-		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, httpPort,
 			apiEP("10.0.1.1", "node-a"), apiEP("10.0.1.2", "node-b"))},
 		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "10.0.1.2:8080"), local: addrs("10.0.1.1:8080")}},
 		check: func(t *testing.T, got []ServicePort) {
@@ -311,7 +311,7 @@ func TestServicePorts(t *testing.T) {
 			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "192.0.2.1"}}
 		}),
 		node: "node-a",
-		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, httpPort,
 			apiEP("10.0.1.1", "node-a"), apiEP("10.0.1.2", "node-b"))},
 		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "10.0.1.2:8080"), local: addrs("10.0.1.1:8080")}},
 	}, {
@@ -322,21 +322,21 @@ func TestServicePorts(t *testing.T) {
 			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "192.0.2.1", IPMode: ptr.To(corev1.LoadBalancerIPModeProxy)}}
 		}),
 		node: "node-a",
-		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, httpPort,
 			apiEP("10.0.1.1", "node-a"), apiEP("10.0.1.2", "node-b"))},
 		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "10.0.1.2:8080")}},
 	}, {
 		name: "externalTrafficPolicy Local on a plain ClusterIP Service is ignored",
 		svc:  service("s", func(s *corev1.Service) { s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal }),
 		node: "node-a",
-		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, httpPort,
 			apiEP("10.0.1.1", "node-a"), apiEP("10.0.1.2", "node-b"))},
 		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "10.0.1.2:8080")}},
 	}, {
 		name: "zone hints for this zone",
 		svc:  service("s"),
 		zone: "zone-a",
-		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, httpPort,
 			apiEP("10.0.1.1", "", zoneHint("zone-a")), apiEP("10.0.1.2", "", zoneHint("zone-b")),
 			apiEP("10.0.1.3", "", notReady))}, // unready endpoints need no hints
 		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080")}},
@@ -345,21 +345,21 @@ func TestServicePorts(t *testing.T) {
 		svc:  service("s"),
 		zone: "zone-a",
 		slices: []*discoveryv1.EndpointSlice{
-			epSlice("s-1", "s", ipv4, http, apiEP("10.0.1.1", "", zoneHint("zone-a")), apiEP("10.0.1.2", "", zoneHint("zone-b"))),
-			epSlice("s-2", "s", ipv4, http, apiEP("10.0.1.3", "")),
+			epSlice("s-1", "s", ipv4, httpPort, apiEP("10.0.1.1", "", zoneHint("zone-a")), apiEP("10.0.1.2", "", zoneHint("zone-b"))),
+			epSlice("s-2", "s", ipv4, httpPort, apiEP("10.0.1.3", "")),
 		},
 		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "10.0.1.2:8080", "10.0.1.3:8080")}},
 	}, {
 		name: "zone hints ignored when none names this node's zone",
 		svc:  service("s"),
 		zone: "zone-c",
-		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, httpPort,
 			apiEP("10.0.1.1", "", zoneHint("zone-a")), apiEP("10.0.1.2", "", zoneHint("zone-b")))},
 		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "10.0.1.2:8080")}},
 	}, {
 		name: "zone hints ignored when the node has no zone label",
 		svc:  service("s"),
-		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, httpPort,
 			apiEP("10.0.1.1", "", zoneHint("zone-a")), apiEP("10.0.1.2", "", zoneHint("zone-b")))},
 		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "10.0.1.2:8080")}},
 	}, {
@@ -367,7 +367,7 @@ func TestServicePorts(t *testing.T) {
 		svc:  service("s"),
 		node: "node-a",
 		zone: "zone-a",
-		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, httpPort,
 			apiEP("10.0.1.1", "node-a", zoneHint("zone-a"), nodeHint("node-a")),
 			apiEP("10.0.1.2", "node-b", zoneHint("zone-a"), nodeHint("node-b")),
 			apiEP("10.0.1.3", "node-c", zoneHint("zone-b"), nodeHint("node-c")))},
@@ -377,7 +377,7 @@ func TestServicePorts(t *testing.T) {
 		svc:  service("s"),
 		node: "node-x",
 		zone: "zone-a",
-		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, httpPort,
 			apiEP("10.0.1.1", "node-a", zoneHint("zone-a"), nodeHint("node-a")),
 			apiEP("10.0.1.2", "node-b", zoneHint("zone-a"), nodeHint("node-b")),
 			apiEP("10.0.1.3", "node-c", zoneHint("zone-b"), nodeHint("node-c")))},
@@ -386,16 +386,16 @@ func TestServicePorts(t *testing.T) {
 		name: "hints with all endpoints terminating: no topology, terminating ones used",
 		svc:  service("s"),
 		zone: "zone-a",
-		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, http,
+		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, httpPort,
 			apiEP("10.0.1.1", "", terminating, zoneHint("zone-a")), apiEP("10.0.1.2", "", terminating, zoneHint("zone-b")))},
 		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "10.0.1.2:8080")}},
 	}, {
 		name: "single-stack IPv4 Service: IPv6 and FQDN slices ignored",
 		svc:  service("s"),
 		slices: []*discoveryv1.EndpointSlice{
-			epSlice("s-1", "s", ipv4, http, apiEP("10.0.1.1", "")),
-			epSlice("s-2", "s", ipv6, http, apiEP("fd00::1", "")),
-			epSlice("s-3", "s", discoveryv1.AddressTypeFQDN, http, apiEP("example.com", "")),
+			epSlice("s-1", "s", ipv4, httpPort, apiEP("10.0.1.1", "")),
+			epSlice("s-2", "s", ipv6, httpPort, apiEP("fd00::1", "")),
+			epSlice("s-3", "s", discoveryv1.AddressTypeFQDN, httpPort, apiEP("example.com", "")),
 		},
 		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080")}},
 	}, {
@@ -404,8 +404,8 @@ func TestServicePorts(t *testing.T) {
 			s.Spec.ClusterIP, s.Spec.ClusterIPs, s.Spec.IPFamilies = "fd00::10", nil, nil
 		}),
 		slices: []*discoveryv1.EndpointSlice{
-			epSlice("s-1", "s", ipv4, http, apiEP("10.0.1.1", "")),
-			epSlice("s-2", "s", ipv6, http, apiEP("fd00::1", "")),
+			epSlice("s-1", "s", ipv4, httpPort, apiEP("10.0.1.1", "")),
+			epSlice("s-2", "s", ipv6, httpPort, apiEP("fd00::1", "")),
 		},
 		want: []want{{port: "http", proto: "TCP", cluster: addrs("[fd00::1]:8080")}},
 		check: func(t *testing.T, got []ServicePort) {
@@ -421,8 +421,8 @@ func TestServicePorts(t *testing.T) {
 			s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol, corev1.IPv4Protocol}
 		}),
 		slices: []*discoveryv1.EndpointSlice{
-			epSlice("s-a", "s", ipv4, http, apiEP("10.0.1.1", "")),
-			epSlice("s-b", "s", ipv6, http, apiEP("fd00::1", ""), apiEP("fd00::2", "")),
+			epSlice("s-a", "s", ipv4, httpPort, apiEP("10.0.1.1", "")),
+			epSlice("s-b", "s", ipv6, httpPort, apiEP("fd00::1", ""), apiEP("fd00::2", "")),
 		},
 		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "[fd00::1]:8080", "[fd00::2]:8080")}},
 		check: func(t *testing.T, got []ServicePort) {
@@ -436,16 +436,16 @@ func TestServicePorts(t *testing.T) {
 		svc:  service("s", dualStack),
 		zone: "zone-a",
 		slices: []*discoveryv1.EndpointSlice{
-			epSlice("s-a", "s", ipv4, http, apiEP("10.0.1.1", "", zoneHint("zone-a")), apiEP("10.0.1.2", "", zoneHint("zone-b"))),
-			epSlice("s-b", "s", ipv6, http, apiEP("fd00::1", "", zoneHint("zone-a")), apiEP("fd00::2", "")),
+			epSlice("s-a", "s", ipv4, httpPort, apiEP("10.0.1.1", "", zoneHint("zone-a")), apiEP("10.0.1.2", "", zoneHint("zone-b"))),
+			epSlice("s-b", "s", ipv6, httpPort, apiEP("fd00::1", "", zoneHint("zone-a")), apiEP("fd00::2", "")),
 		},
 		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "[fd00::1]:8080", "[fd00::2]:8080")}},
 	}, {
 		name: "dual stack: terminating fallback decided per family",
 		svc:  service("s", dualStack),
 		slices: []*discoveryv1.EndpointSlice{
-			epSlice("s-a", "s", ipv4, http, apiEP("10.0.1.1", "", terminating), apiEP("10.0.1.2", "", notReady)),
-			epSlice("s-b", "s", ipv6, http, apiEP("fd00::1", ""), apiEP("fd00::2", "", terminating)),
+			epSlice("s-a", "s", ipv4, httpPort, apiEP("10.0.1.1", "", terminating), apiEP("10.0.1.2", "", notReady)),
+			epSlice("s-b", "s", ipv6, httpPort, apiEP("fd00::1", ""), apiEP("fd00::2", "", terminating)),
 		},
 		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "[fd00::1]:8080")}},
 	}, {
@@ -453,8 +453,8 @@ func TestServicePorts(t *testing.T) {
 		svc:  service("s", dualStack, itpLocal, func(s *corev1.Service) { s.Spec.ExternalIPs = []string{"192.0.2.7"} }),
 		node: "node-a",
 		slices: []*discoveryv1.EndpointSlice{
-			epSlice("s-a", "s", ipv4, http, apiEP("10.0.1.1", "node-a"), apiEP("10.0.1.2", "node-b")),
-			epSlice("s-b", "s", ipv6, http, apiEP("fd00::1", "node-a"), apiEP("fd00::2", "node-b")),
+			epSlice("s-a", "s", ipv4, httpPort, apiEP("10.0.1.1", "node-a"), apiEP("10.0.1.2", "node-b")),
+			epSlice("s-b", "s", ipv6, httpPort, apiEP("fd00::1", "node-a"), apiEP("fd00::2", "node-b")),
 		},
 		want: []want{{port: "http", proto: "TCP",
 			cluster: addrs("10.0.1.1:8080", "10.0.1.2:8080"),
