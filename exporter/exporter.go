@@ -42,7 +42,7 @@ func Main(args []string) int {
 		webConfig     = webflag.AddFlags(app, DefaultListenAddress)
 		paths         = addPathFlags(app)
 	)
-	regs := registrations(app, paths)
+	regs, api := registrations(app, paths)
 	promslogConfig := &promslog.Config{}
 	promslogflag.AddFlags(app, promslogConfig)
 	app.Version(version.Print("proxyhealth"))
@@ -57,6 +57,7 @@ func Main(args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
+	api.logger = logger
 	built := make(map[string]phcollectors.Collector)
 	for _, r := range regs {
 		if !*r.enabled {
@@ -75,6 +76,9 @@ func Main(args []string) int {
 			go runner.Run(ctx)
 		}
 		logger.Info("collector enabled", "collector", r.name)
+	}
+	if api.view != nil {
+		go api.view.Run(ctx)
 	}
 	set := newCollectorSet(built, logger)
 

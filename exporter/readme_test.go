@@ -61,7 +61,8 @@ var (
 func describedMetrics(t *testing.T) map[string]string {
 	t.Helper()
 	app := kingpin.New("test", "")
-	regs := registrations(app, addPathFlags(app))
+	regs, api := registrations(app, addPathFlags(app))
+	api.logger = promslog.NewNopLogger()
 	if _, err := app.Parse(nil); err != nil {
 		t.Fatal(err)
 	}

@@ -221,6 +221,15 @@ func (c *Collector) Update(ch chan<- prometheus.Metric) error {
 			gauge(lastHeardDesc, float64(snap.LastHeard.UnixNano())/1e9)
 		}
 		gauge(viewFreshDesc, boolFloat(snap.Fresh))
+		if !snap.Fresh {
+			// A stale own view is its own signal, never a false "kube-proxy is stale".
+			viewErr = errors.New("the exporter's API view is not fresh, so drift is not reported")
+			if withErr, ok := c.cfg.View.(interface{ LastError() error }); ok {
+				if err := withErr.LastError(); err != nil {
+					viewErr = fmt.Errorf("%w: %w", viewErr, err)
+				}
+			}
+		}
 	} else {
 		gauge(viewFreshDesc, 0)
 		viewErr = errNoAPI
