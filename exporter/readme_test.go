@@ -1,7 +1,6 @@
 package exporter
 
 import (
-	"bufio"
 	"os"
 	"regexp"
 	"sort"
@@ -12,40 +11,19 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	versioncollector "github.com/prometheus/client_golang/prometheus/collectors/version"
 	"github.com/prometheus/common/promslog"
+
+	"github.com/proxyhealth/proxyhealth/internal/metricsref"
 )
 
-// metricDoc is one row of the README's metrics reference.
-type metricDoc struct {
-	typ    string
-	labels string // sorted, comma-separated
-}
-
-// readmeMetrics parses the rows "| `proxyhealth_x` | type | `a`, `b` | meaning |".
-func readmeMetrics(t *testing.T) map[string]metricDoc {
+func readmeMetrics(t *testing.T) map[string]metricsref.Metric {
 	t.Helper()
 	f, err := os.Open("../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	row := regexp.MustCompile("^\\| `(proxyhealth_[a-z0-9_]+)` \\| (gauge|counter|histogram|summary) \\|\\s*([^|]*?)\\s*\\|")
-	docs := map[string]metricDoc{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		m := row.FindStringSubmatch(sc.Text())
-		if m == nil {
-			continue
-		}
-		var labels []string
-		for _, l := range strings.Split(m[3], ",") {
-			if l = strings.Trim(strings.TrimSpace(l), "`"); l != "" {
-				labels = append(labels, l)
-			}
-		}
-		sort.Strings(labels)
-		docs[m[1]] = metricDoc{typ: m[2], labels: strings.Join(labels, ",")}
-	}
-	if err := sc.Err(); err != nil {
+	docs, err := metricsref.Parse(f)
+	if err != nil {
 		t.Fatal(err)
 	}
 	return docs
@@ -107,16 +85,16 @@ func TestReadmeDocumentsEveryMetric(t *testing.T) {
 		switch {
 		case !ok:
 			t.Errorf("%s{%s} is exported but not in the README's metrics reference", name, labels)
-		case doc.labels != labels:
-			t.Errorf("%s: README lists labels {%s}, the collector uses {%s}", name, doc.labels, labels)
+		case strings.Join(doc.Labels, ",") != labels:
+			t.Errorf("%s: README lists labels %v, the collector uses {%s}", name, doc.Labels, labels)
 		}
 	}
 	for name, doc := range docs {
 		if _, ok := described[name]; !ok {
 			t.Errorf("%s is in the README but no collector exports it", name)
 		}
-		if isCounter := doc.typ == "counter"; isCounter != strings.HasSuffix(name, "_total") {
-			t.Errorf("%s: documented as %s; counters and only counters end in _total", name, doc.typ)
+		if isCounter := doc.Type == "counter"; isCounter != strings.HasSuffix(name, "_total") {
+			t.Errorf("%s: documented as %s; counters and only counters end in _total", name, doc.Type)
 		}
 	}
 }

@@ -1,20 +1,17 @@
 package conntrack
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"net/netip"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
+	"github.com/proxyhealth/proxyhealth/internal/command"
 	"github.com/proxyhealth/proxyhealth/internal/iptables"
 )
 
@@ -77,39 +74,12 @@ func newKubeProxyServices(procPath string, logger *slog.Logger) *kubeProxyServic
 	return &kubeProxyServices{procPath: procPath, logger: logger, run: runCommand, lookPath: exec.LookPath}
 }
 
-// legacyNATExists reports whether the legacy (x_tables) nat table exists. It must be known
-// before asking iptables-legacy about it: naming a legacy table that does not exist makes the
-// kernel create it, and an empty legacy table on a node that uses the nft backend confuses the
-// backend detection of kube-proxy and of iptables itself.
-func legacyNATExists(procPath, bin string) (bool, error) {
-	names := "ip_tables_names"
-	if strings.HasPrefix(bin, "ip6") {
-		names = "ip6_tables_names"
-	}
-	b, err := os.ReadFile(filepath.Join(procPath, "net", names))
-	if errors.Is(err, fs.ErrNotExist) {
-		return false, nil // x_tables not loaded: no legacy table at all
-	}
-	if err != nil {
-		return false, fmt.Errorf("cannot tell whether %s has a nat table without creating one: %w", bin, err)
-	}
-	for _, name := range strings.Fields(string(b)) {
-		if name == "nat" {
-			return true, nil
-		}
-	}
-	return false, nil
-}
-
 func runCommand(ctx context.Context, name string, args ...string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	var stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
+	out, err := command.Run(ctx, name, args...)
 	if err != nil {
-		return nil, fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+		return nil, fmt.Errorf("%s %s: %w", name, strings.Join(args, " "), err)
 	}
 	return out, nil
 }
@@ -126,7 +96,7 @@ func (k *kubeProxyServices) load(ctx context.Context) ServiceMap {
 			continue
 		}
 		if strings.HasSuffix(bin, "-legacy") {
-			exists, err := legacyNATExists(k.procPath, bin)
+			exists, err := iptables.LegacyTableExists(k.procPath, strings.HasPrefix(bin, "ip6"), "nat")
 			if err != nil {
 				problems = append(problems, err.Error())
 			}

@@ -5,47 +5,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
+	"github.com/proxyhealth/proxyhealth/internal/command"
 	"github.com/proxyhealth/proxyhealth/internal/iptables"
 	"github.com/proxyhealth/proxyhealth/internal/nft"
 )
 
-// CommandRunner runs a command and returns its standard output. The error of a command that
-// ran and failed should carry its standard error, which says why (e.g. "Permission denied (you
-// must be root)").
-type CommandRunner func(ctx context.Context, name string, args ...string) ([]byte, error)
+// CommandRunner runs a command and returns its standard output; see command.Runner.
+type CommandRunner = command.Runner
 
 // ExecRunner runs commands with os/exec.
-func ExecRunner(ctx context.Context, name string, args ...string) ([]byte, error) {
-	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("%w (%v)", ctx.Err(), err)
-		}
-		if msg := strings.TrimSpace(stderr.String()); msg != "" {
-			return nil, fmt.Errorf("%w: %s", err, firstLines(msg, 3))
-		}
-		return nil, err
-	}
-	return stdout.Bytes(), nil
-}
-
-func firstLines(s string, n int) string {
-	lines := strings.SplitN(s, "\n", n+1)
-	if len(lines) > n {
-		lines = lines[:n]
-	}
-	return strings.Join(lines, "; ")
-}
+var ExecRunner CommandRunner = command.Run
 
 // backend is one source of forward-path rules.
 type backend struct {
@@ -53,12 +25,9 @@ type backend struct {
 	bin   string
 	args  []string
 	check func(out []byte) (bool, []string, error)
-	// tablesFile, when set, names the procfs file (net/ip_tables_names) listing the x_tables
-	// tables that exist. Such a backend is only asked about its filter table when that table
-	// exists: naming a legacy table that does not exist makes the kernel create it (empty, but
-	// it confuses the backend detection of kube-proxy and iptables), and reading must not
-	// change the node.
-	tablesFile string
+	// legacy backends are only asked about their filter table when it exists
+	// (iptables.LegacyTableExists): naming a missing legacy table makes the kernel create it.
+	legacy bool
 }
 
 // iptables-legacy-save is run with -t filter only when <procfs>/net/ip_tables_names lists the
@@ -66,29 +35,15 @@ type backend struct {
 // CAP_NET_RAW alone the legacy backend reports that it cannot tell, rather than risk creating
 // the table.
 var (
-	legacyBackend = backend{"iptables-legacy", "iptables-legacy-save", []string{"-t", "filter"}, iptablesForwardDrop, "ip_tables_names"}
-	nftBackend    = backend{"iptables-nft", "iptables-nft-save", []string{"-t", "filter"}, iptablesForwardDrop, ""}
+	legacyBackend = backend{"iptables-legacy", "iptables-legacy-save", []string{"-t", "filter"}, iptablesForwardDrop, true}
+	nftBackend    = backend{"iptables-nft", "iptables-nft-save", []string{"-t", "filter"}, iptablesForwardDrop, false}
 	// iptablesSave is used when neither split binary exists (an iptables build with only one
 	// backend); it reads whichever backend that build uses. Such a build is usually legacy, so
 	// it runs without -t: iptables-save then prints only the tables that exist (it reads
 	// ip_tables_names itself, and fails without root) and never creates one.
-	iptablesSave  = backend{"iptables", "iptables-save", nil, iptablesForwardDrop, ""}
-	nativeBackend = backend{"nftables", "nft", []string{"-j", "list", "ruleset"}, nftForwardDrop, ""}
+	iptablesSave  = backend{"iptables", "iptables-save", nil, iptablesForwardDrop, false}
+	nativeBackend = backend{"nftables", "nft", []string{"-j", "list", "ruleset"}, nftForwardDrop, false}
 )
-
-// filterTableExists reads the x_tables table list <procPath>/net/<file>. Without it (x_tables
-// not loaded) there is no legacy table, a certain answer; unreadable (it is readable by root
-// only) means the answer is unknown, an error.
-func filterTableExists(procPath, file string) (bool, error) {
-	b, err := os.ReadFile(filepath.Join(procPath, "net", file))
-	if errors.Is(err, fs.ErrNotExist) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("cannot tell whether a legacy filter table exists without creating one: %w", err)
-	}
-	return slices.Contains(strings.Fields(string(b)), "filter"), nil
-}
 
 // iptablesForwardDrop parses iptables-save output and looks for an INVALID drop
 // reachable from FORWARD.
@@ -178,7 +133,7 @@ func (r *rulesResult) err() error {
 }
 
 // checkRules runs every backend's command (each bounded by timeout) and evaluates its output. A
-// backend with a tablesFile is only run when procPath's table list shows its filter table exists.
+// legacy backend is only run when procPath's table list shows its filter table exists.
 func checkRules(ctx context.Context, procPath string, run CommandRunner, lookPath func(string) (string, error), timeout time.Duration, now func() time.Time) *rulesResult {
 	res := &rulesResult{}
 	_, legacyErr := lookPath(legacyBackend.bin)
@@ -197,8 +152,8 @@ func checkRules(ctx context.Context, procPath string, run CommandRunner, lookPat
 			res.backends = append(res.backends, br)
 			continue
 		}
-		if b.tablesFile != "" {
-			exists, err := filterTableExists(procPath, b.tablesFile)
+		if b.legacy {
+			exists, err := iptables.LegacyTableExists(procPath, false, "filter")
 			if err != nil || !exists {
 				// No table is a certain "no rule here"; an unreadable list is an error.
 				br.err = err

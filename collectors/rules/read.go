@@ -5,15 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
+	"github.com/proxyhealth/proxyhealth/internal/command"
 	"github.com/proxyhealth/proxyhealth/internal/iptables"
 )
 
@@ -27,17 +25,10 @@ const (
 
 var modes = []string{modeIPTables, modeNFTables, modeIPVS, modeNone}
 
-// commandRunner runs a command and returns its standard output; a failed command's error
-// carries its standard error.
-type commandRunner func(ctx context.Context, name string, args ...string) ([]byte, error)
-
-func execRunner(ctx context.Context, name string, args ...string) ([]byte, error) {
-	var stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
+func runCommand(ctx context.Context, name string, args ...string) ([]byte, error) {
+	out, err := command.Run(ctx, name, args...)
 	if err != nil {
-		return nil, fmt.Errorf("%s %s: %w: %s", filepath.Base(name), strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+		return nil, fmt.Errorf("%s %s: %w", filepath.Base(name), strings.Join(args, " "), err)
 	}
 	return out, nil
 }
@@ -46,13 +37,13 @@ func execRunner(ctx context.Context, name string, args ...string) ([]byte, error
 type reader struct {
 	procPath   string
 	timeout    time.Duration
-	run        commandRunner
+	run        command.Runner
 	lookPath   func(string) (string, error)
 	ipvsActive func() bool
 }
 
 func newReader(procPath string, timeout time.Duration) *reader {
-	return &reader{procPath: procPath, timeout: timeout, run: execRunner, lookPath: exec.LookPath, ipvsActive: ipvsInterfaceExists}
+	return &reader{procPath: procPath, timeout: timeout, run: runCommand, lookPath: exec.LookPath, ipvsActive: ipvsInterfaceExists}
 }
 
 // ipvsInterfaceExists: kube-proxy's IPVS mode binds service addresses to a dummy interface
@@ -122,7 +113,7 @@ func (rd *reader) readIPTables(ctx context.Context, fam iptablesFamily) (*iptabl
 		}
 		if bin == fam.legacySave {
 			// Naming a legacy table that does not exist makes the kernel create it.
-			exists, err := legacyTableExists(rd.procPath, fam.legacyTables, "nat")
+			exists, err := iptables.LegacyTableExists(rd.procPath, fam == ipv6Family, "nat")
 			if err != nil {
 				errs = append(errs, err)
 				continue
@@ -155,17 +146,6 @@ func (rd *reader) readIPTables(ctx context.Context, fam iptablesFamily) (*iptabl
 		return nil, "", errors.Join(errs...)
 	}
 	return best, bestBin, nil
-}
-
-func legacyTableExists(procPath, file, table string) (bool, error) {
-	b, err := os.ReadFile(filepath.Join(procPath, "net", file))
-	if errors.Is(err, fs.ErrNotExist) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("cannot tell whether a legacy %s table exists without creating one: %w", table, err)
-	}
-	return slices.Contains(strings.Fields(string(b)), table), nil
 }
 
 // nftKubeProxyTable reports whether kube-proxy's nftables mode table exists.

@@ -3,19 +3,18 @@
 package e2e
 
 import (
-	"bufio"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strings"
 	"testing"
 
 	dto "github.com/prometheus/client_model/go"
+	"github.com/proxyhealth/proxyhealth/internal/metricsref"
 )
 
-// readmeReference parses the README's metrics table: name -> "type {sorted labels}".
-func readmeReference(t *testing.T) map[string]string {
+// readmeReference reads the README's metrics table.
+func readmeReference(t *testing.T) map[string]metricsref.Metric {
 	t.Helper()
 	root, err := repoRoot()
 	if err != nil {
@@ -26,22 +25,9 @@ func readmeReference(t *testing.T) map[string]string {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	row := regexp.MustCompile("^\\| `(proxyhealth_[a-z0-9_]+)` \\| (gauge|counter|histogram|summary) \\|\\s*([^|]*?)\\s*\\|")
-	ref := map[string]string{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		m := row.FindStringSubmatch(sc.Text())
-		if m == nil {
-			continue
-		}
-		var labels []string
-		for _, l := range strings.Split(m[3], ",") {
-			if l = strings.Trim(strings.TrimSpace(l), "`"); l != "" {
-				labels = append(labels, l)
-			}
-		}
-		sort.Strings(labels)
-		ref[m[1]] = m[2] + " {" + strings.Join(labels, ",") + "}"
+	ref, err := metricsref.Parse(f)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return ref
 }
@@ -62,10 +48,10 @@ func testScrapeMatchesReadme(t *testing.T, s Scrape) {
 		typ := strings.ToLower(fam.GetType().String())
 		for _, m := range fam.GetMetric() {
 			got := typ + " {" + strings.Join(labelNames(m), ",") + "}"
-			if want, ok := ref[name]; !ok {
+			if doc, ok := ref[name]; !ok {
 				t.Errorf("%s (%s) is exported but not documented in README.md", name, got)
 				break
-			} else if got != want {
+			} else if want := doc.Signature(); got != want {
 				t.Errorf("%s: exported as %s, README.md says %s", name, got, want)
 				break
 			}
