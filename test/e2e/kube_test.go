@@ -1,0 +1,603 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// The control plane's fixed addresses, all on the node namespace's loopback. The namespace is
+// created by the test, so every port is free by construction.
+const (
+	etcdClientAddr   = "127.0.0.1:2379"
+	etcdPeerAddr     = "127.0.0.1:2380"
+	apiserverAddr    = "127.0.0.1:6443"
+	faultProxyAddr   = "127.0.0.1:6444" // kube-proxy's way to the apiserver
+	faultControlAddr = "127.0.0.1:6445" // the fault proxy's commands
+	kubeProxyMetrics = "127.0.0.1:10249"
+	kubeProxyHealthz = "127.0.0.1:10256"
+
+	serviceCIDR = "10.96.0.0/16"
+	clusterCIDR = "10.244.0.0/16"
+	labNodeName = "lab-node"
+	labNodeZone = "zone-a"
+)
+
+// requireKubeEnv makes a missing control plane a failure instead of a skip (CI sets it).
+const requireKubeEnv = "PROXYHEALTH_REQUIRE_KUBE"
+
+// kubeBins is where kube-apiserver and kube-proxy are: $PROXYHEALTH_KUBE_BIN, else
+// test/kube/build.sh's cache directory for the version test/kube/go.mod pins.
+type kubeBins struct {
+	Version                string
+	Etcd, APIServer, Proxy string
+}
+
+// findKube locates the control plane's binaries, or says what is missing and how to get it.
+func findKube() (kubeBins, error) {
+	var b kubeBins
+	root, err := repoRoot()
+	if err != nil {
+		return b, err
+	}
+	mod, err := os.ReadFile(filepath.Join(root, "test", "kube", "go.mod"))
+	if err != nil {
+		return b, err
+	}
+	m := regexp.MustCompile(`(?m)^require k8s\.io/kubernetes (v\S+)`).FindSubmatch(mod)
+	if m == nil {
+		return b, fmt.Errorf("test/kube/go.mod pins no k8s.io/kubernetes version")
+	}
+	b.Version = string(m[1])
+	dir := os.Getenv("PROXYHEALTH_KUBE_BIN")
+	if dir == "" {
+		cache := os.Getenv("PROXYHEALTH_KUBE_CACHE")
+		if cache == "" {
+			home, err := os.UserHomeDir()
+			if err != nil {
+				return b, err
+			}
+			cache = filepath.Join(home, ".cache", "proxyhealth", "kube")
+		}
+		dir = filepath.Join(cache, b.Version)
+	}
+	b.APIServer = filepath.Join(dir, "kube-apiserver")
+	b.Proxy = filepath.Join(dir, "kube-proxy")
+	for _, p := range []string{b.APIServer, b.Proxy} {
+		if _, err := os.Stat(p); err != nil {
+			return b, fmt.Errorf("%s missing; build it with test/kube/build.sh (or make kube; about 7 minutes the first time)", p)
+		}
+	}
+	if b.Etcd, err = exec.LookPath("etcd"); err != nil {
+		return b, fmt.Errorf("etcd not found; install: apt-get install -y etcd-server")
+	}
+	return b, nil
+}
+
+// requireKube skips (or, with PROXYHEALTH_REQUIRE_KUBE set, fails) when the control plane's
+// binaries are missing.
+func requireKube(t *testing.T) kubeBins {
+	t.Helper()
+	requireLab(t)
+	b, err := findKube()
+	if err != nil {
+		if os.Getenv(requireKubeEnv) != "" {
+			t.Fatalf("control-plane lab: %v (%s is set)", err, requireKubeEnv)
+		}
+		t.Skipf("control-plane lab: %v", err)
+	}
+	return b
+}
+
+// ControlPlane is a real etcd, kube-apiserver and (optionally) kube-proxy in a lab's node
+// namespace, with a fault proxy between kube-proxy and the apiserver. Every process is stopped
+// by pid in cleanup, before the lab's namespaces go.
+type ControlPlane struct {
+	t    *testing.T
+	Lab  *Lab
+	Bins kubeBins
+	Dir  string // certificates, tokens, kubeconfigs, etcd data
+
+	// Client is an admin client (system:masters) that talks to the apiserver directly, from
+	// the test process, through sockets opened in the node namespace (nsDialer).
+	Client kubernetes.Interface
+	// AdminKubeconfig and ProxyKubeconfig are kubeconfig files for processes started inside
+	// the node namespace: admin straight to the apiserver; kube-proxy's user through the fault
+	// proxy.
+	AdminKubeconfig, ProxyKubeconfig string
+	AdminToken, ProxyToken           string
+
+	Etcd, APIServer, FaultProxy, KubeProxy *proc
+}
+
+// ControlPlaneOptions shape StartControlPlane.
+type ControlPlaneOptions struct {
+	// NoKubeProxy leaves kube-proxy out; start it later with StartKubeProxy.
+	NoKubeProxy bool
+	// KubeProxy options; see StartKubeProxy.
+	KubeProxy KubeProxyOptions
+}
+
+// StartControlPlane starts etcd and kube-apiserver in l's node namespace, waits for /readyz,
+// creates the lab's Node object (InternalIP uplinkN, zone label) and, unless told otherwise,
+// starts the fault proxy and kube-proxy and waits for kube-proxy's first sync.
+func StartControlPlane(t *testing.T, l *Lab, opts ControlPlaneOptions) *ControlPlane {
+	t.Helper()
+	bins := requireKube(t)
+	start := time.Now()
+	cp := &ControlPlane{t: t, Lab: l, Bins: bins, Dir: t.TempDir()}
+	cp.AdminToken, cp.ProxyToken = randomToken(t), randomToken(t)
+	cp.writeCredentials()
+
+	cp.Etcd = l.Start(l.Node, "etcd", bins.Etcd,
+		"--name", "lab",
+		"--data-dir", filepath.Join(cp.Dir, "etcd"),
+		"--listen-client-urls", "http://"+etcdClientAddr,
+		"--advertise-client-urls", "http://"+etcdClientAddr,
+		"--listen-peer-urls", "http://"+etcdPeerAddr,
+		"--initial-advertise-peer-urls", "http://"+etcdPeerAddr,
+		"--initial-cluster", "lab=http://"+etcdPeerAddr,
+		"--heartbeat-interval", "50",
+		"--election-timeout", "500",
+		"--snapshot-count", "100000",
+		"--log-level", "warn",
+		"--logger", "zap",
+	)
+
+	cp.APIServer = l.Start(l.Node, "kube-apiserver", bins.APIServer,
+		"--etcd-servers", "http://"+etcdClientAddr,
+		"--bind-address", "127.0.0.1",
+		"--secure-port", strings.Split(apiserverAddr, ":")[1],
+		// The node namespace has no default route to pick an address from; the uplink is what
+		// the kubernetes Service's endpoint then points at.
+		"--advertise-address", uplinkN,
+		"--cert-dir", filepath.Join(cp.Dir, "apiserver-certs"),
+		"--token-auth-file", filepath.Join(cp.Dir, "tokens.csv"),
+		"--service-account-key-file", filepath.Join(cp.Dir, "sa.pub"),
+		"--service-account-signing-key-file", filepath.Join(cp.Dir, "sa.key"),
+		"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
+		"--authorization-mode", "RBAC",
+		"--service-cluster-ip-range", serviceCIDR,
+		"--enable-priority-and-fairness=false",
+		"--disable-admission-plugins", "ServiceAccount,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy,MutatingAdmissionPolicy,ResourceQuota,LimitRanger,StorageObjectInUseProtection,PersistentVolumeClaimResize,RuntimeClass,DefaultIngressClass",
+		"--profiling=false",
+		"--v", "1",
+	)
+
+	cfg := &rest.Config{
+		Host:            "https://" + apiserverAddr,
+		BearerToken:     cp.AdminToken,
+		TLSClientConfig: rest.TLSClientConfig{Insecure: true},
+		Dial:            nsDialer(l.Node),
+		QPS:             100,
+		Burst:           200,
+		Timeout:         10 * time.Second,
+		// Deprecation warnings are expected (the lab writes old shapes on purpose).
+		WarningHandler: rest.NoWarnings{},
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp.Client = client
+
+	waitFor(t, 90*time.Second, "kube-apiserver /readyz", func() (bool, string) {
+		if cp.APIServer.Exited() || cp.Etcd.Exited() {
+			t.Fatalf("etcd or kube-apiserver exited during startup")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		body, err := client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		if err != nil {
+			return false, fmt.Sprintf("%v: %s", err, body)
+		}
+		return true, ""
+	})
+	// The system namespaces come from a controller that runs after readyz can pass.
+	waitFor(t, 30*time.Second, "namespaces default and kube-system", func() (bool, string) {
+		for _, ns := range []string{"default", "kube-system"} {
+			if _, err := client.CoreV1().Namespaces().Get(context.Background(), ns, metav1.GetOptions{}); err != nil {
+				return false, err.Error()
+			}
+		}
+		return true, ""
+	})
+	cp.createNode()
+	t.Logf("control plane (etcd, kube-apiserver) ready in %s", time.Since(start).Round(time.Millisecond))
+
+	cp.FaultProxy = l.Start(l.Node, "fault-proxy", labtoolBin, "fault-proxy", faultProxyAddr,
+		"--to", apiserverAddr, "--control", faultControlAddr)
+	waitFor(t, 5*time.Second, "fault proxy ready", func() (bool, string) {
+		b, _ := os.ReadFile(cp.FaultProxy.log)
+		return strings.Contains(string(b), "ready"), string(b)
+	})
+
+	if !opts.NoKubeProxy {
+		cp.StartKubeProxy(opts.KubeProxy)
+	}
+	return cp
+}
+
+func randomToken(t *testing.T) string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// writeCredentials writes the token file (admin in system:masters; kube-proxy as
+// system:kube-proxy, which the apiserver's bootstrap policy binds to the ClusterRole
+// system:node-proxier), the service-account key pair and both kubeconfigs.
+func (cp *ControlPlane) writeCredentials() {
+	t := cp.t
+	write := func(name, content string, mode os.FileMode) string {
+		p := filepath.Join(cp.Dir, name)
+		if err := os.WriteFile(p, []byte(content), mode); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	write("tokens.csv", fmt.Sprintf("%s,admin,admin,\"system:masters\"\n%s,system:kube-proxy,kube-proxy,\n",
+		cp.AdminToken, cp.ProxyToken), 0o600)
+
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write("sa.key", string(pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)})), 0o600)
+	write("sa.pub", string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub})), 0o644)
+
+	kubeconfig := func(server, user, token string) string {
+		return fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: lab
+  cluster:
+    server: https://%s
+    insecure-skip-tls-verify: true
+users:
+- name: %s
+  user:
+    token: %s
+contexts:
+- name: lab
+  context:
+    cluster: lab
+    user: %s
+current-context: lab
+`, server, user, token, user)
+	}
+	cp.AdminKubeconfig = write("admin.kubeconfig", kubeconfig(apiserverAddr, "admin", cp.AdminToken), 0o600)
+	cp.ProxyKubeconfig = write("kube-proxy.kubeconfig", kubeconfig(faultProxyAddr, "kube-proxy", cp.ProxyToken), 0o600)
+}
+
+// createNode creates the lab's Node with an InternalIP in its status (kube-proxy waits for it)
+// and a zone label (topology hints).
+func (cp *ControlPlane) createNode() {
+	t := cp.t
+	ctx := context.Background()
+	node := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: labNodeName, Labels: map[string]string{
+			"kubernetes.io/hostname":        labNodeName,
+			"kubernetes.io/os":              "linux",
+			"topology.kubernetes.io/zone":   labNodeZone,
+			"topology.kubernetes.io/region": "lab",
+		}},
+		Spec: corev1.NodeSpec{PodCIDR: "10.244.1.0/24", PodCIDRs: []string{"10.244.1.0/24"}},
+	}
+	created, err := cp.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("creating node: %v", err)
+	}
+	created.Status.Addresses = []corev1.NodeAddress{
+		{Type: corev1.NodeInternalIP, Address: uplinkN},
+		{Type: corev1.NodeHostName, Address: labNodeName},
+	}
+	created.Status.Conditions = []corev1.NodeCondition{{
+		Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "Lab",
+		LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now(),
+	}}
+	if _, err := cp.Client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("setting node status: %v", err)
+	}
+}
+
+// KubeProxyOptions shape StartKubeProxy.
+type KubeProxyOptions struct {
+	// DefaultHTTP2Timeouts keeps client-go's HTTP/2 health check at its defaults (a PING after
+	// 30 s without a frame, connection dropped 15 s later). By default the lab shortens them to
+	// 5 s and 3 s (HTTP2_READ_IDLE_TIMEOUT_SECONDS, HTTP2_PING_TIMEOUT_SECONDS), so a dead
+	// connection is noticed in about 8 s instead of 45 s; the failure is the same.
+	DefaultHTTP2Timeouts bool
+	// Mode is the proxy mode; "" is iptables.
+	Mode string
+	// ExtraArgs are appended to kube-proxy's command line.
+	ExtraArgs []string
+}
+
+// StartKubeProxy starts kube-proxy in the node namespace, connected through the fault proxy,
+// and waits until it has programmed the default/kubernetes Service (its first sync).
+func (cp *ControlPlane) StartKubeProxy(opts KubeProxyOptions) {
+	t := cp.t
+	mode := opts.Mode
+	if mode == "" {
+		mode = "iptables"
+	}
+	args := []string{"env"}
+	if !opts.DefaultHTTP2Timeouts {
+		args = append(args, "HTTP2_READ_IDLE_TIMEOUT_SECONDS=5", "HTTP2_PING_TIMEOUT_SECONDS=3")
+	}
+	args = append(args, cp.Bins.Proxy,
+		"--kubeconfig", cp.ProxyKubeconfig,
+		"--hostname-override", labNodeName,
+		"--proxy-mode", mode,
+		"--cluster-cidr", clusterCIDR,
+		// In a non-root network namespace nf_conntrack_max cannot be set; 0 leaves it.
+		"--conntrack-max-per-core=0",
+		// Leave the lab's short conntrack timers alone.
+		"--conntrack-tcp-timeout-established=0",
+		"--conntrack-tcp-timeout-close-wait=0",
+		"--metrics-bind-address", kubeProxyMetrics,
+		"--healthz-bind-address", kubeProxyHealthz,
+		"--iptables-min-sync-period=0",
+		"--iptables-sync-period=30s",
+		"--v", "2",
+	)
+	args = append(args, opts.ExtraArgs...)
+	start := time.Now()
+	cp.KubeProxy = cp.Lab.Start(cp.Lab.Node, "kube-proxy", args...)
+	if mode == "iptables" {
+		want := "KUBE-SVC-" + chainHash("default/kubernetes:https", "tcp")
+		waitFor(t, 60*time.Second, "kube-proxy's first sync (default/kubernetes programmed)", func() (bool, string) {
+			if cp.KubeProxy.Exited() {
+				t.Fatalf("kube-proxy exited")
+			}
+			nat, _ := cp.Lab.Exec(cp.Lab.Node, "iptables-save", "-t", "nat")
+			return strings.Contains(nat, "-j "+want), ""
+		})
+		t.Logf("kube-proxy programmed its first sync in %s", time.Since(start).Round(time.Millisecond))
+	}
+}
+
+// faultCommand sends a command (blackhole, heal, reset, state) to the fault proxy and returns
+// its state line.
+func (cp *ControlPlane) faultCommand(cmd string) string {
+	t := cp.t
+	t.Helper()
+	resp, err := nsHTTPClient(cp.Lab.Node, 5*time.Second).Get("http://" + faultControlAddr + "/" + cmd)
+	if err != nil {
+		t.Fatalf("fault proxy %s: %v", cmd, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return strings.TrimSpace(string(b))
+}
+
+// Blackhole makes kube-proxy's connections to the apiserver dead: open, but silent.
+func (cp *ControlPlane) Blackhole() string { cp.t.Helper(); return cp.faultCommand("blackhole") }
+
+// Heal makes the fault proxy forward again.
+func (cp *ControlPlane) Heal() string { cp.t.Helper(); return cp.faultCommand("heal") }
+
+// ResetConnections closes every connection through the fault proxy.
+func (cp *ControlPlane) ResetConnections() string { cp.t.Helper(); return cp.faultCommand("reset") }
+
+// KubeProxyLog returns kube-proxy's output so far.
+func (cp *ControlPlane) KubeProxyLog() string {
+	b, _ := os.ReadFile(cp.KubeProxy.log)
+	return string(b)
+}
+
+// KubeProxyGet fetches a path from kube-proxy's metrics (10249) or healthz (10256) server.
+func (cp *ControlPlane) KubeProxyGet(addr, path string) (int, string, error) {
+	resp, err := nsHTTPClient(cp.Lab.Node, 5*time.Second).Get("http://" + addr + path)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+// IptablesSave returns `iptables-save -t table` of the node namespace.
+func (cp *ControlPlane) IptablesSave(table string) string {
+	cp.t.Helper()
+	return cp.Lab.MustExec(cp.Lab.Node, "iptables-save", "-t", table)
+}
+
+// ServicePortEndpoints reads from an `iptables-save -t nat` dump the endpoints (ip:port, sorted)
+// that kube-proxy programmed in the cluster chain of one service port, named the way kube-proxy
+// names it ("namespace/name:port", protocol lower case). found is false when KUBE-SERVICES does
+// not jump to that chain.
+func ServicePortEndpoints(nat, portName, protocol string) (eps []string, found bool) {
+	svc := "KUBE-SVC-" + chainHash(portName, protocol)
+	return chainEndpoints(nat, svc)
+}
+
+// LocalServicePortEndpoints is ServicePortEndpoints for the local chain (KUBE-SVL-*), which
+// internalTrafficPolicy: Local (and externalTrafficPolicy: Local) fill with this node's
+// endpoints.
+func LocalServicePortEndpoints(nat, portName, protocol string) (eps []string, found bool) {
+	svl := "KUBE-SVL-" + chainHash(portName, protocol)
+	return chainEndpoints(nat, svl)
+}
+
+var dnatRE = regexp.MustCompile(`-j DNAT --to-destination (\S+)`)
+
+func chainEndpoints(nat, chain string) ([]string, bool) {
+	var seps []string
+	found := false
+	for _, line := range strings.Split(nat, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 || f[0] != "-A" {
+			continue
+		}
+		if strings.HasSuffix(line, "-j "+chain) && (f[1] == "KUBE-SERVICES" || strings.HasPrefix(f[1], "KUBE-EXT-")) {
+			found = true
+		}
+		if f[1] == chain && strings.Contains(line, "-j KUBE-SEP-") {
+			seps = append(seps, f[len(f)-1])
+		}
+	}
+	eps := []string{}
+	for _, sep := range seps {
+		for _, line := range strings.Split(nat, "\n") {
+			if strings.HasPrefix(line, "-A "+sep+" ") {
+				if m := dnatRE.FindStringSubmatch(line); m != nil {
+					eps = append(eps, m[1])
+				}
+			}
+		}
+	}
+	sort.Strings(eps)
+	return eps, found
+}
+
+// WaitServicePortEndpoints polls the node's nat table until the service port's cluster chain
+// holds exactly want (any order) and returns the dump that matched.
+func (cp *ControlPlane) WaitServicePortEndpoints(timeout time.Duration, portName, protocol string, want []string) string {
+	cp.t.Helper()
+	want = sortedCopy(want)
+	var nat string
+	waitFor(cp.t, timeout, fmt.Sprintf("%s/%s programmed with %d endpoints", portName, protocol, len(want)), func() (bool, string) {
+		if cp.KubeProxy != nil && cp.KubeProxy.Exited() {
+			cp.t.Fatalf("kube-proxy exited")
+		}
+		nat = cp.IptablesSave("nat")
+		got, found := ServicePortEndpoints(nat, portName, protocol)
+		return found && equalStrings(got, want), fmt.Sprintf("found=%v endpoints=%v", found, got)
+	})
+	return nat
+}
+
+func sortedCopy(s []string) []string {
+	c := append([]string(nil), s...)
+	sort.Strings(c)
+	return c
+}
+
+func equalStrings(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// Object helpers for scenarios. There is no controller manager: the test writes Services and
+// EndpointSlices itself.
+
+// LabEndpoint is one endpoint of an EndpointSlice the test writes.
+type LabEndpoint struct {
+	IP       string
+	NodeName string // "" for none
+	Zone     string
+	NotReady bool
+}
+
+// EnsureNamespace creates a namespace if it does not exist.
+func (cp *ControlPlane) EnsureNamespace(name string) {
+	cp.t.Helper()
+	_, err := cp.Client.CoreV1().Namespaces().Create(context.Background(),
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	if err != nil && !strings.Contains(err.Error(), "already exists") {
+		cp.t.Fatalf("creating namespace %s: %v", name, err)
+	}
+}
+
+// CreateService creates svc (its namespace too, if needed).
+func (cp *ControlPlane) CreateService(svc *corev1.Service) *corev1.Service {
+	cp.t.Helper()
+	cp.EnsureNamespace(svc.Namespace)
+	out, err := cp.Client.CoreV1().Services(svc.Namespace).Create(context.Background(), svc, metav1.CreateOptions{})
+	if err != nil {
+		cp.t.Fatalf("creating service %s/%s: %v", svc.Namespace, svc.Name, err)
+	}
+	return out
+}
+
+// EndpointSlice builds an IPv4 EndpointSlice of service ns/svc with the given ports and
+// endpoints, labelled the way the endpointslice controller labels its slices.
+func EndpointSlice(ns, svc, name string, ports []discoveryv1.EndpointPort, eps []LabEndpoint) *discoveryv1.EndpointSlice {
+	s := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{
+			discoveryv1.LabelServiceName: svc,
+			discoveryv1.LabelManagedBy:   "proxyhealth-e2e",
+		}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       ports,
+	}
+	for _, e := range eps {
+		ready := !e.NotReady
+		ep := discoveryv1.Endpoint{
+			Addresses:  []string{e.IP},
+			Conditions: discoveryv1.EndpointConditions{Ready: &ready, Serving: &ready, Terminating: ptrTo(false)},
+		}
+		if e.NodeName != "" {
+			ep.NodeName = ptrTo(e.NodeName)
+		}
+		if e.Zone != "" {
+			ep.Zone = ptrTo(e.Zone)
+		}
+		s.Endpoints = append(s.Endpoints, ep)
+	}
+	return s
+}
+
+// SlicePort is one EndpointSlice port.
+func SlicePort(name string, proto corev1.Protocol, port int32) discoveryv1.EndpointPort {
+	return discoveryv1.EndpointPort{Name: ptrTo(name), Protocol: ptrTo(proto), Port: ptrTo(port)}
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+// ApplySlice creates the EndpointSlice, or replaces its ports and endpoints if it exists.
+func (cp *ControlPlane) ApplySlice(s *discoveryv1.EndpointSlice) *discoveryv1.EndpointSlice {
+	cp.t.Helper()
+	ctx := context.Background()
+	api := cp.Client.DiscoveryV1().EndpointSlices(s.Namespace)
+	cur, err := api.Get(ctx, s.Name, metav1.GetOptions{})
+	if err != nil {
+		out, err := api.Create(ctx, s, metav1.CreateOptions{})
+		if err != nil {
+			cp.t.Fatalf("creating EndpointSlice %s/%s: %v", s.Namespace, s.Name, err)
+		}
+		return out
+	}
+	cur.Ports, cur.Endpoints, cur.Labels = s.Ports, s.Endpoints, s.Labels
+	out, err := api.Update(ctx, cur, metav1.UpdateOptions{})
+	if err != nil {
+		cp.t.Fatalf("updating EndpointSlice %s/%s: %v", s.Namespace, s.Name, err)
+	}
+	return out
+}
