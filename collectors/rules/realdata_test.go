@@ -19,8 +19,8 @@ import (
 func realCapture(t *testing.T) (*iptablesRules, *cluster.Snapshot) {
 	t.Helper()
 	var objs struct {
-		Node           corev1.Node                `json:"node"`
-		Services       []corev1.Service           `json:"services"`
+		Node           corev1.Node                 `json:"node"`
+		Services       []corev1.Service            `json:"services"`
 		EndpointSlices []discoveryv1.EndpointSlice `json:"endpointSlices"`
 	}
 	b, err := os.ReadFile("testdata/kube-proxy-v1.36.3/api-objects.json")
