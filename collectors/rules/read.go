@@ -40,10 +40,17 @@ type reader struct {
 	run        command.Runner
 	lookPath   func(string) (string, error)
 	ipvsActive func() bool
+	generation func() (uint32, error)
+
+	// The last read, reused while the nftables generation it was read at still holds.
+	last     *readResult
+	lastGen  uint32
+	lastIPv6 bool
+	reused   uint64
 }
 
 func newReader(procPath string, timeout time.Duration) *reader {
-	return &reader{procPath: procPath, timeout: timeout, run: runCommand, lookPath: exec.LookPath, ipvsActive: ipvsInterfaceExists}
+	return &reader{procPath: procPath, timeout: timeout, run: runCommand, lookPath: exec.LookPath, ipvsActive: ipvsInterfaceExists, generation: nftGeneration}
 }
 
 // ipvsInterfaceExists: kube-proxy's IPVS mode binds service addresses to a dummy interface
@@ -74,8 +81,37 @@ type readResult struct {
 // of IPv6. An error means the mode or rules could not be read.
 func (rd *reader) read(ctx context.Context, wantIPv6 bool) (readResult, error) {
 	if rd.ipvsActive() {
+		rd.last = nil
 		return readResult{mode: modeIPVS}, nil
 	}
+	gen, cacheable := rd.cacheKey()
+	if cacheable && rd.last != nil && rd.lastGen == gen && rd.lastIPv6 == wantIPv6 {
+		rd.reused++
+		return *rd.last, nil
+	}
+	res, err := rd.readNow(ctx, wantIPv6)
+	rd.last = nil
+	if err == nil && cacheable {
+		rd.last, rd.lastGen, rd.lastIPv6 = &res, gen, wantIPv6
+	}
+	return res, err
+}
+
+// cacheKey returns the nftables generation, and whether a read may be reused while it holds:
+// not when a legacy nat table exists (legacy changes do not move nftables' generation) or the
+// generation cannot be read.
+func (rd *reader) cacheKey() (uint32, bool) {
+	for _, ipv6 := range []bool{false, true} {
+		if exists, err := iptables.LegacyTableExists(rd.procPath, ipv6, "nat"); exists || err != nil {
+			return 0, false
+		}
+	}
+	gen, err := rd.generation()
+	return gen, err == nil
+}
+
+// readNow reads the mode and rules (see read).
+func (rd *reader) readNow(ctx context.Context, wantIPv6 bool) (readResult, error) {
 	v4, backend, err := rd.readIPTables(ctx, ipv4Family)
 	if err != nil {
 		return readResult{}, err

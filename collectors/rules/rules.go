@@ -65,8 +65,9 @@ type Collector struct {
 	engine *driftEngine
 	now    func() time.Time
 
-	checkErrors uint64 // guarded by mu
 	mu          sync.Mutex
+	checkErrors uint64
+	readsReused uint64
 	last        *checkResult // nil until the first check
 	lastNote    string
 }
@@ -127,6 +128,9 @@ func (c *Collector) check(ctx context.Context) {
 	}
 	res.duration = c.now().Sub(start)
 	c.noteMode(rr, err)
+	c.mu.Lock()
+	c.readsReused = c.reader.reused
+	c.mu.Unlock()
 	c.publish(&res)
 }
 
@@ -192,6 +196,7 @@ var (
 	checkDurationDesc = newDesc("rules_check_duration_seconds", "How long the last drift check took (reading the rules and comparing).")
 	lastCheckDesc     = newDesc("rules_last_check_timestamp_seconds", "When the last drift check ran.")
 	checkErrorsDesc   = newDesc("rules_check_errors_total", "Drift checks that failed to read kube-proxy's rules or the API view.")
+	readsReusedDesc   = newDesc("rules_reads_reused_total", "Drift checks that reused the last read of the rules because the nftables ruleset generation had not moved (iptables-nft backend); the comparison with the API still ran.")
 	lastHeardDesc     = prometheus.NewDesc("proxyhealth_api_last_heard_timestamp_seconds", "When the exporter's own API view last heard from the API server (a watch event or a probe on the same connection).", nil, nil)
 	viewFreshDesc     = prometheus.NewDesc("proxyhealth_api_view_fresh", "1 while the exporter's own API view is synced and recently heard from; drift is only reported while it is.", nil, nil)
 )
@@ -204,7 +209,7 @@ func newDesc(name, help string) *prometheus.Desc {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{modeDesc, servicesCheckedDesc, servicesDriftedDesc, endpointsStaleDesc,
 		endpointsMissDesc, serviceDriftDesc, driftUnlistedDesc, driftAgeDesc, orphanChainsDesc, checkDurationDesc,
-		lastCheckDesc, checkErrorsDesc, lastHeardDesc, viewFreshDesc} {
+		lastCheckDesc, checkErrorsDesc, readsReusedDesc, lastHeardDesc, viewFreshDesc} {
 		ch <- d
 	}
 }
@@ -236,9 +241,10 @@ func (c *Collector) Update(ch chan<- prometheus.Metric) error {
 	}
 
 	c.mu.Lock()
-	res, errorsTotal := c.last, c.checkErrors
+	res, errorsTotal, reused := c.last, c.checkErrors, c.readsReused
 	c.mu.Unlock()
 	ch <- prometheus.MustNewConstMetric(checkErrorsDesc, prometheus.CounterValue, float64(errorsTotal))
+	ch <- prometheus.MustNewConstMetric(readsReusedDesc, prometheus.CounterValue, float64(reused))
 	if res == nil {
 		return viewErr // no check yet
 	}

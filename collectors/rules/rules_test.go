@@ -182,6 +182,7 @@ func TestCollectorExposition(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.reader.ipvsActive = func() bool { return false }
+	c.reader.generation = func() (uint32, error) { return 1, nil }
 	c.reader.lookPath = func(bin string) (string, error) { return "/usr/sbin/" + bin, nil }
 	c.reader.run = func(_ context.Context, name string, args ...string) ([]byte, error) {
 		if strings.HasSuffix(name, "/iptables-nft-save") {
@@ -258,6 +259,7 @@ func TestReaderNeverAsksAboutMissingLegacyTables(t *testing.T) {
 
 func TestReaderModes(t *testing.T) {
 	rd := newReader(t.TempDir(), time.Second)
+	rd.generation = func() (uint32, error) { return 0, errors.New("no generation: read every time") }
 	rd.lookPath = func(bin string) (string, error) { return "/usr/sbin/" + bin, nil }
 	rd.ipvsActive = func() bool { return true }
 	if res, err := rd.read(context.Background(), false); err != nil || res.mode != modeIPVS {
@@ -310,5 +312,52 @@ func (o onlyMetric) Collect(ch chan<- prometheus.Metric) {
 		if strings.Contains(m.Desc().String(), `"`+o.name+`"`) {
 			ch <- m
 		}
+	}
+}
+
+func TestReaderReusesUnchangedRules(t *testing.T) {
+	nat, err := os.ReadFile("testdata/kube-proxy-nat.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	proc := t.TempDir()
+	rd := newReader(proc, time.Second)
+	rd.ipvsActive = func() bool { return false }
+	rd.lookPath = func(bin string) (string, error) { return "/usr/sbin/" + bin, nil }
+	saves := 0
+	rd.run = func(_ context.Context, name string, args ...string) ([]byte, error) {
+		saves++
+		return nat, nil
+	}
+	gen := uint32(7)
+	rd.generation = func() (uint32, error) { return gen, nil }
+	read := func() {
+		t.Helper()
+		if res, err := rd.read(context.Background(), false); err != nil || res.mode != modeIPTables {
+			t.Fatalf("read: %+v %v", res, err)
+		}
+	}
+	read()
+	read()
+	if saves != 1 || rd.reused != 1 {
+		t.Errorf("unchanged generation: %d saves, %d reused; want 1 and 1", saves, rd.reused)
+	}
+	gen++
+	read()
+	if saves != 2 {
+		t.Errorf("moved generation: %d saves, want 2", saves)
+	}
+	// A legacy nat table: its changes do not move nftables' generation, so never reuse.
+	if err := os.MkdirAll(filepath.Join(proc, "net"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(proc, "net", "ip_tables_names"), []byte("nat\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before := saves
+	read()
+	read()
+	if saves-before < 2 {
+		t.Errorf("with a legacy nat table: %d saves for 2 reads, want every read to save", saves-before)
 	}
 }
