@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-// FuzzParse checks that no input makes Parse or InvalidDropReachable panic.
+// FuzzParse checks that no input makes Parse, InvalidDropReachable or the rule readers panic.
 func FuzzParse(f *testing.F) {
 	files, err := filepath.Glob(filepath.Join("testdata", "*.json"))
 	if err != nil {
@@ -34,6 +34,8 @@ func FuzzParse(f *testing.F) {
 			for _, c := range tb.Chains {
 				for _, r := range c.Rules {
 					_ = r.String()
+					r.DNATTargets()
+					r.JumpTargets()
 				}
 			}
 		}
