@@ -36,6 +36,29 @@ func readmeReference(t *testing.T) map[string]metricsref.Metric {
 // the type the exporter really sends, and the label names of every series.
 func testScrapeMatchesReadme(t *testing.T, s Scrape) {
 	ref := readmeReference(t)
+	seen := checkScrapeSignatures(t, s, ref)
+	// The lab has driven every path of the node-local collectors: every documented family must
+	// have appeared but those that only exist in some states: the overflow series (the cap is
+	// not reached), the open-flow gauge (no flow is open by now; the incident tests saw it), and
+	// what needs an API server or a drifting service (the control-plane scenarios see those).
+	conditional := map[string]bool{
+		openUnreplied:                                  true,
+		"proxyhealth_service_drift_endpoints":          true,
+		"proxyhealth_api_last_heard_timestamp_seconds": true,
+	}
+	for name := range ref {
+		if _, ok := s[name]; !ok && !strings.Contains(name, "_unlisted") && !conditional[name] {
+			t.Errorf("%s is documented but was not in the scrape", name)
+		}
+	}
+	t.Logf("%d proxyhealth_ families checked against README.md", seen)
+}
+
+// checkScrapeSignatures checks every proxyhealth_ family of s against the README's reference:
+// the type the exporter really sends, and the label names of every series. It returns how many
+// families it checked.
+func checkScrapeSignatures(t *testing.T, s Scrape, ref map[string]metricsref.Metric) int {
+	t.Helper()
 	if len(ref) == 0 {
 		t.Fatal("no metrics reference found in README.md")
 	}
@@ -57,21 +80,7 @@ func testScrapeMatchesReadme(t *testing.T, s Scrape) {
 			}
 		}
 	}
-	// The lab has driven every path of the node-local collectors: every documented family must
-	// have appeared but those that only exist in some states: the overflow series (the cap is
-	// not reached), the open-flow gauge (no flow is open by now; the incident tests saw it), and
-	// what needs an API server or a drifting service (the control-plane scenarios see those).
-	conditional := map[string]bool{
-		openUnreplied: true,
-		"proxyhealth_service_drift_endpoints":          true,
-		"proxyhealth_api_last_heard_timestamp_seconds": true,
-	}
-	for name := range ref {
-		if _, ok := s[name]; !ok && !strings.Contains(name, "_unlisted") && !conditional[name] {
-			t.Errorf("%s is documented but was not in the scrape", name)
-		}
-	}
-	t.Logf("%d proxyhealth_ families checked against README.md", seen)
+	return seen
 }
 
 func labelNames(m *dto.Metric) []string {
