@@ -1,0 +1,5 @@
+//go:build !race
+
+package kubeproxy
+
+const raceEnabled = false
