@@ -1,0 +1,342 @@
+// Package kubeproxy is the kube-proxy collector (DESIGN.md, incident 3: kube-proxy's list/watch
+// of Services and EndpointSlices failing for days while its /healthz stays green). It has two
+// background loops whose last results a scrape reads:
+//
+//   - a log follower that reads kube-proxy's log as it grows (the kubelet's CRI pod logs, or a
+//     plain file) and counts the reflector failures client-go logs there, per resource and verb;
+//   - a poller of kube-proxy's metrics and health endpoints, which tells whether kube-proxy
+//     answers, what it says of itself, and whether a queued change has waited unapplied.
+//
+// A scrape never waits on kube-proxy or on a file: the poller uses a short timeout and runs every
+// few seconds, so a hung kube-proxy costs a scrape nothing and its state is at most one poll old.
+package kubeproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/alecthomas/kingpin/v2"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Name is the collector's name (--[no-]collector.kubeproxy).
+const Name = "kubeproxy"
+
+// DefaultLogPaths are where kube-proxy's log is on a node: the kubelet's pod log of a
+// kube-proxy DaemonSet (kubeadm and most distributions), or a file of a kube-proxy run as a
+// system service.
+var DefaultLogPaths = []string{
+	"/var/log/pods/kube-system_kube-proxy-*/kube-proxy/*.log",
+	"/var/log/kube-proxy.log",
+}
+
+// Config configures the collector.
+type Config struct {
+	LogPaths         []string // files or globs
+	LogPollInterval  time.Duration
+	LogRescan        time.Duration // how often the globs are expanded again
+	LogMaxLineBytes  int
+	MetricsURL       string
+	HealthURL        string
+	PollInterval     time.Duration
+	RequestTimeout   time.Duration
+	logPathsFromFlag []string
+}
+
+// AddFlags adds the collector's flags to app.
+func (c *Config) AddFlags(app *kingpin.Application) {
+	app.Flag("kubeproxy.log-path", "kube-proxy log file or glob to follow (repeatable). Paths are the host's: in a container, mount the host's /var/log at /var/log (read-only). Default: "+strings.Join(DefaultLogPaths, ", ")+".").
+		StringsVar(&c.logPathsFromFlag)
+	app.Flag("kubeproxy.log-poll-interval", "How often kube-proxy's log files are read for new lines.").
+		Default("1s").DurationVar(&c.LogPollInterval)
+	app.Flag("kubeproxy.log-rescan-interval", "How often the log globs are expanded again to find new files (a rotation is noticed at once).").
+		Default("10s").DurationVar(&c.LogRescan)
+	app.Flag("kubeproxy.log-max-line-bytes", "Longest kube-proxy log line read; longer lines are skipped and counted in proxyhealth_kubeproxy_log_lines_skipped_total.").
+		Default("65536").IntVar(&c.LogMaxLineBytes)
+	app.Flag("kubeproxy.metrics-url", "kube-proxy's metrics endpoint (its --metrics-bind-address).").
+		Default("http://127.0.0.1:10249/metrics").StringVar(&c.MetricsURL)
+	app.Flag("kubeproxy.health-url", "kube-proxy's health endpoint (its --healthz-bind-address). /livez is asked first, /healthz when it answers 404 (versions before 1.30); empty turns the health check off.").
+		Default("http://127.0.0.1:10256/livez").StringVar(&c.HealthURL)
+	app.Flag("kubeproxy.poll-interval", "How often kube-proxy's metrics and health endpoints are polled (never during a scrape).").
+		Default("5s").DurationVar(&c.PollInterval)
+	app.Flag("kubeproxy.timeout", "Timeout of each request to kube-proxy.").
+		Default("1s").DurationVar(&c.RequestTimeout)
+}
+
+func (c *Config) validate() error {
+	if len(c.logPathsFromFlag) > 0 {
+		c.LogPaths = c.logPathsFromFlag
+	}
+	if c.LogPaths == nil {
+		c.LogPaths = DefaultLogPaths
+	}
+	for _, p := range c.LogPaths {
+		if _, err := filepath.Match(p, ""); err != nil {
+			return fmt.Errorf("--kubeproxy.log-path %q: %w", p, err)
+		}
+	}
+	switch {
+	case c.LogPollInterval <= 0:
+		return errors.New("--kubeproxy.log-poll-interval must be positive")
+	case c.LogRescan <= 0:
+		return errors.New("--kubeproxy.log-rescan-interval must be positive")
+	case c.LogMaxLineBytes < 256:
+		return errors.New("--kubeproxy.log-max-line-bytes must be at least 256")
+	case c.PollInterval <= 0:
+		return errors.New("--kubeproxy.poll-interval must be positive")
+	case c.RequestTimeout <= 0:
+		return errors.New("--kubeproxy.timeout must be positive")
+	}
+	if _, err := url.Parse(c.MetricsURL); err != nil || c.MetricsURL == "" {
+		return fmt.Errorf("--kubeproxy.metrics-url %q is not a URL", c.MetricsURL)
+	}
+	if _, err := url.Parse(c.HealthURL); err != nil {
+		return fmt.Errorf("--kubeproxy.health-url %q: %w", c.HealthURL, err)
+	}
+	return nil
+}
+
+// Collector is the kube-proxy collector.
+type Collector struct {
+	cfg    Config
+	logger *slog.Logger
+	prober *prober
+	now    func() time.Time
+
+	mu         sync.Mutex
+	logs       followStats
+	logsRead   bool // the follower has polled at least once
+	probe      *probeResult
+	upNote     string
+	healthNote string
+}
+
+// New builds the collector; it opens and asks nothing until Run.
+func New(cfg Config, logger *slog.Logger) (*Collector, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Collector{
+		cfg:    cfg,
+		logger: logger,
+		prober: newProber(cfg.MetricsURL, cfg.HealthURL, cfg.RequestTimeout),
+		now:    time.Now,
+	}, nil
+}
+
+// Run follows the logs and polls kube-proxy until ctx is done.
+func (c *Collector) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		c.runFollower(ctx)
+	}()
+	go func() {
+		defer wg.Done()
+		c.runProber(ctx)
+	}()
+	wg.Wait()
+}
+
+func (c *Collector) newFollower() *follower {
+	fl := newFollower(c.cfg.LogPaths, c.cfg.LogMaxLineBytes, c.cfg.LogRescan, c.logger)
+	fl.now = c.now
+	fl.publish = func(s followStats) {
+		c.mu.Lock()
+		c.logs, c.logsRead = s, true
+		c.mu.Unlock()
+	}
+	return fl
+}
+
+func (c *Collector) runFollower(ctx context.Context) {
+	fl := c.newFollower()
+	defer fl.close()
+	t := time.NewTicker(c.cfg.LogPollInterval)
+	defer t.Stop()
+	for {
+		fl.poll()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (c *Collector) runProber(ctx context.Context) {
+	t := time.NewTicker(c.cfg.PollInterval)
+	defer t.Stop()
+	for {
+		c.pollOnce(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// pollOnce asks kube-proxy once and publishes the answer.
+func (c *Collector) pollOnce(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 2*c.cfg.RequestTimeout+time.Second)
+	defer cancel()
+	res := c.prober.probe(ctx, c.now())
+	if ctx.Err() != nil && errors.Is(context.Cause(ctx), context.Canceled) {
+		return // shutting down
+	}
+	c.note(&res)
+	c.mu.Lock()
+	c.probe = &res
+	c.mu.Unlock()
+}
+
+// note logs once, and again on a change, whether kube-proxy answers and what it says.
+func (c *Collector) note(res *probeResult) {
+	var up, health string
+	switch {
+	case !res.up:
+		up = "kube-proxy's metrics endpoint does not answer: proxyhealth_kubeproxy_up is 0 (kube-proxy absent, replaced, or on another address: see --kubeproxy.metrics-url)"
+	default:
+		up = "kube-proxy's metrics endpoint answers"
+	}
+	switch {
+	case c.cfg.HealthURL == "":
+	case res.healthy:
+		health = "kube-proxy says it is healthy on " + res.healthPath
+	default:
+		health = "kube-proxy is not healthy on " + res.healthPath
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if up != c.upNote {
+		if res.up {
+			c.logger.Info(up, "url", c.cfg.MetricsURL)
+		} else {
+			c.logger.Info(up, "url", c.cfg.MetricsURL, "reason", res.upReason)
+		}
+		c.upNote = up
+	}
+	if health != c.healthNote {
+		if res.healthy || health == "" {
+			c.logger.Info(health)
+		} else {
+			c.logger.Info(health, "reason", res.healthReason)
+		}
+		c.healthNote = health
+	}
+}
+
+var (
+	listErrorsDesc = prometheus.NewDesc("proxyhealth_kubeproxy_list_errors_total",
+		"Reflector (list/watch) failures in kube-proxy's log since the exporter started, per resource (services, endpoints, endpointslices, nodes, servicecidrs, other) and verb (list or watch, from the inner error: a \"Failed to watch\" whose error says \"failed to list\" is a list failure). Lines written before the exporter started are not counted.",
+		[]string{"resource", "verb"}, nil)
+	lastListErrorDesc = prometheus.NewDesc("proxyhealth_kubeproxy_last_list_error_timestamp_seconds",
+		"Time of the last reflector failure read from kube-proxy's log (from the line's CRI or klog time when readable, else when it was read); absent until one is read.",
+		nil, nil)
+	logLinesDesc = prometheus.NewDesc("proxyhealth_kubeproxy_log_lines_total",
+		"Lines read from kube-proxy's log files.", nil, nil)
+	logSkippedDesc = prometheus.NewDesc("proxyhealth_kubeproxy_log_lines_skipped_total",
+		"kube-proxy log lines (or joined CRI partial records) longer than --kubeproxy.log-max-line-bytes, skipped unread.", nil, nil)
+	logFilesDesc = prometheus.NewDesc("proxyhealth_kubeproxy_log_files_followed",
+		"kube-proxy log files followed now (matched by --kubeproxy.log-path); 0 when none is found, which is not a failure.", nil, nil)
+	upDesc = prometheus.NewDesc("proxyhealth_kubeproxy_up",
+		"1 when kube-proxy's metrics endpoint (--kubeproxy.metrics-url) answered the last poll with its metrics, 0 when it did not (kube-proxy absent, down, or on another address).", nil, nil)
+	healthyDesc = prometheus.NewDesc("proxyhealth_kubeproxy_healthy",
+		"kube-proxy's own verdict on its health: 1 when --kubeproxy.health-url (/livez) answered 200 at the last poll, or /healthz on versions without /livez. /healthz also fails while the node is being deleted, /livez does not. kube-proxy stays healthy while its API watches fail (incident 3).", nil, nil)
+	lastSyncAgeDesc = prometheus.NewDesc("proxyhealth_kubeproxy_last_sync_age_seconds",
+		"Now minus kube-proxy's kubeproxy_sync_proxy_rules_last_timestamp_seconds (its last applied rules sync; the oldest IP family). A quiet node syncs only hourly, so an old sync alone is no fault.", nil, nil)
+	syncPendingDesc = prometheus.NewDesc("proxyhealth_kubeproxy_sync_pending_seconds",
+		"How long a queued change has waited unapplied: now minus kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds when that is ahead of its last applied sync, else 0. Growing means kube-proxy is stuck.", nil, nil)
+	endpointsPendingDesc = prometheus.NewDesc("proxyhealth_kubeproxy_endpoint_changes_pending",
+		"Endpoint changes kube-proxy has received but not yet applied (kubeproxy_sync_proxy_rules_endpoint_changes_pending).", nil, nil)
+	servicesPendingDesc = prometheus.NewDesc("proxyhealth_kubeproxy_service_changes_pending",
+		"Service changes kube-proxy has received but not yet applied (kubeproxy_sync_proxy_rules_service_changes_pending).", nil, nil)
+	restoreFailuresDesc = prometheus.NewDesc("proxyhealth_kubeproxy_sync_failures_total",
+		"Rule syncs kube-proxy failed to apply: iptables-restore failures (kubeproxy_sync_proxy_rules_iptables_restore_failures_total) plus nftables sync failures (kubeproxy_sync_proxy_rules_nftables_sync_failures_total), over IP families; resets when kube-proxy restarts.", nil, nil)
+	invalidDroppedDesc = prometheus.NewDesc("proxyhealth_kubeproxy_invalid_dropped_packets_total",
+		"Packets kube-proxy's conntrack INVALID drop rule dropped (kubeproxy_iptables_ct_state_invalid_dropped_packets_total, iptables mode with nfacct); absent when kube-proxy does not export it.", nil, nil)
+)
+
+// Describe sends every descriptor Update may use.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{listErrorsDesc, lastListErrorDesc, logLinesDesc, logSkippedDesc, logFilesDesc,
+		upDesc, healthyDesc, lastSyncAgeDesc, syncPendingDesc, endpointsPendingDesc, servicesPendingDesc,
+		restoreFailuresDesc, invalidDroppedDesc} {
+		ch <- d
+	}
+}
+
+// Update publishes the follower's counts and the last poll of kube-proxy. kube-proxy not
+// answering is a state (proxyhealth_kubeproxy_up 0), not a failure; an unreadable log file is.
+func (c *Collector) Update(ch chan<- prometheus.Metric) error {
+	c.mu.Lock()
+	logs, logsRead, res := c.logs, c.logsRead, c.probe
+	c.mu.Unlock()
+	now := c.now()
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
+	}
+
+	for r := range numResources {
+		for v := range numVerbs {
+			counter(listErrorsDesc, float64(logs.errors[r][v]), resourceNames[r], verbNames[v])
+		}
+	}
+	if !logs.lastError.IsZero() {
+		gauge(lastListErrorDesc, float64(logs.lastError.UnixNano())/1e9)
+	}
+	counter(logLinesDesc, float64(logs.lines))
+	counter(logSkippedDesc, float64(logs.skipped))
+	if logsRead {
+		gauge(logFilesDesc, float64(len(logs.files)))
+	}
+
+	if res != nil {
+		gauge(upDesc, boolFloat(res.up))
+		if c.cfg.HealthURL != "" {
+			gauge(healthyDesc, boolFloat(res.healthy))
+		}
+		if res.up {
+			if res.hasLastSync {
+				gauge(lastSyncAgeDesc, max(0, now.Sub(res.lastSync).Seconds()))
+			}
+			if res.hasLastSync || !res.pendingSince.IsZero() {
+				pending := 0.0
+				if !res.pendingSince.IsZero() {
+					pending = max(0, now.Sub(res.pendingSince).Seconds())
+				}
+				gauge(syncPendingDesc, pending)
+			}
+			if res.hasEndpointsPending {
+				gauge(endpointsPendingDesc, res.endpointsPending)
+			}
+			if res.hasServicesPending {
+				gauge(servicesPendingDesc, res.servicesPending)
+			}
+			counter(restoreFailuresDesc, res.restoreFailures)
+			if res.hasInvalidDropped {
+				counter(invalidDroppedDesc, res.invalidDropped)
+			}
+		}
+	}
+	return logs.err
+}
+
+func boolFloat(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,382 @@
+package kubeproxy
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alecthomas/kingpin/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/common/promslog"
+)
+
+// asCollector adapts the collector to prometheus.Collector for testutil, failing the test when
+// Update reports an error.
+type asCollector struct {
+	t *testing.T
+	c *Collector
+}
+
+func (a asCollector) Describe(ch chan<- *prometheus.Desc) { a.c.Describe(ch) }
+func (a asCollector) Collect(ch chan<- prometheus.Metric) {
+	if err := a.c.Update(ch); err != nil {
+		a.t.Errorf("Update: %v", err)
+	}
+}
+
+// fakeKubeProxy serves a metrics file and health answers.
+func fakeKubeProxy(t *testing.T, metricsFile string, livez, healthz int) *httptest.Server {
+	t.Helper()
+	body, err := os.ReadFile(filepath.Join("testdata", metricsFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fakeKubeProxyBody(t, string(body), livez, healthz)
+}
+
+func fakeKubeProxyBody(t *testing.T, body string, livez, healthz int) *httptest.Server {
+	t.Helper()
+	mux := http.NewServeMux()
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		fmt.Fprint(w, body)
+	})
+	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(livez) })
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(healthz) })
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// newTestCollector builds the collector with default flags, pointed at base (a URL without
+// path) and a log directory of its own, its clock at now.
+func newTestCollector(t *testing.T, base string, now time.Time) *Collector {
+	t.Helper()
+	var cfg Config
+	app := kingpin.New("test", "")
+	cfg.AddFlags(app)
+	if _, err := app.Parse([]string{
+		"--kubeproxy.metrics-url=" + base + "/metrics",
+		"--kubeproxy.health-url=" + base + "/livez",
+		"--kubeproxy.log-path=" + filepath.Join(t.TempDir(), "*.log"),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(cfg, promslog.NewNopLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.now = func() time.Time { return now }
+	return c
+}
+
+// lastSyncOf is kube-proxy's last sync in a captured metrics file.
+func lastSyncOf(t *testing.T, file string) time.Time {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("testdata", file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(l, kpLastSync+"{") {
+			var v float64
+			if _, err := fmt.Sscan(l[strings.LastIndexByte(l, ' ')+1:], &v); err != nil {
+				t.Fatal(err)
+			}
+			return secondsTime(v)
+		}
+	}
+	t.Fatalf("%s: no %s", file, kpLastSync)
+	return time.Time{}
+}
+
+var probeMetricNames = []string{
+	"proxyhealth_kubeproxy_up", "proxyhealth_kubeproxy_healthy", "proxyhealth_kubeproxy_last_sync_age_seconds",
+	"proxyhealth_kubeproxy_sync_pending_seconds", "proxyhealth_kubeproxy_endpoint_changes_pending",
+	"proxyhealth_kubeproxy_service_changes_pending", "proxyhealth_kubeproxy_sync_failures_total",
+	"proxyhealth_kubeproxy_invalid_dropped_packets_total",
+}
+
+const probeHelp = `# HELP proxyhealth_kubeproxy_endpoint_changes_pending Endpoint changes kube-proxy has received but not yet applied (kubeproxy_sync_proxy_rules_endpoint_changes_pending).
+# TYPE proxyhealth_kubeproxy_endpoint_changes_pending gauge
+# HELP proxyhealth_kubeproxy_healthy kube-proxy's own verdict on its health: 1 when --kubeproxy.health-url (/livez) answered 200 at the last poll, or /healthz on versions without /livez. /healthz also fails while the node is being deleted, /livez does not. kube-proxy stays healthy while its API watches fail (incident 3).
+# TYPE proxyhealth_kubeproxy_healthy gauge
+# HELP proxyhealth_kubeproxy_invalid_dropped_packets_total Packets kube-proxy's conntrack INVALID drop rule dropped (kubeproxy_iptables_ct_state_invalid_dropped_packets_total, iptables mode with nfacct); absent when kube-proxy does not export it.
+# TYPE proxyhealth_kubeproxy_invalid_dropped_packets_total counter
+# HELP proxyhealth_kubeproxy_last_sync_age_seconds Now minus kube-proxy's kubeproxy_sync_proxy_rules_last_timestamp_seconds (its last applied rules sync; the oldest IP family). A quiet node syncs only hourly, so an old sync alone is no fault.
+# TYPE proxyhealth_kubeproxy_last_sync_age_seconds gauge
+# HELP proxyhealth_kubeproxy_service_changes_pending Service changes kube-proxy has received but not yet applied (kubeproxy_sync_proxy_rules_service_changes_pending).
+# TYPE proxyhealth_kubeproxy_service_changes_pending gauge
+# HELP proxyhealth_kubeproxy_sync_failures_total Rule syncs kube-proxy failed to apply: iptables-restore failures (kubeproxy_sync_proxy_rules_iptables_restore_failures_total) plus nftables sync failures (kubeproxy_sync_proxy_rules_nftables_sync_failures_total), over IP families; resets when kube-proxy restarts.
+# TYPE proxyhealth_kubeproxy_sync_failures_total counter
+# HELP proxyhealth_kubeproxy_sync_pending_seconds How long a queued change has waited unapplied: now minus kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds when that is ahead of its last applied sync, else 0. Growing means kube-proxy is stuck.
+# TYPE proxyhealth_kubeproxy_sync_pending_seconds gauge
+# HELP proxyhealth_kubeproxy_up 1 when kube-proxy's metrics endpoint (--kubeproxy.metrics-url) answered the last poll with its metrics, 0 when it did not (kube-proxy absent, down, or on another address).
+# TYPE proxyhealth_kubeproxy_up gauge
+`
+
+func TestProbeCapturedMetrics(t *testing.T) {
+	for _, tc := range []struct {
+		name, file string
+		livez      int
+		healthz    int
+		want       string
+	}{
+		{
+			name: "after healing", file: "kube-proxy-v1.36.3-metrics.txt", livez: 200, healthz: 200,
+			want: `proxyhealth_kubeproxy_endpoint_changes_pending 0
+proxyhealth_kubeproxy_healthy 1
+proxyhealth_kubeproxy_invalid_dropped_packets_total 0
+proxyhealth_kubeproxy_last_sync_age_seconds 30
+proxyhealth_kubeproxy_service_changes_pending 0
+proxyhealth_kubeproxy_sync_failures_total 0
+proxyhealth_kubeproxy_sync_pending_seconds 0
+proxyhealth_kubeproxy_up 1
+`,
+		},
+		{
+			// Black-holed: the rules are stale, yet kube-proxy cannot see the change, so
+			// nothing is pending and it reports itself healthy (incident 3); only the log tells.
+			name: "black-holed", file: "kube-proxy-v1.36.3-metrics-stale.txt", livez: 200, healthz: 200,
+			want: `proxyhealth_kubeproxy_endpoint_changes_pending 0
+proxyhealth_kubeproxy_healthy 1
+proxyhealth_kubeproxy_invalid_dropped_packets_total 0
+proxyhealth_kubeproxy_last_sync_age_seconds 30
+proxyhealth_kubeproxy_service_changes_pending 0
+proxyhealth_kubeproxy_sync_failures_total 0
+proxyhealth_kubeproxy_sync_pending_seconds 0
+proxyhealth_kubeproxy_up 1
+`,
+		},
+		{
+			// Before v1.30 there is no /livez: /healthz decides, and it fails (here: 503).
+			name: "no livez, healthz failing", file: "kube-proxy-v1.36.3-metrics.txt", livez: 404, healthz: 503,
+			want: `proxyhealth_kubeproxy_endpoint_changes_pending 0
+proxyhealth_kubeproxy_healthy 0
+proxyhealth_kubeproxy_invalid_dropped_packets_total 0
+proxyhealth_kubeproxy_last_sync_age_seconds 30
+proxyhealth_kubeproxy_service_changes_pending 0
+proxyhealth_kubeproxy_sync_failures_total 0
+proxyhealth_kubeproxy_sync_pending_seconds 0
+proxyhealth_kubeproxy_up 1
+`,
+		},
+		{
+			name: "no livez, healthz fine", file: "kube-proxy-v1.36.3-metrics.txt", livez: 404, healthz: 200,
+			want: `proxyhealth_kubeproxy_endpoint_changes_pending 0
+proxyhealth_kubeproxy_healthy 1
+proxyhealth_kubeproxy_invalid_dropped_packets_total 0
+proxyhealth_kubeproxy_last_sync_age_seconds 30
+proxyhealth_kubeproxy_service_changes_pending 0
+proxyhealth_kubeproxy_sync_failures_total 0
+proxyhealth_kubeproxy_sync_pending_seconds 0
+proxyhealth_kubeproxy_up 1
+`,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := fakeKubeProxy(t, tc.file, tc.livez, tc.healthz)
+			c := newTestCollector(t, srv.URL, lastSyncOf(t, tc.file).Add(30*time.Second))
+			c.pollOnce(context.Background())
+			if err := testutil.CollectAndCompare(asCollector{t, c}, strings.NewReader(probeHelp+tc.want), probeMetricNames...); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+}
+
+// A stuck kube-proxy: a sync queued after the last applied one, and failures to apply.
+func TestProbeStuckKubeProxy(t *testing.T) {
+	body := `# TYPE kubeproxy_sync_proxy_rules_last_timestamp_seconds gauge
+kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"} 1000
+kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv6"} 1100
+# TYPE kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds gauge
+kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family="IPv4"} 1050
+kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family="IPv6"} 1090
+# TYPE kubeproxy_sync_proxy_rules_endpoint_changes_pending gauge
+kubeproxy_sync_proxy_rules_endpoint_changes_pending 12
+# TYPE kubeproxy_sync_proxy_rules_service_changes_pending gauge
+kubeproxy_sync_proxy_rules_service_changes_pending 3
+# TYPE kubeproxy_sync_proxy_rules_iptables_restore_failures_total counter
+kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family="IPv4"} 4
+kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family="IPv6"} 1
+# TYPE kubeproxy_sync_proxy_rules_nftables_sync_failures_total counter
+kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family="IPv4"} 2
+`
+	srv := fakeKubeProxyBody(t, body, 200, 200)
+	c := newTestCollector(t, srv.URL, time.Unix(1200, 0))
+	c.pollOnce(context.Background())
+	want := `proxyhealth_kubeproxy_endpoint_changes_pending 12
+proxyhealth_kubeproxy_healthy 1
+proxyhealth_kubeproxy_last_sync_age_seconds 200
+proxyhealth_kubeproxy_service_changes_pending 3
+proxyhealth_kubeproxy_sync_failures_total 7
+proxyhealth_kubeproxy_sync_pending_seconds 150
+proxyhealth_kubeproxy_up 1
+`
+	if err := testutil.CollectAndCompare(asCollector{t, c}, strings.NewReader(probeHelp+want), probeMetricNames...); err != nil {
+		t.Error(err)
+	}
+}
+
+// kube-proxy absent (a closed port) or answering something else: up 0, and the collector
+// itself succeeds.
+func TestProbeKubeProxyAbsent(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := "http://" + l.Addr().String()
+	l.Close()
+	notKubeProxy := httptest.NewServer(http.NotFoundHandler())
+	defer notKubeProxy.Close()
+	for name, base := range map[string]string{"closed port": closed, "404": notKubeProxy.URL} {
+		t.Run(name, func(t *testing.T) {
+			c := newTestCollector(t, base, testNow)
+			c.pollOnce(context.Background())
+			want := "proxyhealth_kubeproxy_healthy 0\nproxyhealth_kubeproxy_up 0\n"
+			if err := testutil.CollectAndCompare(asCollector{t, c}, strings.NewReader(probeHelp+want), probeMetricNames...); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+}
+
+// A kube-proxy that hangs costs a poll its timeout, and a scrape nothing.
+func TestProbeHungKubeProxy(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { <-release }))
+	defer srv.Close()
+	defer close(release)
+	c := newTestCollector(t, srv.URL, testNow)
+	c.cfg.RequestTimeout = 200 * time.Millisecond
+	c.prober = newProber(c.cfg.MetricsURL, c.cfg.HealthURL, c.cfg.RequestTimeout)
+	start := time.Now()
+	c.pollOnce(context.Background())
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("a poll of a hung kube-proxy took %v", took)
+	}
+	start = time.Now()
+	if n := testutil.CollectAndCount(asCollector{t, c}, "proxyhealth_kubeproxy_up"); n != 1 {
+		t.Errorf("%d up series", n)
+	}
+	if took := time.Since(start); took > 100*time.Millisecond {
+		t.Errorf("a scrape took %v", took)
+	}
+}
+
+// The whole collector: Run follows a log and polls a kube-proxy; the exposition has every
+// reflector failure series, the files followed, and kube-proxy's state.
+func TestCollectorRun(t *testing.T) {
+	srv := fakeKubeProxy(t, "kube-proxy-v1.36.3-metrics.txt", 200, 200)
+	c := newTestCollector(t, srv.URL, testNow)
+	c.cfg.LogPollInterval = 10 * time.Millisecond
+	dir := filepath.Dir(c.cfg.LogPaths[0])
+	log := filepath.Join(dir, "0.log")
+	appendFile(t, log, errLine) // before start: not counted
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		c.Run(ctx)
+		close(done)
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	waitFor(t, func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.logsRead && c.probe != nil })
+	data, err := os.ReadFile(filepath.Join("testdata", "kube-proxy-v1.36.3-watch-errors.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendFile(t, log, string(data))
+	waitFor(t, func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.logs.lines == 4 })
+
+	want := `# HELP proxyhealth_kubeproxy_list_errors_total Reflector (list/watch) failures in kube-proxy's log since the exporter started, per resource (services, endpoints, endpointslices, nodes, servicecidrs, other) and verb (list or watch, from the inner error: a "Failed to watch" whose error says "failed to list" is a list failure). Lines written before the exporter started are not counted.
+# TYPE proxyhealth_kubeproxy_list_errors_total counter
+proxyhealth_kubeproxy_list_errors_total{resource="endpoints",verb="list"} 0
+proxyhealth_kubeproxy_list_errors_total{resource="endpoints",verb="watch"} 0
+proxyhealth_kubeproxy_list_errors_total{resource="endpointslices",verb="list"} 0
+proxyhealth_kubeproxy_list_errors_total{resource="endpointslices",verb="watch"} 1
+proxyhealth_kubeproxy_list_errors_total{resource="nodes",verb="list"} 0
+proxyhealth_kubeproxy_list_errors_total{resource="nodes",verb="watch"} 1
+proxyhealth_kubeproxy_list_errors_total{resource="other",verb="list"} 0
+proxyhealth_kubeproxy_list_errors_total{resource="other",verb="watch"} 0
+proxyhealth_kubeproxy_list_errors_total{resource="servicecidrs",verb="list"} 0
+proxyhealth_kubeproxy_list_errors_total{resource="servicecidrs",verb="watch"} 1
+proxyhealth_kubeproxy_list_errors_total{resource="services",verb="list"} 0
+proxyhealth_kubeproxy_list_errors_total{resource="services",verb="watch"} 1
+# HELP proxyhealth_kubeproxy_last_list_error_timestamp_seconds Time of the last reflector failure read from kube-proxy's log (from the line's CRI or klog time when readable, else when it was read); absent until one is read.
+# TYPE proxyhealth_kubeproxy_last_list_error_timestamp_seconds gauge
+proxyhealth_kubeproxy_last_list_error_timestamp_seconds 1.795294847996995e+09
+# HELP proxyhealth_kubeproxy_log_files_followed kube-proxy log files followed now (matched by --kubeproxy.log-path); 0 when none is found, which is not a failure.
+# TYPE proxyhealth_kubeproxy_log_files_followed gauge
+proxyhealth_kubeproxy_log_files_followed 1
+# HELP proxyhealth_kubeproxy_log_lines_skipped_total kube-proxy log lines (or joined CRI partial records) longer than --kubeproxy.log-max-line-bytes, skipped unread.
+# TYPE proxyhealth_kubeproxy_log_lines_skipped_total counter
+proxyhealth_kubeproxy_log_lines_skipped_total 0
+# HELP proxyhealth_kubeproxy_log_lines_total Lines read from kube-proxy's log files.
+# TYPE proxyhealth_kubeproxy_log_lines_total counter
+proxyhealth_kubeproxy_log_lines_total 4
+`
+	if err := testutil.CollectAndCompare(asCollector{t, c}, strings.NewReader(want),
+		"proxyhealth_kubeproxy_list_errors_total", "proxyhealth_kubeproxy_last_list_error_timestamp_seconds",
+		"proxyhealth_kubeproxy_log_files_followed", "proxyhealth_kubeproxy_log_lines_skipped_total",
+		"proxyhealth_kubeproxy_log_lines_total"); err != nil {
+		t.Error(err)
+	}
+	if n := testutil.CollectAndCount(asCollector{t, c}, "proxyhealth_kubeproxy_up"); n != 1 {
+		t.Errorf("%d up series", n)
+	}
+}
+
+func TestConfigDefaultsAndValidation(t *testing.T) {
+	var cfg Config
+	app := kingpin.New("test", "")
+	cfg.AddFlags(app)
+	if _, err := app.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(cfg, promslog.NewNopLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(c.cfg.LogPaths, ",") != strings.Join(DefaultLogPaths, ",") {
+		t.Errorf("log paths %v, want the defaults", c.cfg.LogPaths)
+	}
+	for _, args := range [][]string{
+		{"--kubeproxy.log-path=/var/log/[x"},
+		{"--kubeproxy.log-poll-interval=0s"},
+		{"--kubeproxy.log-max-line-bytes=10"},
+		{"--kubeproxy.timeout=0s"},
+	} {
+		var cfg Config
+		app := kingpin.New("test", "")
+		cfg.AddFlags(app)
+		if _, err := app.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := New(cfg, promslog.NewNopLogger()); err == nil {
+			t.Errorf("%v accepted", args)
+		}
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("timed out")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

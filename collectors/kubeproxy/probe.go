@@ -1,0 +1,249 @@
+package kubeproxy
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// kube-proxy's own metric names read here (pkg/proxy/metrics in Kubernetes).
+const (
+	kpLastSync          = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
+	kpLastQueued        = "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds"
+	kpEndpointsPending  = "kubeproxy_sync_proxy_rules_endpoint_changes_pending"
+	kpServicesPending   = "kubeproxy_sync_proxy_rules_service_changes_pending"
+	kpIPTablesRestore   = "kubeproxy_sync_proxy_rules_iptables_restore_failures_total"
+	kpNFTablesSync      = "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"
+	kpInvalidDropped    = "kubeproxy_iptables_ct_state_invalid_dropped_packets_total"
+	maxMetricsBodyBytes = 32 << 20
+)
+
+// probeResult is one poll of kube-proxy's metrics and health endpoints.
+type probeResult struct {
+	at time.Time
+
+	up       bool   // the metrics endpoint answered 200 with a readable exposition
+	upReason string // why not, for the log
+	healthy  bool
+	// healthPath is the health path that gave the verdict (/livez, or /healthz on versions
+	// without /livez); healthReason says why it is not healthy.
+	healthPath   string
+	healthReason string
+
+	// From the metrics, per IP family folded to the worst one; the has* fields say whether
+	// kube-proxy exported the metric at all.
+	lastSync            time.Time // the oldest family's last applied sync
+	hasLastSync         bool
+	pendingSince        time.Time // the oldest queued change not yet applied; zero when none
+	endpointsPending    float64
+	servicesPending     float64
+	hasEndpointsPending bool
+	hasServicesPending  bool
+	restoreFailures     float64 // 0 when kube-proxy has not failed yet (it exports no series then)
+	invalidDropped      float64
+	hasInvalidDropped   bool
+}
+
+// prober polls kube-proxy's HTTP endpoints.
+type prober struct {
+	client     *http.Client
+	metricsURL string
+	healthURL  string
+}
+
+func newProber(metricsURL, healthURL string, timeout time.Duration) *prober {
+	return &prober{
+		client: &http.Client{
+			Timeout: timeout,
+			Transport: &http.Transport{
+				Proxy:               nil, // kube-proxy is on this node: never through an HTTP proxy
+				MaxIdleConns:        2,
+				IdleConnTimeout:     30 * time.Second,
+				TLSHandshakeTimeout: timeout,
+			},
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		},
+		metricsURL: metricsURL,
+		healthURL:  healthURL,
+	}
+}
+
+func (p *prober) probe(ctx context.Context, now time.Time) probeResult {
+	res := probeResult{at: now}
+	p.probeMetrics(ctx, &res)
+	p.probeHealth(ctx, &res)
+	return res
+}
+
+func (p *prober) get(ctx context.Context, u string, accept string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	if accept != "" {
+		req.Header.Set("Accept", accept)
+	}
+	return p.client.Do(req)
+}
+
+func (p *prober) probeMetrics(ctx context.Context, res *probeResult) {
+	resp, err := p.get(ctx, p.metricsURL, string(expfmt.NewFormat(expfmt.TypeTextPlain)))
+	if err != nil {
+		res.upReason = err.Error()
+		return
+	}
+	defer drain(resp)
+	if resp.StatusCode != http.StatusOK {
+		res.upReason = fmt.Sprintf("GET %s: %s", p.metricsURL, resp.Status)
+		return
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(io.LimitReader(resp.Body, maxMetricsBodyBytes))
+	if err != nil {
+		res.upReason = fmt.Sprintf("read the metrics of %s: %v", p.metricsURL, err)
+		return
+	}
+	res.up = true
+	readFamilies(families, res)
+}
+
+// readFamilies takes what an on-call needs from kube-proxy's metrics.
+func readFamilies(families map[string]*dto.MetricFamily, res *probeResult) {
+	// Per IP family: the last applied sync and the last queued one.
+	type family struct{ last, queued time.Time }
+	byFamily := map[string]*family{}
+	at := func(m *dto.Metric) *family {
+		key := labelValue(m, "ip_family")
+		f := byFamily[key]
+		if f == nil {
+			f = &family{}
+			byFamily[key] = f
+		}
+		return f
+	}
+	for _, m := range metricsOf(families, kpLastSync) {
+		at(m).last = secondsTime(value(m))
+	}
+	for _, m := range metricsOf(families, kpLastQueued) {
+		at(m).queued = secondsTime(value(m))
+	}
+	for _, f := range byFamily {
+		if !f.last.IsZero() && (!res.hasLastSync || f.last.Before(res.lastSync)) {
+			res.lastSync, res.hasLastSync = f.last, true
+		}
+		// A queued change is pending while kube-proxy queued a sync after its last applied one.
+		if f.queued.After(f.last) && (res.pendingSince.IsZero() || f.queued.Before(res.pendingSince)) {
+			res.pendingSince = f.queued
+		}
+	}
+	res.endpointsPending, res.hasEndpointsPending = sum(families, kpEndpointsPending)
+	res.servicesPending, res.hasServicesPending = sum(families, kpServicesPending)
+	ipt, _ := sum(families, kpIPTablesRestore)
+	nft, _ := sum(families, kpNFTablesSync)
+	res.restoreFailures = ipt + nft
+	res.invalidDropped, res.hasInvalidDropped = sum(families, kpInvalidDropped)
+}
+
+func metricsOf(families map[string]*dto.MetricFamily, name string) []*dto.Metric {
+	if f := families[name]; f != nil {
+		return f.GetMetric()
+	}
+	return nil
+}
+
+// sum adds a family's series (over ip_family); ok is false when kube-proxy does not export it
+// (a labelled counter has no series until its first increment).
+func sum(families map[string]*dto.MetricFamily, name string) (float64, bool) {
+	f := families[name]
+	if f == nil {
+		return 0, false
+	}
+	var total float64
+	for _, m := range f.GetMetric() {
+		total += value(m)
+	}
+	return total, true
+}
+
+func value(m *dto.Metric) float64 {
+	switch {
+	case m.Gauge != nil:
+		return m.Gauge.GetValue()
+	case m.Counter != nil:
+		return m.Counter.GetValue()
+	case m.Untyped != nil:
+		return m.Untyped.GetValue()
+	}
+	return 0
+}
+
+func labelValue(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+func secondsTime(s float64) time.Time {
+	if s <= 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, int64(s*1e9))
+}
+
+// probeHealth asks /livez, and /healthz when /livez answers 404 (kube-proxy before v1.30 has
+// no /livez). /healthz also answers 503 while the node is being deleted or is tainted
+// out of service, which is not a kube-proxy fault; /livez does not.
+func (p *prober) probeHealth(ctx context.Context, res *probeResult) {
+	if p.healthURL == "" {
+		return
+	}
+	u := p.healthURL
+	code, err := p.status(ctx, u)
+	if parsed, perr := url.Parse(u); err == nil && perr == nil && code == http.StatusNotFound && strings.HasSuffix(parsed.Path, "/livez") {
+		parsed.Path = strings.TrimSuffix(parsed.Path, "livez") + "healthz"
+		u = parsed.String()
+		code, err = p.status(ctx, u)
+	}
+	res.healthPath = pathOf(u)
+	switch {
+	case err != nil:
+		res.healthReason = err.Error()
+	case code != http.StatusOK:
+		res.healthReason = fmt.Sprintf("GET %s: %d %s", u, code, http.StatusText(code))
+	default:
+		res.healthy = true
+	}
+}
+
+func (p *prober) status(ctx context.Context, u string) (int, error) {
+	resp, err := p.get(ctx, u, "")
+	if err != nil {
+		return 0, err
+	}
+	drain(resp)
+	return resp.StatusCode, nil
+}
+
+func pathOf(u string) string {
+	parsed, err := url.Parse(u)
+	if err != nil {
+		return u
+	}
+	return parsed.Path
+}
+
+func drain(resp *http.Response) {
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+}
