@@ -62,7 +62,7 @@ func (c *Config) AddFlags(app *kingpin.Application) {
 		Default("65536").IntVar(&c.LogMaxLineBytes)
 	app.Flag("kubeproxy.metrics-url", "kube-proxy's metrics endpoint (its --metrics-bind-address).").
 		Default("http://127.0.0.1:10249/metrics").StringVar(&c.MetricsURL)
-	app.Flag("kubeproxy.health-url", "kube-proxy's health endpoint (its --healthz-bind-address). /livez is asked first, /healthz when it answers 404 (versions before 1.30); empty turns the health check off.").
+	app.Flag("kubeproxy.health-url", "kube-proxy's health endpoint (its --healthz-bind-address). /livez is asked first, /healthz when it answers 404 (older kube-proxy versions have no /livez; /healthz also fails while the node is being deleted, /livez does not); empty turns the health check off.").
 		Default("http://127.0.0.1:10256/livez").StringVar(&c.HealthURL)
 	app.Flag("kubeproxy.poll-interval", "How often kube-proxy's metrics and health endpoints are polled (never during a scrape).").
 		Default("5s").DurationVar(&c.PollInterval)

@@ -157,7 +157,7 @@ proxyhealth_kubeproxy_up 1
 `,
 		},
 		{
-			// Before v1.30 there is no /livez: /healthz decides, and it fails (here: 503).
+			// Older versions have no /livez: /healthz decides, and it fails (here: 503).
 			name: "no livez, healthz failing", file: "kube-proxy-v1.36.3-metrics.txt", livez: 404, healthz: 503,
 			want: `proxyhealth_kubeproxy_endpoint_changes_pending 0
 proxyhealth_kubeproxy_healthy 0

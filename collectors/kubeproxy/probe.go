@@ -201,9 +201,9 @@ func secondsTime(s float64) time.Time {
 	return time.Unix(0, int64(s*1e9))
 }
 
-// probeHealth asks /livez, and /healthz when /livez answers 404 (kube-proxy before v1.30 has
-// no /livez). /healthz also answers 503 while the node is being deleted or is tainted
-// out of service, which is not a kube-proxy fault; /livez does not.
+// probeHealth asks /livez, and /healthz when /livez answers 404 (older kube-proxy versions have
+// no /livez). /healthz also answers 503 while the node is being deleted or carries
+// the cluster autoscaler's ToBeDeleted taint, which is not a kube-proxy fault; /livez does not.
 func (p *prober) probeHealth(ctx context.Context, res *probeResult) {
 	if p.healthURL == "" {
 		return
