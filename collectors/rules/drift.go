@@ -54,7 +54,7 @@ type checkResult struct {
 
 // driftEngine compares the API's expected endpoints with the programmed ones. It follows each
 // differing endpoint separately and counts it only once it has differed for longer than the
-// grace period: kube-proxy applies a change within about a second but a sync under load can
+// grace period in a view confirmed current since: kube-proxy applies a change within about a second but a sync under load can
 // take much longer, and during steady churn every endpoint's difference is short-lived even
 // when some difference exists at every check. In incident 3 the same endpoints stay wrong.
 type driftEngine struct {
@@ -74,6 +74,11 @@ func (e *driftEngine) check(snap *cluster.Snapshot, rules map[bool]programmedRul
 		clear(e.since)
 		return res
 	}
+	// When the view was last confirmed current; never later than now.
+	confirmed := snap.LastHeard
+	if confirmed.After(now) {
+		confirmed = now
+	}
 	next := make(map[diffKey]time.Time, len(e.since))
 	drifts := map[cluster.ServicePortName]*portDrift{}
 	accounted := map[string]bool{}
@@ -83,7 +88,11 @@ func (e *driftEngine) check(snap *cluster.Snapshot, rules map[bool]programmedRul
 			first = now
 		}
 		next[k] = first
-		if now.Sub(first) < e.grace {
+		// The difference counts once the view has been confirmed current (LastHeard) a whole
+		// grace period after it first appeared. Measuring from now instead would count a
+		// change the view never received because the exporter's own connection died after
+		// the view last heard from the API but before fresh-within ran out.
+		if confirmed.Sub(first) < e.grace {
 			return
 		}
 		d := drifts[k.name]

@@ -18,19 +18,26 @@ import (
 // realCapture is a real kube-proxy v1.36.3 nat table and the API objects it was programmed from.
 func realCapture(t *testing.T) (*iptablesRules, *cluster.Snapshot) {
 	t.Helper()
+	return loadRules(t, "kube-proxy-v1.36.3/iptables-save-nat.txt"), apiSnapshot(t, "testdata/kube-proxy-v1.36.3/api-objects.json")
+}
+
+// apiSnapshot is a fresh view of the API objects a capture was programmed from, each service
+// port's expected endpoints computed by cluster.ServicePorts.
+func apiSnapshot(t *testing.T, path string) *cluster.Snapshot {
+	t.Helper()
 	var objs struct {
 		Node           corev1.Node                 `json:"node"`
 		Services       []corev1.Service            `json:"services"`
 		EndpointSlices []discoveryv1.EndpointSlice `json:"endpointSlices"`
 	}
-	b, err := os.ReadFile("testdata/kube-proxy-v1.36.3/api-objects.json")
+	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := json.Unmarshal(b, &objs); err != nil {
 		t.Fatal(err)
 	}
-	snap := &cluster.Snapshot{Synced: true, Fresh: true}
+	snap := &cluster.Snapshot{Synced: true, Fresh: true, LastHeard: heardAtEveryCheck}
 	zone := objs.Node.Labels["topology.kubernetes.io/zone"]
 	for i := range objs.Services {
 		svc := &objs.Services[i]
@@ -46,7 +53,7 @@ func realCapture(t *testing.T) (*iptablesRules, *cluster.Snapshot) {
 	sort.Slice(snap.Ports, func(i, j int) bool {
 		return snap.Ports[i].Name.String()+snap.Ports[i].Name.Protocol < snap.Ports[j].Name.String()+snap.Ports[j].Name.Protocol
 	})
-	return loadRules(t, "kube-proxy-v1.36.3/iptables-save-nat.txt"), snap
+	return snap
 }
 
 // A converged node: the API view, computed the way kube-proxy computes it, matches what the

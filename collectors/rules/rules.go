@@ -220,8 +220,10 @@ func (c *Collector) Update(ch chan<- prometheus.Metric) error {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	var viewErr error
+	fresh := false
 	if c.cfg.View != nil {
 		snap := c.cfg.View.Snapshot()
+		fresh = snap.Fresh
 		if !snap.LastHeard.IsZero() {
 			gauge(lastHeardDesc, float64(snap.LastHeard.UnixNano())/1e9)
 		}
@@ -282,7 +284,7 @@ func (c *Collector) Update(ch chan<- prometheus.Metric) error {
 			gauge(serviceDriftDesc, float64(d.missing), d.name.Namespace, d.name.Name, port, proto, "missing")
 		}
 	}
-	gauge(driftUnlistedDesc, float64(len(res.drifting)-listed))
+	gauge(driftUnlistedDesc, float64(len(drifting)-listed))
 	return viewErr
 }
 

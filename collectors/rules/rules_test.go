@@ -75,9 +75,13 @@ func TestIPTablesProgrammedEndpoints(t *testing.T) {
 	}
 }
 
+// heardAtEveryCheck is a LastHeard later than any check's time: the view was confirmed current
+// at each check (the engine takes the earlier of LastHeard and now).
+var heardAtEveryCheck = time.Unix(1<<33, 0)
+
 // snapshot is a fresh view with the given ports.
 func snapshot(ports ...cluster.ServicePort) *cluster.Snapshot {
-	return &cluster.Snapshot{Ports: ports, Synced: true, Fresh: true, LastHeard: time.Unix(1000, 0)}
+	return &cluster.Snapshot{Ports: ports, Synced: true, Fresh: true, LastHeard: heardAtEveryCheck}
 }
 
 func dnsPort(endpoints ...string) cluster.ServicePort {
@@ -268,7 +272,7 @@ func TestReaderModes(t *testing.T) {
 	rd.ipvsActive = func() bool { return false }
 	rd.run = func(_ context.Context, name string, args ...string) ([]byte, error) {
 		if strings.HasSuffix(name, "/nft") {
-			return []byte("table ip kube-proxy {\n}\n"), nil
+			return []byte(`{"nftables": [{"table": {"family": "ip", "name": "kube-proxy"}}]}`), nil
 		}
 		return []byte("*nat\n:PREROUTING ACCEPT [0:0]\nCOMMIT\n"), nil
 	}
@@ -359,5 +363,26 @@ func TestReaderReusesUnchangedRules(t *testing.T) {
 	read()
 	if saves-before < 2 {
 		t.Errorf("with a legacy nat table: %d saves for 2 reads, want every read to save", saves-before)
+	}
+}
+
+// A difference first seen after the view last heard from the API is not counted however long
+// it lasts: the view may simply not have received the change (the exporter's own connection
+// died), which is no sign of a stale kube-proxy.
+func TestDriftCountsOnlyWhileTheViewIsConfirmed(t *testing.T) {
+	rules := map[bool]programmedRules{false: loadRules(t, "kube-proxy-nat.txt")}
+	e := newDriftEngine(3 * time.Second)
+	t0 := time.Unix(2000, 0)
+	snap := snapshot(dnsPort("10.244.1.5:53", "10.244.2.6:53"), kubernetesPort()) // 10.244.3.7 stale
+	snap.LastHeard = t0.Add(-time.Second)                                         // heard just before the difference
+	for _, at := range []time.Duration{0, 2 * time.Second, 4 * time.Second, 10 * time.Second} {
+		if res := e.check(snap, rules, t0.Add(at)); len(res.drifting) != 0 {
+			t.Fatalf("at +%v with the view last heard before the difference: drifting %+v", at, res.drifting)
+		}
+	}
+	// Heard from again: the difference has now been confirmed for longer than the grace period.
+	snap.LastHeard = t0.Add(11 * time.Second)
+	if res := e.check(snap, rules, t0.Add(11*time.Second)); len(res.drifting) != 1 || res.drifting[0].stale != 1 {
+		t.Errorf("confirmed: drifting %+v, want kube-dns with 1 stale", res.drifting)
 	}
 }
