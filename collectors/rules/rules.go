@@ -258,23 +258,28 @@ func (c *Collector) Update(ch chan<- prometheus.Metric) error {
 	for _, m := range modes {
 		gauge(modeDesc, boolFloat(m == res.mode), m)
 	}
+	drifting, checked := res.drifting, res.checked
+	if !fresh {
+		// The view went stale since the check: what it found cannot be trusted now.
+		drifting, checked = nil, 0
+	}
 	var stale, missing int
 	oldest := res.at
-	for _, d := range res.drifting {
+	for _, d := range drifting {
 		stale += d.stale
 		missing += d.missing
 		if d.since.Before(oldest) {
 			oldest = d.since
 		}
 	}
-	gauge(servicesCheckedDesc, float64(res.checked))
-	gauge(servicesDriftedDesc, float64(len(res.drifting)))
+	gauge(servicesCheckedDesc, float64(checked))
+	gauge(servicesDriftedDesc, float64(len(drifting)))
 	gauge(endpointsStaleDesc, float64(stale))
 	gauge(endpointsMissDesc, float64(missing))
-	gauge(driftAgeDesc, c.now().Sub(oldest).Seconds()*boolFloat(len(res.drifting) > 0))
+	gauge(driftAgeDesc, c.now().Sub(oldest).Seconds()*boolFloat(len(drifting) > 0))
 	gauge(orphanChainsDesc, float64(res.orphans))
-	listed := min(len(res.drifting), c.cfg.MaxSeries)
-	for _, d := range res.drifting[:listed] {
+	listed := min(len(drifting), c.cfg.MaxSeries)
+	for _, d := range drifting[:listed] {
 		port := strconv.Itoa(int(d.port))
 		proto := strings.ToLower(d.name.Protocol)
 		if d.stale > 0 {
