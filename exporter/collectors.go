@@ -7,6 +7,7 @@ import (
 
 	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
 	"github.com/proxyhealth/proxyhealth/collectors/conntrack"
+	"github.com/proxyhealth/proxyhealth/collectors/kubeproxy"
 	"github.com/proxyhealth/proxyhealth/collectors/node"
 	"github.com/proxyhealth/proxyhealth/collectors/rules"
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
@@ -69,6 +70,8 @@ func registrations(app *kingpin.Application, paths *Paths) ([]registration, *api
 	nodeCfg.AddFlags(app)
 	var rulesCfg rules.Config
 	rulesCfg.AddFlags(app)
+	var kubeproxyCfg kubeproxy.Config
+	kubeproxyCfg.AddFlags(app)
 	return []registration{
 		register(app, "conntrack", "table fill, per-CPU stats, the event stream and unreplied Service flows (needs CAP_NET_ADMIN).",
 			func(l *slog.Logger) (phcollectors.Collector, error) {
@@ -92,6 +95,10 @@ func registrations(app *kingpin.Application, paths *Paths) ([]registration, *api
 				}
 				rulesCfg.ProcPath, rulesCfg.View = paths.ProcFS, view
 				return rules.New(rulesCfg, l)
+			}),
+		register(app, kubeproxy.Name, "kube-proxy's list/watch failures from its log (needs read access to the host's /var/log), and its metrics and health endpoints.",
+			func(l *slog.Logger) (phcollectors.Collector, error) {
+				return kubeproxy.New(kubeproxyCfg, l)
 			}),
 	}, api
 }
