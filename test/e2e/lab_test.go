@@ -81,7 +81,9 @@ func newLabRules(t *testing.T, rules string) *Lab {
 		t.Fatal(err)
 	}
 	id := hex.EncodeToString(b[:])
-	prefix := nsPrefix + id
+	// The test process's pid in the name lets a later run tell a leftover (its creator is gone)
+	// from the lab of a run still going (removeLeftovers).
+	prefix := fmt.Sprintf("%s%d-%s", nsPrefix, os.Getpid(), id)
 	l := &Lab{t: t, ID: id, Dir: t.TempDir(),
 		Node: prefix + "-node", A: prefix + "-a", B: prefix + "-b", C: prefix + "-c"}
 

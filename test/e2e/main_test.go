@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -92,8 +93,24 @@ func repoRoot() (string, error) {
 	return filepath.Dir(mod), nil
 }
 
+// creatorAlive reports whether the lab namespace ns ("ph-e2e-<pid>-<id>-<role>") belongs to a
+// test process that is still running, which may be another run of the lab going on at the
+// same time: its namespaces are not leftovers.
+func creatorAlive(ns string) bool {
+	pidPart, _, ok := strings.Cut(strings.TrimPrefix(ns, nsPrefix), "-")
+	if !ok {
+		return false
+	}
+	pid, err := strconv.Atoi(pidPart)
+	if err != nil || pid <= 1 || pid == os.Getpid() {
+		return false
+	}
+	return syscall.Kill(pid, 0) == nil
+}
+
 // removeLeftovers deletes namespaces a killed earlier run left behind, after ending the
-// processes that run inside them (a lab's exporter and servers).
+// processes that run inside them (a lab's exporter and servers). Namespaces of a run that is
+// still going are left alone.
 func removeLeftovers() {
 	out, err := exec.Command("ip", "netns", "list").Output()
 	if err != nil {
@@ -105,6 +122,9 @@ func removeLeftovers() {
 			continue
 		}
 		ns := fields[0]
+		if creatorAlive(ns) {
+			continue
+		}
 		if pids, err := exec.Command("ip", "netns", "pids", ns).Output(); err == nil {
 			for _, p := range strings.Fields(string(pids)) {
 				if pid, err := strconv.Atoi(p); err == nil && pid > 1 {
