@@ -212,6 +212,8 @@ func (c *Collector) note(res *probeResult) {
 	case c.cfg.HealthURL == "":
 	case res.healthy:
 		health = "kube-proxy says it is healthy on " + res.healthPath
+	case !res.healthAnswered:
+		health = "kube-proxy's health endpoint does not answer: proxyhealth_kubeproxy_healthy is 0 (see --kubeproxy.health-url)"
 	default:
 		health = "kube-proxy is not healthy on " + res.healthPath
 	}

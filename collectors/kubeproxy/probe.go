@@ -35,8 +35,9 @@ type probeResult struct {
 	healthy  bool
 	// healthPath is the health path that gave the verdict (/livez, or /healthz on versions
 	// without /livez); healthReason says why it is not healthy.
-	healthPath   string
-	healthReason string
+	healthPath     string
+	healthReason   string
+	healthAnswered bool
 
 	// From the metrics, per IP family folded to the worst one; the has* fields say whether
 	// kube-proxy exported the metric at all.
@@ -215,7 +216,7 @@ func (p *prober) probeHealth(ctx context.Context, res *probeResult) {
 		u = parsed.String()
 		code, err = p.status(ctx, u)
 	}
-	res.healthPath = pathOf(u)
+	res.healthPath, res.healthAnswered = pathOf(u), err == nil
 	switch {
 	case err != nil:
 		res.healthReason = err.Error()
