@@ -13,6 +13,7 @@ import (
 
 	"github.com/proxyhealth/proxyhealth/internal/command"
 	"github.com/proxyhealth/proxyhealth/internal/iptables"
+	"github.com/proxyhealth/proxyhealth/internal/nft"
 )
 
 // Proxy modes, the values of proxyhealth_proxy_mode's mode label.
@@ -77,8 +78,8 @@ type readResult struct {
 	rules   map[bool]programmedRules // by ipv6; a family that could not be read is absent
 }
 
-// read finds the mode and, in iptables mode, the programmed rules of IPv4 and, when wantIPv6,
-// of IPv6. An error means the mode or rules could not be read.
+// read finds the mode and, in iptables and nftables mode, the programmed rules of IPv4 and,
+// when wantIPv6, of IPv6. An error means the mode or rules could not be read.
 func (rd *reader) read(ctx context.Context, wantIPv6 bool) (readResult, error) {
 	if rd.ipvsActive() {
 		rd.last = nil
@@ -110,7 +111,10 @@ func (rd *reader) cacheKey() (uint32, bool) {
 	return gen, err == nil
 }
 
-// readNow reads the mode and rules (see read).
+// readNow reads the mode and rules (see read). iptables mode is looked for first, as before
+// nftables mode was compared: kube-proxy removes the other modes' rules when it starts
+// (cmd/kube-proxy/app/server_linux.go: platformCleanup), so both are found only where that
+// cleanup failed.
 func (rd *reader) readNow(ctx context.Context, wantIPv6 bool) (readResult, error) {
 	v4, backend, err := rd.readIPTables(ctx, ipv4Family)
 	if err != nil {
@@ -129,10 +133,24 @@ func (rd *reader) readNow(ctx context.Context, wantIPv6 bool) (readResult, error
 		}
 		return res, nil
 	}
-	if rd.nftKubeProxyTable(ctx) {
-		return readResult{mode: modeNFTables}, nil
+	v4nft, err := rd.readNFT(ctx, "ip")
+	if err != nil {
+		return readResult{}, err
 	}
-	return readResult{mode: modeNone}, nil
+	if v4nft == nil {
+		return readResult{mode: modeNone}, nil
+	}
+	res := readResult{mode: modeNFTables, backend: "nft", rules: map[bool]programmedRules{false: v4nft}}
+	if wantIPv6 {
+		v6, err := rd.readNFT(ctx, "ip6")
+		if err != nil {
+			return readResult{}, err
+		}
+		if v6 != nil {
+			res.rules[true] = v6
+		}
+	}
+	return res, nil
 }
 
 // readIPTables reads the nat table of every backend that has kube-proxy's KUBE-SERVICES chain
@@ -184,14 +202,31 @@ func (rd *reader) readIPTables(ctx context.Context, fam iptablesFamily) (*iptabl
 	return best, bestBin, nil
 }
 
-// nftKubeProxyTable reports whether kube-proxy's nftables mode table exists.
-func (rd *reader) nftKubeProxyTable(ctx context.Context) bool {
+// readNFT reads kube-proxy's nftables-mode table of one family ("ip" or "ip6") with
+// `nft -j list table <family> kube-proxy` (see nftables.go for why JSON). It returns nil rules
+// when nft is not installed or the table does not exist.
+func (rd *reader) readNFT(ctx context.Context, family string) (*nftRules, error) {
 	path, err := rd.lookPath("nft")
 	if err != nil {
-		return false
+		return nil, nil
 	}
 	cctx, cancel := context.WithTimeout(ctx, rd.timeout)
-	defer cancel()
-	_, err = rd.run(cctx, path, "list", "table", "ip", "kube-proxy")
-	return err == nil
+	out, err := rd.run(cctx, path, "-j", "list", "table", family, "kube-proxy")
+	cancel()
+	if err != nil {
+		// nft's words for a table that does not exist (ENOENT).
+		if strings.Contains(err.Error(), "No such file or directory") {
+			return nil, nil
+		}
+		return nil, err
+	}
+	rs, err := nft.Parse(bytes.NewReader(out))
+	if err != nil {
+		return nil, fmt.Errorf("nft -j list table %s kube-proxy: %w", family, err)
+	}
+	tb := rs.Table(family, "kube-proxy")
+	if tb == nil {
+		return nil, nil
+	}
+	return newNFTRules(tb), nil
 }

@@ -118,7 +118,7 @@ func (c *Collector) check(ctx context.Context) {
 	switch {
 	case err != nil:
 		res = checkResult{at: start, err: fmt.Errorf("read kube-proxy's rules: %w", err)}
-	case rr.mode == modeIPTables:
+	case rr.mode == modeIPTables || rr.mode == modeNFTables:
 		res = c.engine.check(snap, rr.rules, start)
 		res.mode = rr.mode
 	default:
@@ -140,14 +140,12 @@ func (c *Collector) noteMode(rr readResult, err error) {
 	switch {
 	case err != nil:
 		return // the collector set logs the error
-	case rr.mode == modeIPTables:
+	case rr.mode == modeIPTables || rr.mode == modeNFTables:
 		families := "IPv4"
 		if rr.rules[true] != nil {
 			families += " and IPv6"
 		}
-		note = fmt.Sprintf("kube-proxy is in iptables mode (%s, %s): checking drift", rr.backend, families)
-	case rr.mode == modeNFTables:
-		note = "kube-proxy is in nftables mode: this version compares iptables-mode rules only, so the drift check is idle"
+		note = fmt.Sprintf("kube-proxy is in %s mode (%s, %s): checking drift", rr.mode, rr.backend, families)
 	case rr.mode == modeIPVS:
 		note = "kube-proxy is in IPVS mode (kube-ipvs0 exists): its rules cannot be compared here, the drift check is off"
 	default:
@@ -192,11 +190,11 @@ var (
 		[]string{"service_namespace", "service_name", "service_port", "protocol", "kind"}, nil)
 	driftUnlistedDesc = newDesc("rules_drift_unlisted", "Drifting service ports left out of proxyhealth_service_drift_endpoints by --rules.max-service-series.")
 	driftAgeDesc      = newDesc("rules_drift_age_seconds", "How long the oldest current drift has lasted (0 when none).")
-	orphanChainsDesc  = newDesc("rules_orphan_chains", "kube-proxy service port chains (KUBE-SVC-*, KUBE-SVL-*) that no Service port in the API accounts for: rules left for deleted Services.")
+	orphanChainsDesc  = newDesc("rules_orphan_chains", "kube-proxy service port chains (iptables KUBE-SVC-*, KUBE-SVL-*; nftables service-*, local-* with rules) that no Service port in the API accounts for: rules left for deleted Services.")
 	checkDurationDesc = newDesc("rules_check_duration_seconds", "How long the last drift check took (reading the rules and comparing).")
 	lastCheckDesc     = newDesc("rules_last_check_timestamp_seconds", "When the last drift check ran.")
 	checkErrorsDesc   = newDesc("rules_check_errors_total", "Drift checks that failed to read kube-proxy's rules or the API view.")
-	readsReusedDesc   = newDesc("rules_reads_reused_total", "Drift checks that reused the last read of the rules because the nftables ruleset generation had not moved (iptables-nft backend); the comparison with the API still ran.")
+	readsReusedDesc   = newDesc("rules_reads_reused_total", "Drift checks that reused the last read of the rules because the nftables ruleset generation had not moved (iptables-nft backend or nftables mode); the comparison with the API still ran.")
 	lastHeardDesc     = prometheus.NewDesc("proxyhealth_api_last_heard_timestamp_seconds", "When the exporter's own API view last heard from the API server (a watch event or a probe on the same connection).", nil, nil)
 	viewFreshDesc     = prometheus.NewDesc("proxyhealth_api_view_fresh", "1 while the exporter's own API view is synced and recently heard from; drift is only reported while it is.", nil, nil)
 )
