@@ -45,6 +45,15 @@ func testScrapeMatchesReadme(t *testing.T, s Scrape) {
 		openUnreplied:                                  true,
 		"proxyhealth_service_drift_endpoints":          true,
 		"proxyhealth_api_last_heard_timestamp_seconds": true,
+		// From kube-proxy's own metrics and log: the kernel lab runs no kube-proxy.
+		"proxyhealth_kubeproxy_last_list_error_timestamp_seconds": true,
+		"proxyhealth_kubeproxy_last_sync_age_seconds":             true,
+		"proxyhealth_kubeproxy_sync_pending_seconds":              true,
+		"proxyhealth_kubeproxy_endpoint_changes_pending":          true,
+		"proxyhealth_kubeproxy_service_changes_pending":           true,
+		"proxyhealth_kubeproxy_sync_failures_total":               true,
+		"proxyhealth_kubeproxy_invalid_dropped_packets_total":     true,
+		"proxyhealth_kubeproxy_healthy":                           true,
 	}
 	for name := range ref {
 		if _, ok := s[name]; !ok && !strings.Contains(name, "_unlisted") && !conditional[name] {
