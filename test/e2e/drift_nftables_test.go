@@ -5,13 +5,16 @@ package e2e
 import (
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
 )
 
 // TestDriftNFTables is TestDrift's incident 3 (kube_proxy_connection_dead) with kube-proxy in
 // nftables mode: its API connection black-holed, a service's 10 endpoints become 11 in the API
 // (2 deleted, 3 added), and the exporter's scrape shows exactly that service port drifting with
 // 2 stale and 3 missing endpoints once the grace period has passed, and no drift once healed.
-// It asserts only on the exporter's scrape, besides waiting for kube-proxy's table.
+// Then the same for a service with ClientIP session affinity (per-endpoint chains). It asserts
+// only on the exporter's scrape, besides waiting for kube-proxy's table.
 func TestDriftNFTables(t *testing.T) {
 	requireKube(t)
 	requireExporter(t)
@@ -76,5 +79,31 @@ func TestDriftNFTables(t *testing.T) {
 	t.Logf("drift gone %s after healing", time.Since(healed).Round(time.Millisecond))
 	cp.WaitNFTServicePort(10*time.Second, ns, name, "tcp", "http", false, newAddrs)
 	checkNoDrift(t, waitConverged(t, e, cp, "every service port checked after healing"), "after healing")
+
+	// The other form: ClientIP session affinity puts each endpoint in a chain of its own behind
+	// a numgen vmap. Black-holed again, one of its 3 endpoints replaced in the API: 1 stale,
+	// 1 missing.
+	const sticky = "sticky"
+	cp.CreateService(httpService(ns, sticky, "10.96.0.55", func(spec *corev1.ServiceSpec) {
+		spec.SessionAffinity = corev1.ServiceAffinityClientIP
+	}))
+	stickyEps, stickyAddrs := remoteEndpoints(6, 1, 3)
+	cp.ApplySlice(EndpointSlice(ns, sticky, sticky+"-1", httpSlicePorts, stickyEps))
+	cp.WaitNFTServicePort(30*time.Second, ns, sticky, "tcp", "http", false, stickyAddrs)
+	waitConverged(t, e, cp, "lab/sticky with 3 endpoints checked without drift")
+	t.Logf("kube-proxy's fault proxy: %s", cp.Blackhole())
+	replaced, _ := remoteEndpoints(6, 2, 4)
+	cp.ApplySlice(EndpointSlice(ns, sticky, sticky+"-1", httpSlicePorts, replaced))
+	stale, missing = driftLabels(ns, sticky, "stale"), driftLabels(ns, sticky, "missing")
+	s = e.Poll(t, timeout, "lab/sticky drifting with 1 stale and 1 missing endpoint", nil, func(s Scrape) (bool, string) {
+		return gauge(t, s, servicesDrifted, nil) == 1 && gauge(t, s, serviceDrift, stale) == 1 && gauge(t, s, serviceDrift, missing) == 1, driftSummary(s)
+	})
+	checkValue(t, s, endpointsStale, nil, 1)
+	checkValue(t, s, endpointsMissing, nil, 1)
+	t.Logf("kube-proxy's fault proxy: %s", cp.Heal())
+	e.Poll(t, 30*time.Second, "no drift once healed again", nil, func(s Scrape) (bool, string) {
+		return gauge(t, s, servicesDrifted, nil) == 0 && s[serviceDrift] == nil, driftSummary(s)
+	})
+	checkNoDrift(t, waitConverged(t, e, cp, "every service port checked after healing again"), "after healing again")
 	t.Logf("TestDriftNFTables took %s", time.Since(start).Round(time.Millisecond))
 }
