@@ -66,13 +66,14 @@ func TestDrift(t *testing.T) {
 	l := newLabRules(t, labRawRules)
 	cp := StartControlPlane(t, l, ControlPlaneOptions{})
 	kubeconfig := cp.readOnlyKubeconfig("proxyhealth.kubeconfig", apiserverAddr)
-	e := l.StartExporter("proxyhealth", driftExporterPort, nil, driftExporterArgs(kubeconfig)...)
+	e := l.StartExporter("proxyhealth", driftExporterPort, nil, append(driftExporterArgs(kubeconfig), kubeProxyExporterArgs(cp)...)...)
 	waitDriftSynced(t, e, cp)
 	t.Logf("control plane, kube-proxy and exporter synced in %s", time.Since(start).Round(time.Millisecond))
 
 	var drifting Scrape // taken while a service drifts, for the README check
 	t.Run("healthy_churn", func(t *testing.T) { testHealthyChurn(t, cp.In(t), e) })
 	t.Run("kube_proxy_connection_dead", func(t *testing.T) { drifting = testKubeProxyDead(t, cp.In(t), e) })
+	t.Run("kube_proxy_log_errors", func(t *testing.T) { testKubeProxyLogErrors(t, cp.In(t), e) })
 	t.Run("local_and_zone_hints", func(t *testing.T) { testLocalAndZoneHints(t, cp.In(t), e) })
 	t.Run("exporter_connection_dead", func(t *testing.T) { testExporterConnectionDead(t, cp.In(t)) })
 	t.Run("scrape_matches_readme", func(t *testing.T) {
@@ -81,6 +82,8 @@ func TestDrift(t *testing.T) {
 		}
 		testDriftScrapeMatchesReadme(t, drifting)
 	})
+	// Last: it stops kube-proxy.
+	t.Run("kube_proxy_stopped", func(t *testing.T) { testKubeProxyStopped(t, cp.In(t), e) })
 	t.Logf("TestDrift took %s", time.Since(start).Round(time.Millisecond))
 }
 
