@@ -32,8 +32,10 @@ kube:
 e2e:
 	$(GO) test -tags e2e -count=1 -v ./test/e2e/
 
-# The conntrack event benchmark at smoke size: proves the harness, asserts no figures.
+# The conntrack event and rules drift benchmarks at smoke size: prove the harnesses, assert no
+# figures.
 bench-smoke:
 	$(GO) run ./bench/conntrack-events --smoke
+	$(GO) run ./bench/rules-drift --smoke
 
 test: vet unit kube e2e bench-smoke

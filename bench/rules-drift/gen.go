@@ -1,0 +1,98 @@
+//go:build linux
+
+package main
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/base32"
+	"fmt"
+	"net/netip"
+	"strconv"
+)
+
+// The synthetic cluster: services x endpoints ClusterIP services, all TCP port 80 named
+// "http", each backed by endpoints on port 8080. The same shape is written as iptables rules
+// (part 1) and as API objects (part 4).
+const (
+	svcNamespaces = 100
+	svcPortName   = "http"
+	svcPort       = 80
+	podPort       = 8080
+	clusterCIDR   = "10.244.0.0/16"
+	serviceCIDR   = "10.96.0.0/16"
+)
+
+func svcNamespace(s int) string { return "ns" + strconv.Itoa(s%svcNamespaces) }
+func svcName(s int) string      { return "svc" + strconv.Itoa(s) }
+
+// serviceVIP is service s's ClusterIP: 10.96.0.16 on, clear of the kubernetes Service's
+// 10.96.0.1.
+func serviceVIP(s int) netip.Addr {
+	n := 16 + s
+	return netip.AddrFrom4([4]byte{10, 96, byte(n >> 8), byte(n)})
+}
+
+// endpointIP is endpoint e of service s: 10.128.0.0/9, one address per endpoint.
+func endpointIP(s, e, endpoints int) netip.Addr {
+	n := 1 + s*endpoints + e
+	return netip.AddrFrom4([4]byte{10, byte(128 + n>>16), byte(n >> 8), byte(n)})
+}
+
+// chainHash is kube-proxy's portProtoHash (pkg/proxy/iptables/proxier.go): the first 16
+// characters of the base32 SHA-256 of the parts joined.
+func chainHash(parts ...string) string {
+	h := sha256.New()
+	for _, p := range parts {
+		h.Write([]byte(p))
+	}
+	return base32.StdEncoding.EncodeToString(h.Sum(nil))[:16]
+}
+
+// natRules writes the nat table the way kube-proxy v1.36's iptables mode writes it for
+// ClusterIP services (pkg/proxy/iptables/proxier.go syncProxyRules), in iptables-restore
+// format: chain declarations, then its fixed rules, a KUBE-SERVICES jump per service port, a
+// KUBE-MARK-MASQ rule for off-cluster sources in each KUBE-SVC chain, one
+// "statistic --mode random" jump per endpoint, and in each KUBE-SEP chain a hairpin
+// KUBE-MARK-MASQ and the DNAT. Every rule carries its comment; kube-proxy itself leaves the
+// per-endpoint comments out once a node has more than 1,000 endpoints (its "large cluster
+// mode"), so real tables at this scale are about a fifth smaller: this is the larger case.
+func natRules(services, endpoints int) []byte {
+	var chains, rules bytes.Buffer
+	chains.Grow(services * (1 + endpoints) * 30)
+	rules.Grow(services * (150 + endpoints*330))
+	chains.WriteString("*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n")
+	chains.WriteString(":KUBE-SERVICES - [0:0]\n:KUBE-NODEPORTS - [0:0]\n:KUBE-POSTROUTING - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n")
+	rules.WriteString("-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n")
+	rules.WriteString("-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n")
+	rules.WriteString("-A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING\n")
+	rules.WriteString("-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN\n")
+	rules.WriteString("-A KUBE-POSTROUTING -j MARK --xor-mark 0x4000\n")
+	rules.WriteString("-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully\n")
+	rules.WriteString("-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000\n")
+	for s := range services {
+		name := svcNamespace(s) + "/" + svcName(s) + ":" + svcPortName
+		vip := serviceVIP(s)
+		svc := "KUBE-SVC-" + chainHash(name, "tcp")
+		fmt.Fprintf(&chains, ":%s - [0:0]\n", svc)
+		fmt.Fprintf(&rules, "-A KUBE-SERVICES -m comment --comment \"%s cluster IP\" -m tcp -p tcp -d %s --dport %d -j %s\n", name, vip, svcPort, svc)
+		fmt.Fprintf(&rules, "-A %s -m comment --comment \"%s cluster IP\" -m tcp -p tcp -d %s --dport %d ! -s %s -j KUBE-MARK-MASQ\n", svc, name, vip, svcPort, clusterCIDR)
+		for e := range endpoints {
+			ip := endpointIP(s, e, endpoints)
+			ep := netip.AddrPortFrom(ip, podPort).String()
+			sep := "KUBE-SEP-" + chainHash(name, "tcp", ep)
+			fmt.Fprintf(&chains, ":%s - [0:0]\n", sep)
+			if left := endpoints - e; left > 1 {
+				fmt.Fprintf(&rules, "-A %s -m comment --comment \"%s -> %s\" -m statistic --mode random --probability %0.10f -j %s\n", svc, name, ep, 1/float64(left), sep)
+			} else {
+				fmt.Fprintf(&rules, "-A %s -m comment --comment \"%s -> %s\" -j %s\n", svc, name, ep, sep)
+			}
+			fmt.Fprintf(&rules, "-A %s -m comment --comment %s -s %s -j KUBE-MARK-MASQ\n", sep, name, ip)
+			fmt.Fprintf(&rules, "-A %s -m comment --comment %s -m tcp -p tcp -j DNAT --to-destination %s\n", sep, name, ep)
+		}
+	}
+	rules.WriteString("-A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS\n")
+	rules.WriteString("COMMIT\n")
+	out := chains.Bytes()
+	return append(out, rules.Bytes()...)
+}

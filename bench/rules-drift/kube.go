@@ -1,0 +1,701 @@
+//go:build linux
+
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// The API part's fixed addresses, on the loopback of a namespace of its own: every port is
+// free by construction. The control plane is started the way test/e2e/kube_test.go's lab
+// starts it (that code is test-only, behind the e2e build tag); what is copied here is the
+// minimum: the binaries' location, the credentials and the command lines.
+const (
+	etcdClientAddr   = "127.0.0.1:2379"
+	etcdPeerAddr     = "127.0.0.1:2380"
+	apiserverAddr    = "127.0.0.1:6443"
+	kubeProxyMetrics = "127.0.0.1:10249"
+	kubeProxyHealthz = "127.0.0.1:10256"
+	exporterAddr     = "127.0.0.1:9869"
+	nodeName         = "bench-node"
+	nodeIP           = "172.18.0.2" // on the namespace's loopback: the Node's InternalIP
+)
+
+type kubeBins struct{ Version, Etcd, APIServer, Proxy string }
+
+// findKube locates etcd, kube-apiserver and kube-proxy as the lab does: $PROXYHEALTH_KUBE_BIN,
+// else test/kube/build.sh's cache for the version test/kube/go.mod pins.
+func findKube(repo string) (kubeBins, error) {
+	var b kubeBins
+	mod, err := os.ReadFile(filepath.Join(repo, "test", "kube", "go.mod"))
+	if err != nil {
+		return b, err
+	}
+	m := regexp.MustCompile(`(?m)^require k8s\.io/kubernetes (v\S+)`).FindSubmatch(mod)
+	if m == nil {
+		return b, errors.New("test/kube/go.mod pins no k8s.io/kubernetes version")
+	}
+	b.Version = string(m[1])
+	dir := os.Getenv("PROXYHEALTH_KUBE_BIN")
+	if dir == "" {
+		cache := os.Getenv("PROXYHEALTH_KUBE_CACHE")
+		if cache == "" {
+			home, err := os.UserHomeDir()
+			if err != nil {
+				return b, err
+			}
+			cache = filepath.Join(home, ".cache", "proxyhealth", "kube")
+		}
+		dir = filepath.Join(cache, b.Version)
+	}
+	b.APIServer, b.Proxy = filepath.Join(dir, "kube-apiserver"), filepath.Join(dir, "kube-proxy")
+	for _, p := range []string{b.APIServer, b.Proxy} {
+		if _, err := os.Stat(p); err != nil {
+			return b, fmt.Errorf("%s missing (make kube builds it)", p)
+		}
+	}
+	if b.Etcd, err = exec.LookPath("etcd"); err != nil {
+		return b, errors.New("etcd not found (apt-get install -y etcd-server)")
+	}
+	return b, nil
+}
+
+// memSample is a process's resident memory at one moment.
+type memSample struct {
+	RSSKiB, HWMKiB int64
+}
+
+// kubeResult is the API part.
+type kubeResult struct {
+	Version                    string
+	NS                         string
+	Services, Slices           int
+	Endpoints                  int
+	Workers                    int
+	ControlPlaneUp             time.Duration
+	Load                       time.Duration
+	LoadRetries                int64
+	ExporterFresh              time.Duration // exporter start to proxyhealth_api_view_fresh 1
+	ExporterInformersOnly      memSample     // at that moment, before kube-proxy wrote rules
+	KubeProxyFirstSync         time.Duration // kube-proxy start to its first full sync
+	KubeProxySyncSeconds       float64       // its own sync duration metric for that sync
+	KubeProxySVCChains         int
+	KubeProxy                  memSample
+	ExporterChecked            float64 // proxyhealth_rules_services_checked
+	ExporterDrifted, Stale     float64
+	Missing                    float64
+	ExporterCheckSeconds       []float64 // proxyhealth_rules_check_duration_seconds of full checks
+	Exporter                   memSample // after full checks
+	Etcd, APIServer            memSample
+	ExporterGoHeap             float64 // go_memstats_heap_inuse_bytes after full checks
+	ExporterArgs, KubeProxyArg string
+}
+
+// proc is one process started in the namespace; `ip netns exec` execs it, so the pid is its
+// own.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{}
+}
+
+func startProc(ns, dir, name string, args ...string) (*proc, error) {
+	p := &proc{name: name, log: filepath.Join(dir, name+".log"), done: make(chan struct{})}
+	f, err := os.Create(p.log)
+	if err != nil {
+		return nil, err
+	}
+	p.cmd = exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...)
+	p.cmd.Stdout, p.cmd.Stderr = f, f
+	// No Pdeathsig: it fires when the OS thread that started the child exits, and nsDialer
+	// makes the runtime discard threads. What outlives this program is killed with the
+	// namespace at the next run's start.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := p.cmd.Start(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("starting %s: %w", name, err)
+	}
+	go func() { _ = p.cmd.Wait(); f.Close(); close(p.done) }()
+	return p, nil
+}
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (p *proc) stop() {
+	if p == nil || p.exited() {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(5 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+func (p *proc) mem() memSample {
+	rss, hwm, _ := procStatus(p.cmd.Process.Pid)
+	return memSample{rss, hwm}
+}
+
+func (p *proc) tail() string {
+	b, _ := os.ReadFile(p.log)
+	if len(b) > 3000 {
+		b = b[len(b)-3000:]
+	}
+	return string(b)
+}
+
+// waitFor polls cond every 500ms until it holds, ctx ends or timeout passes.
+func waitFor(ctx context.Context, timeout time.Duration, what string, cond func() (bool, string, error)) error {
+	deadline := time.Now().Add(timeout)
+	last := ""
+	for {
+		ok, detail, err := cond()
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		if ok {
+			return nil
+		}
+		last = detail
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out after %s waiting for %s (last: %s)", timeout, what, truncate(last, 500))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// metric returns the value of a sample in a Prometheus text exposition: the largest over its
+// label sets (kube-proxy labels its sync metrics by ip_family).
+func metric(body, name string) (float64, bool) {
+	best, found := 0.0, false
+	for _, line := range strings.Split(body, "\n") {
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok || rest == "" || (rest[0] != ' ' && rest[0] != '{') {
+			continue
+		}
+		if rest[0] == '{' {
+			i := strings.Index(rest, "} ")
+			if i < 0 {
+				continue
+			}
+			rest = rest[i+1:]
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+		if err == nil && (!found || v > best) {
+			best, found = v, true
+		}
+	}
+	return best, found
+}
+
+func randomToken() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// writeCredentials writes the token file (one admin in system:masters, used by the loader,
+// the exporter and kube-proxy alike), the service-account key pair and the kubeconfig.
+func writeCredentials(dir, token string) (kubeconfig string, err error) {
+	write := func(name, content string, mode os.FileMode) (string, error) {
+		p := filepath.Join(dir, name)
+		return p, os.WriteFile(p, []byte(content), mode)
+	}
+	if _, err := write("tokens.csv", fmt.Sprintf("%s,admin,admin,\"system:masters\"\n", token), 0o600); err != nil {
+		return "", err
+	}
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		return "", err
+	}
+	pub, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	if err != nil {
+		return "", err
+	}
+	if _, err := write("sa.key", string(pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)})), 0o600); err != nil {
+		return "", err
+	}
+	if _, err := write("sa.pub", string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub})), 0o644); err != nil {
+		return "", err
+	}
+	return write("admin.kubeconfig", fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: bench
+  cluster:
+    server: https://%s
+    insecure-skip-tls-verify: true
+users:
+- name: admin
+  user:
+    token: %s
+contexts:
+- name: bench
+  context:
+    cluster: bench
+    user: admin
+current-context: bench
+`, apiserverAddr, token), 0o600)
+}
+
+// runKube starts etcd and kube-apiserver in a namespace of its own, loads the services, and
+// measures the exporter's and kube-proxy's resident memory against them.
+func runKube(ctx context.Context, cfg config, bins kubeBins, tmp string) (res *kubeResult, err error) {
+	res = &kubeResult{Version: bins.Version, Workers: cfg.workers}
+	dir := filepath.Join(tmp, "kube")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return res, err
+	}
+	// etcd's data on tmpfs: the load is then bound by the apiserver, not by fsync.
+	etcdDir, err := os.MkdirTemp("/dev/shm", "ph-bench-rd-etcd-")
+	if err != nil {
+		return res, err
+	}
+	defer os.RemoveAll(etcdDir)
+
+	logf("building proxyhealth")
+	exporterBin := filepath.Join(tmp, "proxyhealth")
+	build := exec.CommandContext(ctx, "go", "build", "-o", exporterBin, ".")
+	build.Dir = cfg.repo
+	if out, err := build.CombinedOutput(); err != nil {
+		return res, fmt.Errorf("go build: %w: %s", err, out)
+	}
+
+	res.NS = newNSName("api")
+	ns := res.NS
+	if err := addNS(ctx, ns); err != nil {
+		return res, err
+	}
+	var procs []*proc
+	defer func() {
+		for i := len(procs) - 1; i >= 0; i-- {
+			procs[i].stop()
+		}
+		if derr := deleteNS(ns); derr != nil && err == nil {
+			err = derr
+		}
+	}()
+	if _, err := run(ctx, nil, "ip", "-n", ns, "addr", "add", nodeIP+"/32", "dev", "lo"); err != nil {
+		return res, err
+	}
+	token := randomToken()
+	kubeconfig, err := writeCredentials(dir, token)
+	if err != nil {
+		return res, err
+	}
+	start := func(name string, args ...string) (*proc, error) {
+		p, err := startProc(ns, dir, name, args...)
+		if err == nil {
+			procs = append(procs, p)
+		}
+		return p, err
+	}
+
+	logf("starting etcd and kube-apiserver %s in %s", bins.Version, ns)
+	t0 := time.Now()
+	etcd, err := start("etcd", bins.Etcd,
+		"--name", "bench",
+		"--data-dir", filepath.Join(etcdDir, "data"),
+		"--listen-client-urls", "http://"+etcdClientAddr,
+		"--advertise-client-urls", "http://"+etcdClientAddr,
+		"--listen-peer-urls", "http://"+etcdPeerAddr,
+		"--initial-advertise-peer-urls", "http://"+etcdPeerAddr,
+		"--initial-cluster", "bench=http://"+etcdPeerAddr,
+		"--snapshot-count", "100000",
+		"--quota-backend-bytes", strconv.Itoa(8<<30),
+		"--log-level", "warn",
+		"--logger", "zap",
+	)
+	if err != nil {
+		return res, err
+	}
+	apiserver, err := start("kube-apiserver", bins.APIServer,
+		"--etcd-servers", "http://"+etcdClientAddr,
+		"--bind-address", "127.0.0.1",
+		"--secure-port", strings.Split(apiserverAddr, ":")[1],
+		"--advertise-address", nodeIP,
+		"--cert-dir", filepath.Join(dir, "apiserver-certs"),
+		"--token-auth-file", filepath.Join(dir, "tokens.csv"),
+		"--service-account-key-file", filepath.Join(dir, "sa.pub"),
+		"--service-account-signing-key-file", filepath.Join(dir, "sa.key"),
+		"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
+		"--authorization-mode", "RBAC",
+		"--service-cluster-ip-range", serviceCIDR,
+		"--enable-priority-and-fairness=false",
+		"--max-requests-inflight", "800",
+		"--max-mutating-requests-inflight", "400",
+		"--disable-admission-plugins", "ServiceAccount,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy,MutatingAdmissionPolicy,ResourceQuota,LimitRanger,StorageObjectInUseProtection,PersistentVolumeClaimResize,RuntimeClass,DefaultIngressClass",
+		"--profiling=false",
+		"--v", "1",
+	)
+	if err != nil {
+		return res, err
+	}
+	client, err := kubernetes.NewForConfig(&rest.Config{
+		Host:            "https://" + apiserverAddr,
+		BearerToken:     token,
+		TLSClientConfig: rest.TLSClientConfig{Insecure: true},
+		Dial:            nsDialer(ns),
+		QPS:             -1, // no client-side rate limit: the workers are the limit
+		Timeout:         30 * time.Second,
+		WarningHandler:  rest.NoWarnings{},
+	})
+	if err != nil {
+		return res, err
+	}
+	err = waitFor(ctx, 120*time.Second, "kube-apiserver /readyz", func() (bool, string, error) {
+		if etcd.exited() || apiserver.exited() {
+			return false, "", fmt.Errorf("etcd or kube-apiserver exited:\n%s\n%s", etcd.tail(), apiserver.tail())
+		}
+		c, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		body, err := client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(c)
+		return err == nil, fmt.Sprintf("%v: %s", err, body), nil
+	})
+	if err != nil {
+		return res, err
+	}
+	err = waitFor(ctx, 60*time.Second, "namespace default", func() (bool, string, error) {
+		_, err := client.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, fmt.Sprint(err), nil
+	})
+	if err != nil {
+		return res, err
+	}
+	if err := createNode(ctx, client); err != nil {
+		return res, err
+	}
+	res.ControlPlaneUp = time.Since(t0)
+
+	logf("creating %d Services and their EndpointSlices (%d endpoints each) with %d workers", cfg.services, cfg.endpoints, cfg.workers)
+	t0 = time.Now()
+	if err := load(ctx, client, cfg, res); err != nil {
+		return res, err
+	}
+	res.Load = time.Since(t0)
+	logf("loaded in %s", res.Load.Round(time.Millisecond))
+
+	// The exporter first, alone: its informers hold the whole API view, and no rules exist.
+	scrape := func() (string, error) { return nsGet(ns, "http://"+exporterAddr+"/metrics") }
+	res.ExporterArgs = fmt.Sprintf("--kubeconfig=admin.kubeconfig --node-name=%s --web.listen-address=%s", nodeName, exporterAddr)
+	t0 = time.Now()
+	exporter, err := start("proxyhealth", exporterBin, "--kubeconfig="+kubeconfig, "--node-name="+nodeName, "--web.listen-address="+exporterAddr)
+	if err != nil {
+		return res, err
+	}
+	err = waitFor(ctx, 5*time.Minute, "proxyhealth_api_view_fresh 1", func() (bool, string, error) {
+		if exporter.exited() {
+			return false, "", fmt.Errorf("proxyhealth exited:\n%s", exporter.tail())
+		}
+		body, err := scrape()
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		v, _ := metric(body, "proxyhealth_api_view_fresh")
+		return v == 1, fmt.Sprintf("proxyhealth_api_view_fresh %v", v), nil
+	})
+	if err != nil {
+		return res, err
+	}
+	res.ExporterFresh = time.Since(t0)
+	time.Sleep(2 * time.Second)
+	res.ExporterInformersOnly = exporter.mem()
+	logf("exporter's API view fresh after %s: VmRSS %.1f MiB", res.ExporterFresh.Round(time.Millisecond), mib(res.ExporterInformersOnly.RSSKiB))
+
+	// kube-proxy writes the rules.
+	kpArgs := []string{
+		"--kubeconfig", kubeconfig,
+		"--hostname-override", nodeName,
+		"--proxy-mode", "iptables",
+		"--cluster-cidr", clusterCIDR,
+		"--conntrack-max-per-core=0", // nf_conntrack_max cannot be set in a non-root namespace
+		"--conntrack-tcp-timeout-established=0",
+		"--conntrack-tcp-timeout-close-wait=0",
+		"--metrics-bind-address", kubeProxyMetrics,
+		"--healthz-bind-address", kubeProxyHealthz,
+		"--v", "1",
+	}
+	res.KubeProxyArg = strings.Join(kpArgs[2:], " ")
+	logf("starting kube-proxy")
+	t0 = time.Now()
+	kp, err := start("kube-proxy", append([]string{bins.Proxy}, kpArgs...)...)
+	if err != nil {
+		return res, err
+	}
+	err = waitFor(ctx, 15*time.Minute, "kube-proxy's first full sync", func() (bool, string, error) {
+		if kp.exited() {
+			return false, "", fmt.Errorf("kube-proxy exited:\n%s", kp.tail())
+		}
+		body, err := nsGet(ns, "http://"+kubeProxyMetrics+"/metrics")
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		last, _ := metric(body, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
+		if last <= 0 {
+			return false, "no sync yet", nil
+		}
+		out, err := run(ctx, nil, "ip", "netns", "exec", ns, "iptables-save", "-t", "nat")
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		n := strings.Count(out, "\n:KUBE-SVC-")
+		res.KubeProxySVCChains = n
+		if sum, ok := metric(body, "kubeproxy_sync_proxy_rules_duration_seconds_sum"); ok {
+			res.KubeProxySyncSeconds = sum
+		}
+		return n >= cfg.services, fmt.Sprintf("%d KUBE-SVC chains", n), nil
+	})
+	if err != nil {
+		return res, err
+	}
+	res.KubeProxyFirstSync = time.Since(t0)
+	logf("kube-proxy synced %d KUBE-SVC chains after %s", res.KubeProxySVCChains, res.KubeProxyFirstSync.Round(time.Millisecond))
+	time.Sleep(2 * time.Second)
+	res.KubeProxy = kp.mem()
+
+	// The exporter's full checks: two after the one that first saw every service.
+	var seen []float64
+	err = waitFor(ctx, 10*time.Minute, "three drift checks after every service was seen", func() (bool, string, error) {
+		if exporter.exited() {
+			return false, "", fmt.Errorf("proxyhealth exited:\n%s", exporter.tail())
+		}
+		body, err := scrape()
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		checked, _ := metric(body, "proxyhealth_rules_services_checked")
+		at, _ := metric(body, "proxyhealth_rules_last_check_timestamp_seconds")
+		if checked < float64(cfg.services) {
+			return false, fmt.Sprintf("checked %v", checked), nil
+		}
+		if len(seen) == 0 || seen[len(seen)-1] != at {
+			seen = append(seen, at)
+			d, _ := metric(body, "proxyhealth_rules_check_duration_seconds")
+			res.ExporterCheckSeconds = append(res.ExporterCheckSeconds, d)
+		}
+		res.ExporterChecked = checked
+		res.ExporterDrifted, _ = metric(body, "proxyhealth_rules_services_drifted")
+		res.Stale, _ = metric(body, "proxyhealth_rules_endpoints_stale")
+		res.Missing, _ = metric(body, "proxyhealth_rules_endpoints_missing")
+		res.ExporterGoHeap, _ = metric(body, "go_memstats_heap_inuse_bytes")
+		return len(seen) >= 3, fmt.Sprintf("%d full checks", len(seen)), nil
+	})
+	if err != nil {
+		return res, err
+	}
+	res.Exporter = exporter.mem()
+	res.KubeProxy = maxMem(res.KubeProxy, kp.mem())
+	res.Etcd, res.APIServer = etcd.mem(), apiserver.mem()
+	logf("exporter after %d checks: VmRSS %.1f MiB, VmHWM %.1f MiB; kube-proxy VmRSS %.1f MiB, VmHWM %.1f MiB",
+		len(seen), mib(res.Exporter.RSSKiB), mib(res.Exporter.HWMKiB), mib(res.KubeProxy.RSSKiB), mib(res.KubeProxy.HWMKiB))
+	return res, nil
+}
+
+func maxMem(a, b memSample) memSample {
+	return memSample{max(a.RSSKiB, b.RSSKiB), max(a.HWMKiB, b.HWMKiB)}
+}
+
+// createNode creates the node with an InternalIP in its status: kube-proxy waits for one.
+func createNode(ctx context.Context, client kubernetes.Interface) error {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, Labels: map[string]string{
+		"kubernetes.io/hostname":      nodeName,
+		"kubernetes.io/os":            "linux",
+		"topology.kubernetes.io/zone": "zone-a",
+	}}}
+	created, err := client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("creating node: %w", err)
+	}
+	created.Status.Addresses = []corev1.NodeAddress{
+		{Type: corev1.NodeInternalIP, Address: nodeIP},
+		{Type: corev1.NodeHostName, Address: nodeName},
+	}
+	created.Status.Conditions = []corev1.NodeCondition{{
+		Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "Bench",
+		LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now(),
+	}}
+	if _, err := client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("setting node status: %w", err)
+	}
+	return nil
+}
+
+// load creates the namespaces, then each Service and its EndpointSlice, with cfg.workers
+// parallel clients; a failed call is retried a few times.
+func load(ctx context.Context, client kubernetes.Interface, cfg config, res *kubeResult) error {
+	for i := range min(svcNamespaces, cfg.services) {
+		_, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: svcNamespace(i)}}, metav1.CreateOptions{})
+		if err != nil {
+			return fmt.Errorf("creating namespace: %w", err)
+		}
+	}
+	retry := func(what string, f func() error) error {
+		var err error
+		for attempt := range 5 {
+			if err = f(); err == nil {
+				return nil
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			atomic.AddInt64(&res.LoadRetries, 1)
+			time.Sleep(time.Duration(attempt+1) * 200 * time.Millisecond)
+		}
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	next := int64(-1)
+	var firstErr error
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var svcs, slices, eps int64
+	for range cfg.workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				s := int(atomic.AddInt64(&next, 1))
+				if s >= cfg.services || ctx.Err() != nil {
+					return
+				}
+				ns, name := svcNamespace(s), svcName(s)
+				vip := serviceVIP(s).String()
+				svc := &corev1.Service{
+					ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+					Spec: corev1.ServiceSpec{
+						Type:       corev1.ServiceTypeClusterIP,
+						ClusterIP:  vip,
+						ClusterIPs: []string{vip},
+						Ports: []corev1.ServicePort{{
+							Name: svcPortName, Protocol: corev1.ProtocolTCP, Port: svcPort, TargetPort: intstr.FromInt32(podPort),
+						}},
+					},
+				}
+				slice := endpointSlice(s, cfg.endpoints)
+				err := retry("creating service "+ns+"/"+name, func() error {
+					_, err := client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
+					if err != nil && strings.Contains(err.Error(), "already exists") {
+						return nil
+					}
+					return err
+				})
+				if err == nil {
+					atomic.AddInt64(&svcs, 1)
+					err = retry("creating EndpointSlice "+ns+"/"+slice.Name, func() error {
+						_, err := client.DiscoveryV1().EndpointSlices(ns).Create(ctx, slice, metav1.CreateOptions{})
+						if err != nil && strings.Contains(err.Error(), "already exists") {
+							return nil
+						}
+						return err
+					})
+				}
+				if err != nil {
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = err
+					}
+					mu.Unlock()
+					return
+				}
+				atomic.AddInt64(&slices, 1)
+				atomic.AddInt64(&eps, int64(len(slice.Endpoints)))
+				if n := s + 1; n%2000 == 0 {
+					logf("  ~%d services created", n)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	res.Services, res.Slices, res.Endpoints = int(svcs), int(slices), int(eps)
+	if firstErr != nil {
+		return firstErr
+	}
+	return ctx.Err()
+}
+
+func endpointSlice(s, endpoints int) *discoveryv1.EndpointSlice {
+	ready, terminating := true, false
+	sl := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Namespace: svcNamespace(s), Name: svcName(s) + "-bench", Labels: map[string]string{
+			discoveryv1.LabelServiceName: svcName(s),
+			discoveryv1.LabelManagedBy:   "ph-bench",
+		}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports: []discoveryv1.EndpointPort{{
+			Name: ptrTo(svcPortName), Protocol: ptrTo(corev1.ProtocolTCP), Port: ptrTo(int32(podPort)),
+		}},
+	}
+	for e := range endpoints {
+		sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{
+			Addresses:  []string{endpointIP(s, e, endpoints).String()},
+			Conditions: discoveryv1.EndpointConditions{Ready: &ready, Serving: &ready, Terminating: &terminating},
+			Zone:       ptrTo("zone-a"),
+		})
+	}
+	return sl
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+func (k *kubeResult) render(b *strings.Builder) {
+	if k.Load == 0 {
+		fmt.Fprintf(b, "API part (etcd, kube-apiserver %s in namespace %s) failed before the load ended.\n", k.Version, k.NS)
+		return
+	}
+	fmt.Fprintf(b, "API part: etcd and kube-apiserver %s in namespace %s (loopback, token auth), up in %.1f s. ", k.Version, k.NS, k.ControlPlaneUp.Seconds())
+	fmt.Fprintf(b, "Loaded %d Services and %d EndpointSlices (%d endpoints) with %d parallel clients in %.1f s (%.0f objects/s, %d retried calls).\n\n",
+		k.Services, k.Slices, k.Endpoints, k.Workers, k.Load.Seconds(), float64(k.Services+k.Slices)/k.Load.Seconds(), k.LoadRetries)
+	b.WriteString("| process | moment | VmRSS MiB | VmHWM MiB | notes |\n|---|---|---:|---:|---|\n")
+	fmt.Fprintf(b, "| proxyhealth | API view fresh, no rules yet (informers only) | %.1f | %.1f | fresh %.1f s after start |\n",
+		mib(k.ExporterInformersOnly.RSSKiB), mib(k.ExporterInformersOnly.HWMKiB), k.ExporterFresh.Seconds())
+	var checks []string
+	for _, c := range k.ExporterCheckSeconds {
+		checks = append(checks, fmt.Sprintf("%.2f", c))
+	}
+	fmt.Fprintf(b, "| proxyhealth | after %d drift checks of kube-proxy's rules | %.1f | %.1f | checked %.0f service ports, drifted %.0f (stale %.0f, missing %.0f); check durations %s s; Go heap in use %.1f MiB |\n",
+		len(k.ExporterCheckSeconds), mib(k.Exporter.RSSKiB), mib(k.Exporter.HWMKiB), k.ExporterChecked, k.ExporterDrifted, k.Stale, k.Missing,
+		strings.Join(checks, ", "), k.ExporterGoHeap/(1<<20))
+	fmt.Fprintf(b, "| kube-proxy %s | after its first full sync | %.1f | %.1f | synced %d KUBE-SVC chains %.1f s after start (its own sync duration %.1f s) |\n",
+		k.Version, mib(k.KubeProxy.RSSKiB), mib(k.KubeProxy.HWMKiB), k.KubeProxySVCChains, k.KubeProxyFirstSync.Seconds(), k.KubeProxySyncSeconds)
+	fmt.Fprintf(b, "| kube-apiserver | end | %.1f | %.1f | |\n", mib(k.APIServer.RSSKiB), mib(k.APIServer.HWMKiB))
+	fmt.Fprintf(b, "| etcd | end | %.1f | %.1f | |\n\n", mib(k.Etcd.RSSKiB), mib(k.Etcd.HWMKiB))
+	fmt.Fprintf(b, "proxyhealth `%s` (defaults otherwise: every collector on, --rules.check-interval=10s); kube-proxy `%s`.\n", k.ExporterArgs, k.KubeProxyArg)
+}

@@ -1,0 +1,287 @@
+//go:build linux
+
+// Command rules-drift benchmarks the rules collector's drift check at kube-proxy scale, in one
+// run: how long iptables-nft-save and iptables-legacy-save take to dump a kube-proxy-shaped
+// nat table of --services x --endpoints (each backend loaded in a network namespace of its
+// own), what the exporter's parse and compare cost on top (the rules package's own
+// benchmarks, and internal/iptables.Parse on the very output just saved), and, against a real
+// etcd and kube-apiserver holding the same number of Services and EndpointSlices, the
+// exporter's memory next to kube-proxy v1.36's. It must run as root. See README.md.
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+type config struct {
+	services, endpoints int
+	reps                int
+	smoke               bool
+	repo                string
+	out                 string
+	kube                string // auto, on, off
+	workers             int
+	cpuprofile          string
+	keepTmp             bool
+}
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "measure" {
+		if err := runMeasure(os.Args[2:]); err != nil {
+			fmt.Fprintf(os.Stderr, "rules-drift measure: %v\n", err)
+			os.Exit(1)
+		}
+		return
+	}
+	os.Exit(runMain(os.Args[1:]))
+}
+
+func runMain(args []string) int {
+	fs := flag.NewFlagSet("rules-drift", flag.ContinueOnError)
+	var cfg config
+	fs.IntVar(&cfg.services, "services", 10000, "ClusterIP services (one TCP port each)")
+	fs.IntVar(&cfg.endpoints, "endpoints", 10, "endpoints per service")
+	fs.IntVar(&cfg.reps, "reps", 3, "repetitions of each timed save and parse, and -count of the go benchmarks")
+	fs.BoolVar(&cfg.smoke, "smoke", false, "200 services x 3 endpoints, one repetition; the API part only if etcd and the kube binaries exist; fails only if the harness breaks")
+	fs.StringVar(&cfg.repo, "repo", "", "proxyhealth repository root (default: found upwards from the working directory)")
+	fs.StringVar(&cfg.out, "out", "", "also write the markdown report to this file")
+	fs.StringVar(&cfg.kube, "kube", "auto", "the API part (etcd, kube-apiserver, exporter and kube-proxy RSS): on, off, or auto (on when the binaries exist)")
+	fs.IntVar(&cfg.workers, "workers", 16, "parallel API clients creating Services and EndpointSlices")
+	fs.StringVar(&cfg.cpuprofile, "cpuprofile", "", "pass -cpuprofile FILE to the go benchmarks (FILE relative to the repository)")
+	fs.BoolVar(&cfg.keepTmp, "keep-tmp", false, "keep the temporary directory (process logs, saved tables)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if cfg.smoke {
+		cfg.services, cfg.endpoints, cfg.reps = 200, 3, 1
+	}
+	switch {
+	case cfg.services < 1 || cfg.services > 60000:
+		fmt.Fprintln(os.Stderr, "--services must be in [1, 60000] (ClusterIPs come from one /16)")
+		return 2
+	case cfg.endpoints < 1 || cfg.services*cfg.endpoints > 8_000_000:
+		fmt.Fprintln(os.Stderr, "--endpoints must be at least 1, and services x endpoints at most 8,000,000")
+		return 2
+	case cfg.reps < 1:
+		fmt.Fprintln(os.Stderr, "--reps must be at least 1")
+		return 2
+	case cfg.kube != "auto" && cfg.kube != "on" && cfg.kube != "off":
+		fmt.Fprintln(os.Stderr, "--kube must be on, off or auto")
+		return 2
+	}
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "rules-drift must run as root (it creates network namespaces)")
+		return 2
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+	go func() {
+		if s, ok := <-sigs; ok {
+			logf("%v: stopping", s)
+			cancel()
+		}
+	}()
+	rep, err := bench(ctx, cfg, append([]string{"go run ./bench/rules-drift"}, args...))
+	if rep != nil {
+		text := rep.render()
+		fmt.Print(text)
+		if cfg.out != "" {
+			if werr := os.WriteFile(cfg.out, []byte(text), 0o644); werr != nil {
+				fmt.Fprintln(os.Stderr, werr)
+				return 1
+			}
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "rules-drift: %v\n", err)
+		if ctx.Err() != nil {
+			return 130
+		}
+		return 1
+	}
+	return 0
+}
+
+// report is everything one run measured.
+type report struct {
+	cfg                        config
+	Date, Kernel, CPU, Cmdline string
+	Cores                      int
+	Commit, IPTablesVersion    string
+	GenLines, GenBytes         int
+	GenChains                  int
+	RSSFloorKiB                int64 // rusage maxrss of `true` run the same way as the saves
+	Saves                      []saveResult
+	GoBench                    []goBench
+	GoBenchCmd                 string
+	GoBenchScale               string
+	Kube                       *kubeResult
+	KubeSkipped                string
+	Errs                       []string
+}
+
+func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
+	unlock, err := lockRun()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	for _, ns := range listOwnNS() {
+		fmt.Fprintf(os.Stderr, "removing leftover namespace %s\n", ns)
+		if err := deleteNS(ns); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.repo == "" {
+		if cfg.repo, err = findRepo(); err != nil {
+			return nil, err
+		}
+	}
+	tmp, err := os.MkdirTemp("", "ph-bench-rd-")
+	if err != nil {
+		return nil, err
+	}
+	if cfg.keepTmp {
+		fmt.Fprintf(os.Stderr, "keeping %s\n", tmp)
+	} else {
+		defer os.RemoveAll(tmp)
+	}
+
+	rep := &report{
+		cfg:     cfg,
+		Date:    time.Now().UTC().Format(time.RFC3339),
+		Kernel:  strings.TrimSpace(readFile("/proc/sys/kernel/osrelease")),
+		CPU:     cpuModel(),
+		Cores:   numCPU(),
+		Cmdline: strings.Join(argv, " "),
+		Commit:  gitDescribe(cfg.repo),
+	}
+	if out, err := run(ctx, nil, "iptables-legacy-save", "--version"); err == nil {
+		rep.IPTablesVersion = strings.TrimSpace(out)
+	}
+
+	// Part 1: save (and in-process parse) per backend, each in its own namespace.
+	logf("generating %d services x %d endpoints", cfg.services, cfg.endpoints)
+	rules := natRules(cfg.services, cfg.endpoints)
+	rep.GenBytes = len(rules)
+	rep.GenLines = bytes.Count(rules, []byte("\n"))
+	rep.GenChains = bytes.Count(rules, []byte("\n:"))
+	if cfg.keepTmp {
+		_ = os.WriteFile(filepath.Join(tmp, "nat.rules"), rules, 0o644)
+	}
+	if t, err := runTimed(ctx, "", nil, "true"); err == nil {
+		rep.RSSFloorKiB = t.MaxRSSKiB
+	}
+	for _, b := range backends {
+		logf("%s: restore, then %d x %s -t nat", b.Name, cfg.reps, b.Save)
+		r, err := measureSave(ctx, b, rules, cfg.reps)
+		if err != nil {
+			return rep, fmt.Errorf("%s backend: %w", b.Name, err)
+		}
+		rep.Saves = append(rep.Saves, r)
+	}
+	rules = nil
+
+	// Part 2: the rules package's own benchmarks.
+	logf("go benchmarks of ./collectors/rules")
+	var extra []string
+	if cfg.cpuprofile != "" {
+		extra = append(extra, "-cpuprofile", cfg.cpuprofile)
+	}
+	rep.GoBench, rep.GoBenchCmd, err = runGoBench(ctx, cfg.repo, cfg.smoke, cfg.reps, extra)
+	if err != nil {
+		return rep, err
+	}
+	rep.GoBenchScale = "10000 x 10"
+	if cfg.smoke {
+		rep.GoBenchScale = "200 x 10 (-short)"
+	}
+
+	// Part 4: memory against a real API server.
+	bins, berr := findKube(cfg.repo)
+	switch {
+	case cfg.kube == "off":
+		rep.KubeSkipped = "--kube=off"
+	case berr != nil && cfg.kube == "auto":
+		rep.KubeSkipped = berr.Error()
+	case berr != nil:
+		return rep, berr
+	default:
+		res, err := runKube(ctx, cfg, bins, tmp)
+		rep.Kube = res
+		if err != nil {
+			return rep, fmt.Errorf("API part: %w", err)
+		}
+	}
+	return rep, nil
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}
+
+func findRepo() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil && bytes.Contains(b, []byte("module github.com/proxyhealth/proxyhealth\n")) {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("proxyhealth repository not found upwards from the working directory; pass --repo")
+		}
+		dir = parent
+	}
+}
+
+func gitDescribe(repo string) string {
+	cmd := exec.Command("git", "describe", "--always", "--dirty")
+	cmd.Dir = repo
+	out, err := cmd.Output()
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func readFile(p string) string {
+	b, _ := os.ReadFile(p)
+	return string(b)
+}
+
+func cpuModel() string {
+	for _, line := range strings.Split(readFile("/proc/cpuinfo"), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "unknown CPU"
+}
+
+func numCPU() int {
+	n := 0
+	for _, line := range strings.Split(readFile("/proc/cpuinfo"), "\n") {
+		if strings.HasPrefix(line, "processor") {
+			n++
+		}
+	}
+	return n
+}

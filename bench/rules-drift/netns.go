@@ -1,0 +1,273 @@
+//go:build linux
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// nsPrefix marks this benchmark's namespaces. bench/conntrack-events removes every ph-bench-*
+// namespace it finds at its start, so both take the same lock (/run/ph-bench.lock) and never
+// run at once.
+const nsPrefix = "ph-bench-rd-"
+
+func newNSName(role string) string {
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	return nsPrefix + role + "-" + hex.EncodeToString(b)
+}
+
+func lockRun() (func(), error) {
+	f, err := os.OpenFile("/run/ph-bench.lock", os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("another benchmark holds /run/ph-bench.lock: %w", err)
+	}
+	return func() { f.Close() }, nil
+}
+
+// run runs a command with a deadline; its combined output is in the error.
+func run(ctx context.Context, stdin []byte, name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(truncate(string(out), 2000)))
+	}
+	return string(out), nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
+// timed is one run of a child process: its wall time, CPU (user and system, from its
+// rusage) and peak RSS (rusage maxrss).
+type timed struct {
+	Wall, User, Sys time.Duration
+	MaxRSSKiB       int64
+	Out             []byte
+}
+
+// runTimed runs name in namespace ns and measures it, through this program's measure
+// subcommand: a child's rusage maxrss starts from the peak RSS of the process it was forked
+// from (the kernel records the old memory map's high-water mark at exec), and this process
+// holds the generated rules; the small measure process is what the child is forked from
+// instead. `ip netns exec` does not fork: it enters the namespace and execs name, so the
+// rusage is name's own, with the measure process's few MiB as its floor (reported).
+func runTimed(ctx context.Context, ns string, stdin []byte, name string, args ...string) (timed, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	self, err := os.Executable()
+	if err != nil {
+		return timed{}, err
+	}
+	rf, err := os.CreateTemp("", "ph-bench-rd-rusage-")
+	if err != nil {
+		return timed{}, err
+	}
+	rf.Close()
+	defer os.Remove(rf.Name())
+	argv := append([]string{"measure", rf.Name(), "ip", "netns", "exec", ns, name}, args...)
+	if ns == "" {
+		argv = append([]string{"measure", rf.Name(), name}, args...)
+	}
+	cmd := exec.CommandContext(ctx, self, argv...)
+	var out, errb bytes.Buffer
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	} else {
+		out.Grow(64 << 20)
+	}
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Run(); err != nil {
+		return timed{}, fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, truncate(errb.String()+out.String(), 2000))
+	}
+	b, err := os.ReadFile(rf.Name())
+	if err != nil {
+		return timed{}, err
+	}
+	var t timed
+	var wall, user, sys int64
+	if _, err := fmt.Sscan(string(b), &wall, &user, &sys, &t.MaxRSSKiB); err != nil {
+		return timed{}, fmt.Errorf("reading %s's rusage %q: %w", name, b, err)
+	}
+	t.Wall, t.User, t.Sys = time.Duration(wall), time.Duration(user), time.Duration(sys)
+	t.Out = out.Bytes()
+	return t, nil
+}
+
+// runMeasure is the measure subcommand: measure FILE CMD ARGS... runs CMD with this process's
+// standard streams and writes its wall time, user and system CPU (nanoseconds) and rusage
+// maxrss (KiB) to FILE.
+func runMeasure(args []string) error {
+	if len(args) < 2 {
+		return fmt.Errorf("usage: measure FILE CMD [ARGS...]")
+	}
+	cmd := exec.Command(args[1], args[2:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	start := time.Now()
+	err := cmd.Run()
+	wall := time.Since(start)
+	if err != nil {
+		return err
+	}
+	ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage)
+	if !ok {
+		return fmt.Errorf("no rusage")
+	}
+	return os.WriteFile(args[0], []byte(fmt.Sprintf("%d %d %d %d\n", wall.Nanoseconds(),
+		time.Duration(ru.Utime.Nano()).Nanoseconds(), time.Duration(ru.Stime.Nano()).Nanoseconds(), ru.Maxrss)), 0o600)
+}
+
+// addNS creates a namespace with its loopback up.
+func addNS(ctx context.Context, name string) error {
+	if _, err := run(ctx, nil, "ip", "netns", "add", name); err != nil {
+		return err
+	}
+	_, err := run(ctx, nil, "ip", "-n", name, "link", "set", "lo", "up")
+	return err
+}
+
+// listOwnNS returns this benchmark's namespaces (leftovers of a run that died).
+func listOwnNS() []string {
+	ents, err := os.ReadDir("/run/netns")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), nsPrefix) {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// deleteNS kills whatever still runs in one of this benchmark's namespaces (only ever its own
+// children, or those of an earlier run that died), flushes its legacy iptables tables (those
+// live with the namespace anyway) and removes it.
+func deleteNS(name string) error {
+	if !strings.HasPrefix(name, nsPrefix) {
+		return fmt.Errorf("refusing to delete namespace %q", name)
+	}
+	ctx := context.Background()
+	for attempt := 0; attempt < 5; attempt++ {
+		out, err := run(ctx, nil, "ip", "netns", "pids", name)
+		if err != nil {
+			break
+		}
+		pids := strings.Fields(out)
+		if len(pids) == 0 {
+			break
+		}
+		for _, p := range pids {
+			if pid, err := strconv.Atoi(p); err == nil && pid > 1 && pid != os.Getpid() {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	_, err := run(ctx, nil, "ip", "netns", "del", name)
+	return err
+}
+
+// nsDialer returns a DialContext whose sockets are opened inside network namespace ns: each
+// dial runs on a fresh goroutine locked to its OS thread, which enters ns with setns(2); the
+// goroutine ends still locked, so the runtime discards that thread. (A copy of
+// test/e2e/nsdial_test.go's, which is test-only code behind a build tag.)
+func nsDialer(ns string) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	path := filepath.Join("/run/netns", ns)
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		type result struct {
+			c   net.Conn
+			err error
+		}
+		ch := make(chan result, 1)
+		go func() {
+			runtime.LockOSThread() // never unlocked: see above
+			f, err := os.Open(path)
+			if err != nil {
+				ch <- result{nil, err}
+				return
+			}
+			err = unix.Setns(int(f.Fd()), unix.CLONE_NEWNET)
+			f.Close()
+			if err != nil {
+				ch <- result{nil, fmt.Errorf("setns %s: %w", ns, err)}
+				return
+			}
+			var d net.Dialer
+			c, err := d.DialContext(ctx, network, addr)
+			ch <- result{c, err}
+		}()
+		r := <-ch
+		return r.c, r.err
+	}
+}
+
+// nsGet fetches url from inside namespace ns.
+func nsGet(ns, url string) (string, error) {
+	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: nsDialer(ns), DisableKeepAlives: true}}
+	resp, err := c.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return string(b), fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return string(b), err
+}
+
+// procStatus reads VmRSS and VmHWM (KiB) of a process.
+func procStatus(pid int) (rss, hwm int64, err error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		switch f[0] {
+		case "VmRSS:":
+			rss, _ = strconv.ParseInt(f[1], 10, 64)
+		case "VmHWM:":
+			hwm, _ = strconv.ParseInt(f[1], 10, 64)
+		}
+	}
+	return rss, hwm, nil
+}
