@@ -113,6 +113,7 @@ type kubeResult struct {
 	Etcd, APIServer            memSample
 	ExporterGoHeap             float64 // go_memstats_heap_inuse_bytes after full checks
 	ExporterArgs, KubeProxyArg string
+	KubeProxyIPTables          string
 }
 
 // proc is one process started in the namespace; `ip netns exec` execs it, so the pid is its
@@ -455,9 +456,27 @@ func runKube(ctx context.Context, cfg config, bins kubeBins, tmp string) (res *k
 		"--v", "1",
 	}
 	res.KubeProxyArg = strings.Join(kpArgs[2:], " ")
-	logf("starting kube-proxy")
+	res.KubeProxyIPTables = cfg.kubeProxyIPTables
+	// kube-proxy runs the iptables binaries on its PATH; a directory of links chooses the
+	// backend, as the iptables-wrapper of kube-proxy's image does on a node.
+	shim := filepath.Join(dir, "iptables-"+cfg.kubeProxyIPTables)
+	if err := os.MkdirAll(shim, 0o755); err != nil {
+		return res, err
+	}
+	for _, fam := range []string{"iptables", "ip6tables"} {
+		for _, suffix := range []string{"", "-save", "-restore"} {
+			target, err := exec.LookPath(fam + "-" + cfg.kubeProxyIPTables + suffix)
+			if err != nil {
+				return res, err
+			}
+			if err := os.Symlink(target, filepath.Join(shim, fam+suffix)); err != nil {
+				return res, err
+			}
+		}
+	}
+	logf("starting kube-proxy (iptables %s backend)", cfg.kubeProxyIPTables)
 	t0 = time.Now()
-	kp, err := start("kube-proxy", append([]string{bins.Proxy}, kpArgs...)...)
+	kp, err := start("kube-proxy", append([]string{"env", "PATH=" + shim + ":" + os.Getenv("PATH"), bins.Proxy}, kpArgs...)...)
 	if err != nil {
 		return res, err
 	}
@@ -473,7 +492,7 @@ func runKube(ctx context.Context, cfg config, bins kubeBins, tmp string) (res *k
 		if last <= 0 {
 			return false, "no sync yet", nil
 		}
-		out, err := run(ctx, nil, "ip", "netns", "exec", ns, "iptables-save", "-t", "nat")
+		out, err := run(ctx, nil, "ip", "netns", "exec", ns, "iptables-"+cfg.kubeProxyIPTables+"-save", "-t", "nat")
 		if err != nil {
 			return false, err.Error(), nil
 		}
@@ -693,8 +712,8 @@ func (k *kubeResult) render(b *strings.Builder) {
 	fmt.Fprintf(b, "| proxyhealth | after %d drift checks of kube-proxy's rules | %.1f | %.1f | checked %.0f service ports, drifted %.0f (stale %.0f, missing %.0f); check durations %s s; Go heap in use %.1f MiB |\n",
 		len(k.ExporterCheckSeconds), mib(k.Exporter.RSSKiB), mib(k.Exporter.HWMKiB), k.ExporterChecked, k.ExporterDrifted, k.Stale, k.Missing,
 		strings.Join(checks, ", "), k.ExporterGoHeap/(1<<20))
-	fmt.Fprintf(b, "| kube-proxy %s | after its first full sync | %.1f | %.1f | synced %d KUBE-SVC chains %.1f s after start (its own sync duration %.1f s) |\n",
-		k.Version, mib(k.KubeProxy.RSSKiB), mib(k.KubeProxy.HWMKiB), k.KubeProxySVCChains, k.KubeProxyFirstSync.Seconds(), k.KubeProxySyncSeconds)
+	fmt.Fprintf(b, "| kube-proxy %s (iptables %s) | after its first full sync | %.1f | %.1f | synced %d KUBE-SVC chains %.1f s after start (its own sync duration %.1f s) |\n",
+		k.Version, k.KubeProxyIPTables, mib(k.KubeProxy.RSSKiB), mib(k.KubeProxy.HWMKiB), k.KubeProxySVCChains, k.KubeProxyFirstSync.Seconds(), k.KubeProxySyncSeconds)
 	fmt.Fprintf(b, "| kube-apiserver | end | %.1f | %.1f | |\n", mib(k.APIServer.RSSKiB), mib(k.APIServer.HWMKiB))
 	fmt.Fprintf(b, "| etcd | end | %.1f | %.1f | |\n\n", mib(k.Etcd.RSSKiB), mib(k.Etcd.HWMKiB))
 	fmt.Fprintf(b, "proxyhealth `%s` (defaults otherwise: every collector on, --rules.check-interval=10s); kube-proxy `%s`.\n", k.ExporterArgs, k.KubeProxyArg)

@@ -32,6 +32,7 @@ type config struct {
 	out                 string
 	kube                string // auto, on, off
 	workers             int
+	kubeProxyIPTables   string
 	cpuprofile          string
 	keepTmp             bool
 }
@@ -58,6 +59,7 @@ func runMain(args []string) int {
 	fs.StringVar(&cfg.out, "out", "", "also write the markdown report to this file")
 	fs.StringVar(&cfg.kube, "kube", "auto", "the API part (etcd, kube-apiserver, exporter and kube-proxy RSS): on, off, or auto (on when the binaries exist)")
 	fs.IntVar(&cfg.workers, "workers", 16, "parallel API clients creating Services and EndpointSlices")
+	fs.StringVar(&cfg.kubeProxyIPTables, "kube-proxy-iptables", "legacy", "iptables backend kube-proxy writes with (legacy or nft; iptables-nft-restore of 110,000 chains takes over ten minutes on a small machine)")
 	fs.StringVar(&cfg.cpuprofile, "cpuprofile", "", "pass -cpuprofile FILE to the go benchmarks (FILE relative to the repository)")
 	fs.BoolVar(&cfg.keepTmp, "keep-tmp", false, "keep the temporary directory (process logs, saved tables)")
 	if err := fs.Parse(args); err != nil {
@@ -75,6 +77,9 @@ func runMain(args []string) int {
 		return 2
 	case cfg.reps < 1:
 		fmt.Fprintln(os.Stderr, "--reps must be at least 1")
+		return 2
+	case cfg.kubeProxyIPTables != "legacy" && cfg.kubeProxyIPTables != "nft":
+		fmt.Fprintln(os.Stderr, "--kube-proxy-iptables must be legacy or nft")
 		return 2
 	case cfg.kube != "auto" && cfg.kube != "on" && cfg.kube != "off":
 		fmt.Fprintln(os.Stderr, "--kube must be on, off or auto")
