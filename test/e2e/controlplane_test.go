@@ -132,69 +132,11 @@ func TestControlPlane(t *testing.T) {
 }
 
 // createFixtureObjects writes Services and EndpointSlices of the shapes the rules collector
-// must read, and waits until kube-proxy programmed each one as expected.
+// must read (createShapeObjects), and waits until kube-proxy programmed each one as expected in
+// iptables mode.
 func createFixtureObjects(cp *ControlPlane) {
 	t := cp.t
-	tcp, udp := corev1.ProtocolTCP, corev1.ProtocolUDP
-	local := corev1.ServiceInternalTrafficPolicyLocal
-	http := []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: tcp}}
-	httpSlice := []discoveryv1.EndpointPort{SlicePort("http", tcp, 8080)}
-	here := func(ip string) LabEndpoint { return LabEndpoint{IP: ip, NodeName: labNodeName, Zone: labNodeZone} }
-	there := func(ip string) LabEndpoint { return LabEndpoint{IP: ip, NodeName: "node-b", Zone: "zone-b"} }
-
-	// kube-dns: two named ports on 53 (UDP and TCP) plus metrics; one endpoint on this node.
-	cp.CreateService(&corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "kube-dns", Labels: map[string]string{"k8s-app": "kube-dns"}},
-		Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.10", Ports: []corev1.ServicePort{
-			{Name: "dns", Port: 53, TargetPort: intstr.FromInt32(53), Protocol: udp},
-			{Name: "dns-tcp", Port: 53, TargetPort: intstr.FromInt32(53), Protocol: tcp},
-			{Name: "metrics", Port: 9153, TargetPort: intstr.FromInt32(9153), Protocol: tcp},
-		}},
-	})
-	cp.ApplySlice(EndpointSlice("kube-system", "kube-dns", "kube-dns-1",
-		[]discoveryv1.EndpointPort{SlicePort("dns", udp, 53), SlicePort("dns-tcp", tcp, 53), SlicePort("metrics", tcp, 9153)},
-		[]LabEndpoint{here(podB), there("10.244.3.30")}))
-
-	// internalTrafficPolicy: Local: only this node's two endpoints, in KUBE-SVL.
-	cp.CreateService(&corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "lab", Name: "local-only"},
-		Spec:       corev1.ServiceSpec{ClusterIP: "10.96.0.51", InternalTrafficPolicy: &local, Ports: http},
-	})
-	cp.ApplySlice(EndpointSlice("lab", "local-only", "local-only-1", httpSlice,
-		[]LabEndpoint{here(podB), here(podB2), there("10.244.3.40")}))
-
-	// NodePort with externalTrafficPolicy: Local: KUBE-NODEPORTS, KUBE-EXT and both chains.
-	cp.CreateService(&corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "lab", Name: "web-nodeport"},
-		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, ClusterIP: "10.96.0.52",
-			ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal,
-			Ports:                 []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), NodePort: 30080, Protocol: tcp}}},
-	})
-	cp.ApplySlice(EndpointSlice("lab", "web-nodeport", "web-nodeport-1", httpSlice,
-		[]LabEndpoint{here(podB), there("10.244.3.50")}))
-
-	// No endpoints: a REJECT in the filter table.
-	cp.CreateService(&corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "lab", Name: "empty"},
-		Spec:       corev1.ServiceSpec{ClusterIP: "10.96.0.53", Ports: http},
-	})
-
-	// Zone hints: this node (zone-a) programs only the endpoints hinted for zone-a.
-	preferZone := corev1.ServiceTrafficDistributionPreferSameZone
-	cp.CreateService(&corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "lab", Name: "zonal"},
-		Spec:       corev1.ServiceSpec{ClusterIP: "10.96.0.54", TrafficDistribution: &preferZone, Ports: http},
-	})
-	zonal := EndpointSlice("lab", "zonal", "zonal-1", httpSlice, []LabEndpoint{
-		{IP: "10.244.3.60", NodeName: "node-c", Zone: labNodeZone},
-		{IP: "10.244.3.61", NodeName: "node-b", Zone: "zone-b"},
-		{IP: "10.244.3.62", NodeName: "node-c", Zone: labNodeZone},
-	})
-	for i := range zonal.Endpoints {
-		zonal.Endpoints[i].Hints = &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: *zonal.Endpoints[i].Zone}}}
-	}
-	cp.ApplySlice(zonal)
-
+	createShapeObjects(cp)
 	cp.WaitServicePortEndpoints(30*time.Second, "kube-system/kube-dns:dns", "udp", []string{podB + ":53", "10.244.3.30:53"})
 	cp.WaitServicePortEndpoints(30*time.Second, "kube-system/kube-dns:dns-tcp", "tcp", []string{podB + ":53", "10.244.3.30:53"})
 	cp.WaitServicePortEndpoints(30*time.Second, "lab/web-nodeport:http", "tcp", []string{podB + ":8080", "10.244.3.50:8080"})
@@ -300,4 +242,69 @@ func writeFixtures(cp *ControlPlane, files map[string]string) {
 		}
 	}
 	t.Logf("fixtures written to %s", dir)
+}
+
+// createShapeObjects writes the Services and EndpointSlices of the shapes both proxy modes'
+// captures show: two protocols on one port (kube-dns), internalTrafficPolicy Local, a NodePort
+// with externalTrafficPolicy Local, a Service without endpoints, zone hints.
+func createShapeObjects(cp *ControlPlane) {
+	tcp, udp := corev1.ProtocolTCP, corev1.ProtocolUDP
+	local := corev1.ServiceInternalTrafficPolicyLocal
+	http := []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: tcp}}
+	httpSlice := []discoveryv1.EndpointPort{SlicePort("http", tcp, 8080)}
+	here := func(ip string) LabEndpoint { return LabEndpoint{IP: ip, NodeName: labNodeName, Zone: labNodeZone} }
+	there := func(ip string) LabEndpoint { return LabEndpoint{IP: ip, NodeName: "node-b", Zone: "zone-b"} }
+
+	// kube-dns: two named ports on 53 (UDP and TCP) plus metrics; one endpoint on this node.
+	cp.CreateService(&corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "kube-dns", Labels: map[string]string{"k8s-app": "kube-dns"}},
+		Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.10", Ports: []corev1.ServicePort{
+			{Name: "dns", Port: 53, TargetPort: intstr.FromInt32(53), Protocol: udp},
+			{Name: "dns-tcp", Port: 53, TargetPort: intstr.FromInt32(53), Protocol: tcp},
+			{Name: "metrics", Port: 9153, TargetPort: intstr.FromInt32(9153), Protocol: tcp},
+		}},
+	})
+	cp.ApplySlice(EndpointSlice("kube-system", "kube-dns", "kube-dns-1",
+		[]discoveryv1.EndpointPort{SlicePort("dns", udp, 53), SlicePort("dns-tcp", tcp, 53), SlicePort("metrics", tcp, 9153)},
+		[]LabEndpoint{here(podB), there("10.244.3.30")}))
+
+	// internalTrafficPolicy: Local: only this node's two endpoints, in KUBE-SVL.
+	cp.CreateService(&corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "lab", Name: "local-only"},
+		Spec:       corev1.ServiceSpec{ClusterIP: "10.96.0.51", InternalTrafficPolicy: &local, Ports: http},
+	})
+	cp.ApplySlice(EndpointSlice("lab", "local-only", "local-only-1", httpSlice,
+		[]LabEndpoint{here(podB), here(podB2), there("10.244.3.40")}))
+
+	// NodePort with externalTrafficPolicy: Local: KUBE-NODEPORTS, KUBE-EXT and both chains.
+	cp.CreateService(&corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "lab", Name: "web-nodeport"},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, ClusterIP: "10.96.0.52",
+			ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal,
+			Ports:                 []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), NodePort: 30080, Protocol: tcp}}},
+	})
+	cp.ApplySlice(EndpointSlice("lab", "web-nodeport", "web-nodeport-1", httpSlice,
+		[]LabEndpoint{here(podB), there("10.244.3.50")}))
+
+	// No endpoints: a REJECT in the filter table.
+	cp.CreateService(&corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "lab", Name: "empty"},
+		Spec:       corev1.ServiceSpec{ClusterIP: "10.96.0.53", Ports: http},
+	})
+
+	// Zone hints: this node (zone-a) programs only the endpoints hinted for zone-a.
+	preferZone := corev1.ServiceTrafficDistributionPreferSameZone
+	cp.CreateService(&corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "lab", Name: "zonal"},
+		Spec:       corev1.ServiceSpec{ClusterIP: "10.96.0.54", TrafficDistribution: &preferZone, Ports: http},
+	})
+	zonal := EndpointSlice("lab", "zonal", "zonal-1", httpSlice, []LabEndpoint{
+		{IP: "10.244.3.60", NodeName: "node-c", Zone: labNodeZone},
+		{IP: "10.244.3.61", NodeName: "node-b", Zone: "zone-b"},
+		{IP: "10.244.3.62", NodeName: "node-c", Zone: labNodeZone},
+	})
+	for i := range zonal.Endpoints {
+		zonal.Endpoints[i].Hints = &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: *zonal.Endpoints[i].Zone}}}
+	}
+	cp.ApplySlice(zonal)
 }

@@ -89,11 +89,10 @@ func TestCaptureNFTablesFixtures(t *testing.T) {
 }
 
 // createNFTFixtureObjects writes the Services and EndpointSlices of TestControlPlane's capture
-// (createFixtureObjects, which waits on iptables-save) plus lab/sticky with ClientIP session
-// affinity, and waits until kube-proxy's nftables table holds each as expected.
+// (lab/backend and createShapeObjects) plus lab/sticky with ClientIP session affinity, and
+// waits until kube-proxy's nftables table holds each as expected.
 func createNFTFixtureObjects(cp *ControlPlane) {
-	tcp, udp := corev1.ProtocolTCP, corev1.ProtocolUDP
-	local := corev1.ServiceInternalTrafficPolicyLocal
+	tcp := corev1.ProtocolTCP
 	http := []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: tcp}}
 	httpSlice := []discoveryv1.EndpointPort{SlicePort("http", tcp, 8080)}
 	here := func(ip string) LabEndpoint { return LabEndpoint{IP: ip, NodeName: labNodeName, Zone: labNodeZone} }
@@ -113,53 +112,7 @@ func createNFTFixtureObjects(cp *ControlPlane) {
 	}
 	cp.ApplySlice(EndpointSlice("lab", "backend", "backend-1", httpSlice, backend))
 
-	cp.CreateService(&corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "kube-dns", Labels: map[string]string{"k8s-app": "kube-dns"}},
-		Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.10", Ports: []corev1.ServicePort{
-			{Name: "dns", Port: 53, TargetPort: intstr.FromInt32(53), Protocol: udp},
-			{Name: "dns-tcp", Port: 53, TargetPort: intstr.FromInt32(53), Protocol: tcp},
-			{Name: "metrics", Port: 9153, TargetPort: intstr.FromInt32(9153), Protocol: tcp},
-		}},
-	})
-	cp.ApplySlice(EndpointSlice("kube-system", "kube-dns", "kube-dns-1",
-		[]discoveryv1.EndpointPort{SlicePort("dns", udp, 53), SlicePort("dns-tcp", tcp, 53), SlicePort("metrics", tcp, 9153)},
-		[]LabEndpoint{here(podB), there("10.244.3.30")}))
-
-	cp.CreateService(&corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "lab", Name: "local-only"},
-		Spec:       corev1.ServiceSpec{ClusterIP: "10.96.0.51", InternalTrafficPolicy: &local, Ports: http},
-	})
-	cp.ApplySlice(EndpointSlice("lab", "local-only", "local-only-1", httpSlice,
-		[]LabEndpoint{here(podB), here(podB2), there("10.244.3.40")}))
-
-	cp.CreateService(&corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "lab", Name: "web-nodeport"},
-		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, ClusterIP: "10.96.0.52",
-			ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal,
-			Ports:                 []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), NodePort: 30080, Protocol: tcp}}},
-	})
-	cp.ApplySlice(EndpointSlice("lab", "web-nodeport", "web-nodeport-1", httpSlice,
-		[]LabEndpoint{here(podB), there("10.244.3.50")}))
-
-	cp.CreateService(&corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "lab", Name: "empty"},
-		Spec:       corev1.ServiceSpec{ClusterIP: "10.96.0.53", Ports: http},
-	})
-
-	preferZone := corev1.ServiceTrafficDistributionPreferSameZone
-	cp.CreateService(&corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "lab", Name: "zonal"},
-		Spec:       corev1.ServiceSpec{ClusterIP: "10.96.0.54", TrafficDistribution: &preferZone, Ports: http},
-	})
-	zonal := EndpointSlice("lab", "zonal", "zonal-1", httpSlice, []LabEndpoint{
-		{IP: "10.244.3.60", NodeName: "node-c", Zone: labNodeZone},
-		{IP: "10.244.3.61", NodeName: "node-b", Zone: "zone-b"},
-		{IP: "10.244.3.62", NodeName: "node-c", Zone: labNodeZone},
-	})
-	for i := range zonal.Endpoints {
-		zonal.Endpoints[i].Hints = &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: *zonal.Endpoints[i].Zone}}}
-	}
-	cp.ApplySlice(zonal)
+	createShapeObjects(cp)
 
 	// ClientIP session affinity: per-endpoint chains behind a numgen vmap, in both the cluster
 	// chain and (externalTrafficPolicy: Local) the local chain.
