@@ -4,7 +4,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo unkn
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X github.com/prometheus/common/version.Version=$(VERSION) -X github.com/prometheus/common/version.Revision=$(REVISION)
 
-.PHONY: all build test vet unit kube e2e bench-smoke
+.PHONY: all build test vet unit kube alerts e2e bench-smoke
 
 all: build
 
@@ -27,6 +27,11 @@ unit:
 kube:
 	test/kube/build.sh
 
+# The alert rules: promtool check rules, the promtool unit tests (alerts/tests/), and
+# promtool check metrics on a live scrape of the exporter (in a network namespace, as root).
+alerts:
+	alerts/test.sh
+
 # The kernel lab: incidents 1 and 2 reproduced in network namespaces, asserted on real scrapes;
 # the control-plane lab (etcd, kube-apiserver, kube-proxy) reproduces incident 3.
 e2e:
@@ -38,4 +43,4 @@ bench-smoke:
 	$(GO) run ./bench/conntrack-events --smoke
 	$(GO) run ./bench/rules-drift --smoke
 
-test: vet unit kube e2e bench-smoke
+test: vet unit kube alerts e2e bench-smoke
