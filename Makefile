@@ -3,13 +3,29 @@ GO ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X github.com/prometheus/common/version.Version=$(VERSION) -X github.com/prometheus/common/version.Revision=$(REVISION)
+# The Dockerfile runs `make build`: the binary CI tests is the one the image ships.
+BUILDFLAGS := -trimpath -ldflags '$(LDFLAGS)'
 
-.PHONY: all build test vet unit kube alerts dashboards e2e bench-smoke
+.PHONY: all build image test vet unit kube alerts dashboards deploy-check deploy-generate e2e bench-smoke
 
 all: build
 
 build:
-	$(GO) build -ldflags '$(LDFLAGS)' -o proxyhealth .
+	CGO_ENABLED=0 $(GO) build $(BUILDFLAGS) -o proxyhealth .
+
+# The image (Dockerfile); needs a Docker engine.
+image:
+	docker build --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) -t proxyhealth:$(VERSION) .
+
+# deploy/: the PrometheusRule is generated from alerts/proxyhealth.rules.yml by test/deploy (a
+# separate module: kustomize and the Prometheus Operator's types stay out of go.mod).
+deploy-generate:
+	cd test/deploy && $(GO) run . prometheusrule ../../alerts/proxyhealth.rules.yml ../../deploy/prometheus-operator/prometheusrule.yaml
+
+# The deploy tool's tests, including that the generated PrometheusRule is current. The
+# manifests against a real apiserver: TestDeployManifests in the e2e lab.
+deploy-check:
+	cd test/deploy && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 vet:
 	@unformatted="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; \
@@ -50,4 +66,4 @@ bench-smoke:
 	$(GO) run ./bench/conntrack-events --smoke
 	$(GO) run ./bench/rules-drift --smoke
 
-test: vet unit kube alerts dashboards e2e bench-smoke
+test: vet unit kube alerts dashboards deploy-check e2e bench-smoke
