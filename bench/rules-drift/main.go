@@ -193,7 +193,11 @@ func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
 	}
 	for _, b := range backends {
 		logf("%s: restore, then %d x %s -t nat", b.Name, cfg.reps, b.Save)
-		r, err := measureSave(ctx, b, rules, cfg.reps)
+		chunks := [][]byte{rules}
+		if b.Name == "nft" {
+			chunks = natRulesChunks(cfg.services, cfg.endpoints, 500)
+		}
+		r, err := measureSave(ctx, b, chunks, cfg.reps)
 		if err != nil {
 			return rep, fmt.Errorf("%s backend: %w", b.Name, err)
 		}

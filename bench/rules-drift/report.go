@@ -67,7 +67,7 @@ func (r *report) render() string {
 		r.cfg.services, r.cfg.endpoints, r.GenLines, float64(r.GenBytes)/1e6, r.GenChains, r.cfg.reps)
 	fmt.Fprintf(&b, "Each save and restore runs in its own network namespace (one per backend, so neither sees the other's rules), timed by a small launcher process; child max RSS is its rusage maxrss, whose floor here (the launcher's own, measured with `true`) is %.1f MiB.\n\n", mib(r.RSSFloorKiB))
 
-	b.WriteString("| backend | restore s (CPU s) | `-save -t nat` wall s | CPU s (user+sys) | of which sys | child max RSS MiB | saved lines | saved MB | chains (KUBE-SVC / KUBE-SEP) | `iptables.Parse` of that output s | parse MB allocated | parse allocs |\n")
+	b.WriteString("| backend | restore s (CPU s), files | `-save -t nat` wall s | CPU s (user+sys) | of which sys | child max RSS MiB | saved lines | saved MB | chains (KUBE-SVC / KUBE-SEP) | `iptables.Parse` of that output s | parse MB allocated | parse allocs |\n")
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, s := range r.Saves {
 		var wall, cpu, sys, rss, pw, pb, pa []float64
@@ -82,8 +82,8 @@ func (r *report) render() string {
 			pb = append(pb, float64(p.Bytes)/1e6)
 			pa = append(pa, float64(p.Allocs))
 		}
-		fmt.Fprintf(&b, "| %s | %.2f (%.2f) | %s | %s | %s | %s | %d | %.1f | %d (%d / %d) | %s | %s | %s |\n",
-			s.Backend.Name, secs(s.Restore.Wall), secs(s.Restore.User+s.Restore.Sys),
+		fmt.Fprintf(&b, "| %s | %.2f (%.2f), %d | %s | %s | %s | %s | %d | %.1f | %d (%d / %d) | %s | %s | %s |\n",
+			s.Backend.Name, secs(s.Restore.Wall), secs(s.Restore.User+s.Restore.Sys), s.RestoreFiles,
 			spread(wall, "%.3f"), spread(cpu, "%.3f"), spread(sys, "%.3f"), spread(rss, "%.1f"),
 			s.Lines, float64(s.Bytes)/1e6, s.Chains, s.SVCChains, s.SEPChain,
 			spread(pw, "%.3f"), spread(pb, "%.0f"), spread(pa, "%.0f"))

@@ -32,7 +32,8 @@ var backends = []backend{
 type saveResult struct {
 	Backend             backend
 	NS                  string
-	Restore             timed
+	Restore             timed // summed over RestoreFiles runs
+	RestoreFiles        int
 	Saves               []timed
 	Lines, Chains       int
 	Bytes               int
@@ -49,7 +50,7 @@ type parseRun struct {
 
 // measureSave loads rules into a fresh namespace with b's restore, then times b's save reps
 // times, and parses the last output in process reps times.
-func measureSave(ctx context.Context, b backend, rules []byte, reps int) (res saveResult, err error) {
+func measureSave(ctx context.Context, b backend, chunks [][]byte, reps int) (res saveResult, err error) {
 	res.Backend = b
 	res.NS = newNSName(b.Name)
 	if err := addNS(ctx, res.NS); err != nil {
@@ -60,11 +61,17 @@ func measureSave(ctx context.Context, b backend, rules []byte, reps int) (res sa
 			err = derr
 		}
 	}()
-	restore, err := runTimed(ctx, res.NS, rules, b.Restore, "-w", "--noflush", "--counters")
-	if err != nil {
-		return res, err
+	for _, chunk := range chunks {
+		t, err := runTimed(ctx, res.NS, chunk, b.Restore, "-w", "--noflush", "--counters")
+		if err != nil {
+			return res, err
+		}
+		res.Restore.Wall += t.Wall
+		res.Restore.User += t.User
+		res.Restore.Sys += t.Sys
+		res.Restore.MaxRSSKiB = max(res.Restore.MaxRSSKiB, t.MaxRSSKiB)
+		res.RestoreFiles++
 	}
-	res.Restore = restore
 	for range reps {
 		if err := ctx.Err(); err != nil {
 			return res, err
