@@ -22,6 +22,13 @@ for alert in $(sed -n 's/^ *- alert: *//p' alerts/proxyhealth.rules.yml); do
 		missing=1
 	fi
 done
+# Every runbook_url points at a section of docs/runbooks.md that exists.
+for anchor in $(sed -n 's/^ *runbook_url: .*docs\/runbooks\.md#//p' alerts/proxyhealth.rules.yml); do
+	if ! grep -qix "## $anchor" docs/runbooks.md; then
+		echo "runbook_url #$anchor: no such section (## heading) in docs/runbooks.md" >&2
+		missing=1
+	fi
+done
 ((missing == 0)) || exit 1
 
 if (($(id -u) != 0)); then
