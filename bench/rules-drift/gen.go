@@ -56,7 +56,7 @@ func chainHash(parts ...string) string {
 // "statistic --mode random" jump per endpoint, and in each KUBE-SEP chain a hairpin
 // KUBE-MARK-MASQ and the DNAT. Every rule carries its comment; kube-proxy itself leaves the
 // per-endpoint comments out once a node has more than 1,000 endpoints (its "large cluster
-// mode"), so real tables at this scale are about a fifth smaller: this is the larger case.
+// mode"), so real tables at this scale are about a quarter smaller: this is the larger case.
 func natRules(services, endpoints int) []byte {
 	return natRulesRange(0, services, services, endpoints)
 }
