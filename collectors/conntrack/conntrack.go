@@ -317,7 +317,7 @@ func (v *attributionView) attribute(orig, reply *tuple) seriesKey {
 // refreshViewLoop keeps the attribution view current: the node's bridges and routes and, without
 // a synced API view, kube-proxy's KUBE-SERVICES rules every ServiceRefreshInterval; with one,
 // the Service map is rebuilt whenever the API view publishes a new snapshot (looked at every
-// second, a pointer comparison).
+// second, a comparison of generations).
 func (c *Collector) refreshViewLoop(ctx context.Context) {
 	slow := time.NewTicker(c.cfg.ServiceRefreshInterval)
 	defer slow.Stop()
@@ -327,7 +327,7 @@ func (c *Collector) refreshViewLoop(ctx context.Context) {
 		lastNetErr string
 		ln         *localNet
 		fromRules  ServiceMap = emptyServiceMap{}
-		lastSnap   *cluster.Snapshot
+		lastGen    uint64
 		fromAPI    ServiceMap
 		usingAPI   bool
 		dirty      = true // the view must be stored anew
@@ -353,8 +353,8 @@ func (c *Collector) refreshViewLoop(ctx context.Context) {
 		services, api := fromRules, false
 		if c.cfg.API != nil {
 			if snap := c.cfg.API.Snapshot(); snap.Synced {
-				if snap != lastSnap {
-					fromAPI, lastSnap, dirty = apiServiceMap(snap), snap, true
+				if fromAPI == nil || snap.Generation != lastGen {
+					fromAPI, lastGen, dirty = apiServiceMap(snap), snap.Generation, true
 				}
 				services, api = fromAPI, true
 			}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"slices"
 	"sync"
@@ -13,6 +14,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -33,9 +35,15 @@ type Cluster struct {
 	host      string // the API server, for log lines
 
 	lastHeard atomic.Int64 // unix nanoseconds; 0 until first heard
-	lastErr   atomic.Pointer[errBox]
-	state     atomic.Pointer[published]
-	wake      chan struct{}
+	// lastWatchFailure is when a watch last failed (not a normal close or expiry). A view
+	// whose watches fail is refreshed only by re-lists, tens of seconds apart, however well
+	// the probe and the lists go: it is not fresh until no watch has failed for
+	// watchFailureHold.
+	lastWatchFailure atomic.Int64
+	lastWatchErr     atomic.Pointer[errBox]
+	lastErr          atomic.Pointer[errBox]
+	state            atomic.Pointer[published]
+	wake             chan struct{}
 
 	mu       sync.Mutex
 	dirty    map[string]struct{} // Service keys ("namespace/name") to recompute
@@ -52,8 +60,9 @@ type errBox struct{ err error }
 
 // published is the part of a Snapshot computed from the informers' stores.
 type published struct {
-	ports  []ServicePort
-	synced bool
+	ports      []ServicePort
+	synced     bool
+	generation uint64
 }
 
 var _ View = (*Cluster)(nil)
@@ -109,19 +118,29 @@ func (c *Cluster) useConfig(restCfg *rest.Config) error {
 // Snapshot returns the current view without blocking. Fresh is evaluated now.
 func (c *Cluster) Snapshot() *Snapshot {
 	st := c.state.Load()
-	s := &Snapshot{Ports: st.ports, Synced: st.synced}
+	s := &Snapshot{Ports: st.ports, Synced: st.synced, Generation: st.generation}
 	if ns := c.lastHeard.Load(); ns != 0 {
+		now := c.now()
 		s.LastHeard = time.Unix(0, ns)
-		s.Fresh = st.synced && c.now().Sub(s.LastHeard) <= c.cfg.FreshWithin
+		watchesWork := true
+		if failed := c.lastWatchFailure.Load(); failed != 0 {
+			watchesWork = now.Sub(time.Unix(0, failed)) > c.watchFailureHold()
+		}
+		s.Fresh = st.synced && now.Sub(s.LastHeard) <= c.cfg.FreshWithin && watchesWork
 	}
 	return s
 }
 
-// LastError is why the view is not fresh, or nil while the last probe succeeded: no API
-// configured, or the probe's failure (timeout, refused, unauthorized, ...).
+// LastError is why the view is not fresh, or nil: no API configured, the probe's failure
+// (timeout, refused, unauthorized, ...), or a watch that failed within FreshWithin.
 func (c *Cluster) LastError() error {
-	if b := c.lastErr.Load(); b != nil {
+	if b := c.lastErr.Load(); b != nil && b.err != nil {
 		return b.err
+	}
+	if failed := c.lastWatchFailure.Load(); failed != 0 && c.now().Sub(time.Unix(0, failed)) <= c.watchFailureHold() {
+		if b := c.lastWatchErr.Load(); b != nil {
+			return b.err
+		}
 	}
 	return nil
 }
@@ -242,8 +261,35 @@ func (c *Cluster) addHandlers() error {
 		if _, err := h.informer.AddEventHandler(h.h); err != nil {
 			return fmt.Errorf("adding informer event handler: %w", err)
 		}
+		if err := h.informer.SetWatchErrorHandlerWithContext(c.watchFailed); err != nil {
+			return fmt.Errorf("adding informer watch error handler: %w", err)
+		}
 	}
 	return nil
+}
+
+// reflectorMaxBackoff is the longest client-go's reflector waits before retrying a failed
+// watch (tools/cache: NewReflectorWithOptions' backoff manager, capped at 30 s).
+const reflectorMaxBackoff = 30 * time.Second
+
+// watchFailureHold is how long the view stays stale after a failed watch: FreshWithin, and at
+// least two of the reflector's longest retry intervals, since a watch that has not failed for
+// that long has been retried and works; a shorter hold lets the view look fresh between the
+// retries of a watch that keeps failing.
+func (c *Cluster) watchFailureHold() time.Duration {
+	return max(c.cfg.FreshWithin, 2*reflectorMaxBackoff)
+}
+
+// watchFailed records a failed watch (a refused or broken one; not a normal close or an
+// expired resource version, after which the reflector re-lists as designed) and logs it as
+// client-go would.
+func (c *Cluster) watchFailed(ctx context.Context, r *cache.Reflector, err error) {
+	cache.DefaultWatchErrorHandler(ctx, r, err)
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+		return
+	}
+	c.lastWatchErr.Store(&errBox{fmt.Errorf("a watch failed (the view is refreshed only by re-lists): %w", err)})
+	c.lastWatchFailure.Store(c.now().UnixNano())
 }
 
 func nodeZone(obj any) string {
@@ -332,7 +378,7 @@ func (c *Cluster) recompute() {
 	for key := range dirty {
 		c.recomputeService(key)
 	}
-	c.state.Store(&published{ports: c.sortedPorts(), synced: synced})
+	c.state.Store(&published{ports: c.sortedPorts(), synced: synced, generation: prev.generation + 1})
 }
 
 func (c *Cluster) currentNode() (zone string, found bool) {

@@ -58,9 +58,12 @@ type Snapshot struct {
 	// LastHeard is when the exporter last had proof its connection to the API server works
 	// (a watch event, a bookmark, or a successful probe on the same client).
 	LastHeard time.Time
-	// Fresh is true while LastHeard is recent enough that the view can be trusted to reflect
-	// the API: drift is only reported while it is.
+	// Fresh is true while LastHeard is recent enough, and no watch has failed for as long,
+	// that the view can be trusted to reflect the API: drift is only reported while it is.
 	Fresh bool
+	// Generation changes whenever Ports or Synced do, so a reader can tell a new view from the
+	// same one returned again.
+	Generation uint64
 }
 
 // View is what the rules collector and the conntrack collector read.
