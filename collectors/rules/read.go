@@ -183,15 +183,14 @@ func (rd *reader) readIPTables(ctx context.Context, fam iptablesFamily) (*iptabl
 			errs = append(errs, err)
 			continue
 		}
-		rs, err := iptables.Parse(bytes.NewReader(out))
+		r, hasServices, err := readIPTablesNAT(bytes.NewReader(out))
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s -t nat: %w", bin, err))
 			continue
 		}
-		if rs.Table("nat").Chain("KUBE-SERVICES") == nil {
+		if !hasServices {
 			continue
 		}
-		r := newIPTablesRules(rs)
 		if best == nil || len(r.chains) > len(best.chains) {
 			best, bestBin = r, bin
 		}

@@ -16,7 +16,6 @@ import (
 	"github.com/prometheus/common/promslog"
 
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
-	"github.com/proxyhealth/proxyhealth/internal/iptables"
 )
 
 var (
@@ -52,11 +51,11 @@ func loadRules(t testing.TB, file string) *iptablesRules {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	rs, err := iptables.Parse(f)
-	if err != nil {
-		t.Fatal(err)
+	rules, hasServices, err := readIPTablesNAT(f)
+	if err != nil || !hasServices {
+		t.Fatalf("read %s: %v (KUBE-SERVICES found: %v)", file, err, hasServices)
 	}
-	return newIPTablesRules(rs)
+	return rules
 }
 
 func TestIPTablesProgrammedEndpoints(t *testing.T) {

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
-	"github.com/proxyhealth/proxyhealth/internal/iptables"
 )
 
 // generateCluster writes kube-proxy iptables-mode nat rules for services x endpoints, the way
@@ -44,17 +43,17 @@ func generateCluster(services, endpoints int) ([]byte, *cluster.Snapshot) {
 
 func TestGeneratedClusterHasNoDrift(t *testing.T) {
 	nat, snap := generateCluster(50, 10)
-	rs, err := iptables.Parse(bytes.NewReader(nat))
+	rules, _, err := readIPTablesNAT(bytes.NewReader(nat))
 	if err != nil {
 		t.Fatal(err)
 	}
-	res := newDriftEngine(0).check(snap, map[bool]programmedRules{false: newIPTablesRules(rs)}, time.Unix(1, 0))
+	res := newDriftEngine(0).check(snap, map[bool]programmedRules{false: rules}, time.Unix(1, 0))
 	if res.checked != 50 || len(res.drifting) != 0 || res.orphans != 0 {
 		t.Errorf("checked %d drifting %d orphans %d, want 50, 0, 0", res.checked, len(res.drifting), res.orphans)
 	}
 }
 
-// BenchmarkParseAndCompare measures the exporter's side of a drift check: parsing the nat
+// BenchmarkParseAndCompare measures the exporter's side of a drift check: reading the nat
 // table and comparing it with the API view. Run at scale with
 // go test -bench ParseAndCompare -benchtime 3x ./collectors/rules (-services=10000 is the default).
 func BenchmarkParseAndCompare(b *testing.B) {
@@ -67,11 +66,11 @@ func BenchmarkParseAndCompare(b *testing.B) {
 	b.ReportAllocs()
 	e := newDriftEngine(time.Minute)
 	for b.Loop() {
-		rs, err := iptables.Parse(bytes.NewReader(nat))
+		rules, _, err := readIPTablesNAT(bytes.NewReader(nat))
 		if err != nil {
 			b.Fatal(err)
 		}
-		res := e.check(snap, map[bool]programmedRules{false: newIPTablesRules(rs)}, time.Unix(1, 0))
+		res := e.check(snap, map[bool]programmedRules{false: rules}, time.Unix(1, 0))
 		if res.checked != services {
 			b.Fatalf("checked %d", res.checked)
 		}
@@ -86,11 +85,11 @@ func BenchmarkCompareOnly(b *testing.B) {
 		services = 200
 	}
 	nat, snap := generateCluster(services, 10)
-	rs, err := iptables.Parse(bytes.NewReader(nat))
+	read, _, err := readIPTablesNAT(bytes.NewReader(nat))
 	if err != nil {
 		b.Fatal(err)
 	}
-	rules := map[bool]programmedRules{false: newIPTablesRules(rs)}
+	rules := map[bool]programmedRules{false: read}
 	e := newDriftEngine(time.Minute)
 	b.ReportAllocs()
 	for b.Loop() {
@@ -103,13 +102,12 @@ func FuzzProgrammedRules(f *testing.F) {
 	f.Add(string(nat))
 	f.Add("*nat\n:KUBE-SVC-X - [0:0]\n:KUBE-SEP-Y - [0:0]\n-A KUBE-SVC-X -j KUBE-SEP-Y\n-A KUBE-SEP-Y -j DNAT --to-destination [fd00::1]:80\nCOMMIT\n")
 	f.Fuzz(func(t *testing.T, s string) {
-		rs, err := iptables.ParseString(s)
+		r, _, err := readIPTablesNAT(strings.NewReader(s))
 		if err != nil {
 			return
 		}
-		r := newIPTablesRules(rs)
-		for _, c := range r.serviceChains() {
-			_ = r.chains[c]
-		}
+		// Whatever the input, the result is usable by the drift engine.
+		newDriftEngine(0).check(&cluster.Snapshot{Fresh: true, Ports: []cluster.ServicePort{dnsPort("10.244.1.5:53")}},
+			map[bool]programmedRules{false: r}, time.Unix(1, 0))
 	})
 }
