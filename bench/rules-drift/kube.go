@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -375,7 +376,7 @@ func runKube(ctx context.Context, cfg config, bins kubeBins, tmp string) (res *k
 		Host:            "https://" + apiserverAddr,
 		BearerToken:     token,
 		TLSClientConfig: rest.TLSClientConfig{Insecure: true},
-		Dial:            nsDialer(ns),
+		Dial:            netnsdial.Dialer(ns),
 		QPS:             -1, // no client-side rate limit: the workers are the limit
 		Timeout:         30 * time.Second,
 		WarningHandler:  rest.NoWarnings{},

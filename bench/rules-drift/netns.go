@@ -9,18 +9,15 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
 )
 
 // nsPrefix marks this benchmark's namespaces. bench/conntrack-events removes every ph-bench-*
@@ -202,43 +199,9 @@ func deleteNS(name string) error {
 	return err
 }
 
-// nsDialer returns a DialContext whose sockets are opened inside network namespace ns: each
-// dial runs on a fresh goroutine locked to its OS thread, which enters ns with setns(2); the
-// goroutine ends still locked, so the runtime discards that thread. (A copy of
-// test/e2e/nsdial_test.go's, which is test-only code behind a build tag.)
-func nsDialer(ns string) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	path := filepath.Join("/run/netns", ns)
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		type result struct {
-			c   net.Conn
-			err error
-		}
-		ch := make(chan result, 1)
-		go func() {
-			runtime.LockOSThread() // never unlocked: see above
-			f, err := os.Open(path)
-			if err != nil {
-				ch <- result{nil, err}
-				return
-			}
-			err = unix.Setns(int(f.Fd()), unix.CLONE_NEWNET)
-			f.Close()
-			if err != nil {
-				ch <- result{nil, fmt.Errorf("setns %s: %w", ns, err)}
-				return
-			}
-			var d net.Dialer
-			c, err := d.DialContext(ctx, network, addr)
-			ch <- result{c, err}
-		}()
-		r := <-ch
-		return r.c, r.err
-	}
-}
-
 // nsGet fetches url from inside namespace ns.
 func nsGet(ns, url string) (string, error) {
-	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: nsDialer(ns), DisableKeepAlives: true}}
+	c := netnsdial.HTTPClient(ns, 10*time.Second)
 	resp, err := c.Get(url)
 	if err != nil {
 		return "", err

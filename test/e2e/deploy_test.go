@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -97,7 +98,7 @@ func newDeployClients(t *testing.T, cp *ControlPlane) *deployClients {
 		Host:            "https://" + apiserverAddr,
 		BearerToken:     cp.AdminToken,
 		TLSClientConfig: rest.TLSClientConfig{Insecure: true},
-		Dial:            nsDialer(cp.Lab.Node),
+		Dial:            netnsdial.Dialer(cp.Lab.Node),
 		Timeout:         20 * time.Second,
 		WarningHandler:  rest.NoWarnings{},
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -193,7 +194,7 @@ func (cp *ControlPlane) StartFaultProxy(name, listen, control string) *FaultProx
 
 func (f *FaultProxy) command(t *testing.T, cmd string) string {
 	t.Helper()
-	resp, err := nsHTTPClient(f.cp.Lab.Node, 5*time.Second).Get("http://" + f.Control + "/" + cmd)
+	resp, err := netnsdial.HTTPClient(f.cp.Lab.Node, 5*time.Second).Get("http://" + f.Control + "/" + cmd)
 	if err != nil {
 		t.Fatalf("fault proxy %s %s: %v", f.Addr, cmd, err)
 	}

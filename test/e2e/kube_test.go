@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -189,7 +190,7 @@ func StartControlPlane(t *testing.T, l *Lab, opts ControlPlaneOptions) *ControlP
 		Host:            "https://" + apiserverAddr,
 		BearerToken:     cp.AdminToken,
 		TLSClientConfig: rest.TLSClientConfig{Insecure: true},
-		Dial:            nsDialer(l.Node),
+		Dial:            netnsdial.Dialer(l.Node),
 		QPS:             100,
 		Burst:           200,
 		Timeout:         10 * time.Second,
@@ -390,7 +391,7 @@ func (cp *ControlPlane) StartKubeProxy(opts KubeProxyOptions) {
 func (cp *ControlPlane) faultCommand(cmd string) string {
 	t := cp.t
 	t.Helper()
-	resp, err := nsHTTPClient(cp.Lab.Node, 5*time.Second).Get("http://" + faultControlAddr + "/" + cmd)
+	resp, err := netnsdial.HTTPClient(cp.Lab.Node, 5*time.Second).Get("http://" + faultControlAddr + "/" + cmd)
 	if err != nil {
 		t.Fatalf("fault proxy %s: %v", cmd, err)
 	}
@@ -416,7 +417,7 @@ func (cp *ControlPlane) KubeProxyLog() string {
 
 // KubeProxyGet fetches a path from kube-proxy's metrics (10249) or healthz (10256) server.
 func (cp *ControlPlane) KubeProxyGet(addr, path string) (int, string, error) {
-	resp, err := nsHTTPClient(cp.Lab.Node, 5*time.Second).Get("http://" + addr + path)
+	resp, err := netnsdial.HTTPClient(cp.Lab.Node, 5*time.Second).Get("http://" + addr + path)
 	if err != nil {
 		return 0, "", err
 	}

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/prometheus/common/model"
+	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
 	"golang.org/x/sys/unix"
 )
 
@@ -97,7 +98,7 @@ func StartPrometheus(t *testing.T, l *Lab, opts PrometheusOptions) *Prometheus {
 		opts.Interval = time.Second
 	}
 	start := time.Now()
-	p := &Prometheus{t: t, Lab: l, URL: "http://" + prometheusAddr, Dir: t.TempDir(), client: nsHTTPClient(l.Node, 10*time.Second)}
+	p := &Prometheus{t: t, Lab: l, URL: "http://" + prometheusAddr, Dir: t.TempDir(), client: netnsdial.HTTPClient(l.Node, 10*time.Second)}
 	if opts.Alertmanager {
 		p.Alertmanager = startAlertmanager(t, l)
 	}
@@ -292,7 +293,7 @@ receivers:
 		"--cluster.listen-address=",
 		"--log.level=info",
 	)
-	client := nsHTTPClient(l.Node, 5*time.Second)
+	client := netnsdial.HTTPClient(l.Node, 5*time.Second)
 	waitFor(t, 30*time.Second, "Alertmanager ready", func() (bool, string) {
 		if am.Proc.Exited() {
 			b, _ := os.ReadFile(am.Proc.log)

@@ -1,0 +1,55 @@
+package netnsdial
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+)
+
+// A listener on the loopback of a namespace of the test's own is reachable through Dialer and
+// not from the test's namespace.
+func TestDialerReachesTheNamespacesLoopback(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create a network namespace")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("ip not installed")
+	}
+	ns := fmt.Sprintf("ph-netnsdial-%d", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	if out, err := exec.Command("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up").CombinedOutput(); err != nil {
+		t.Fatalf("lo up: %v: %s", err, out)
+	}
+	// A server inside the namespace that answers one connection (python3 is on this machine kind;
+	// without it the test skips).
+	srv := exec.Command("ip", "netns", "exec", ns, "sh", "-c", "exec python3 -c 'import socket;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);s.bind((\"127.0.0.1\",19999));s.listen(1);c,_=s.accept();c.sendall(b\"hi\");c.close()'")
+	if err := srv.Start(); err != nil {
+		t.Skipf("cannot start a server in the namespace: %v", err)
+	}
+	t.Cleanup(func() { _ = srv.Process.Kill(); _ = srv.Wait() })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var c net.Conn
+	var err error
+	for c == nil && ctx.Err() == nil {
+		if c, err = Dialer(ns)(ctx, "tcp", "127.0.0.1:19999"); err != nil {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	if c == nil {
+		t.Fatalf("dial inside %s: %v", ns, err)
+	}
+	defer c.Close()
+	buf := make([]byte, 2)
+	if _, err := c.Read(buf); err != nil || string(buf) != "hi" {
+		t.Errorf("read %q, %v; want hi", buf, err)
+	}
+}
