@@ -18,39 +18,52 @@ import (
 
 // Dialer returns a DialContext whose sockets are opened inside the namespace named ns (as
 // `ip netns add` names it, under /run/netns).
-//
-// A socket belongs to the namespace of the thread that creates it, for life. Each dial runs on
-// a fresh goroutine locked to its OS thread, which enters ns with setns(2) and creates the
-// socket there; the connection is then used from any goroutine. The goroutine ends still
-// locked, so the runtime discards its thread instead of reusing it in the wrong namespace.
 func Dialer(ns string) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	path := filepath.Join("/run/netns", ns)
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		type result struct {
-			c   net.Conn
-			err error
-		}
-		ch := make(chan result, 1)
-		go func() {
-			runtime.LockOSThread() // never unlocked: see above
-			f, err := os.Open(path)
-			if err != nil {
-				ch <- result{nil, err}
-				return
-			}
-			err = unix.Setns(int(f.Fd()), unix.CLONE_NEWNET)
-			f.Close()
-			if err != nil {
-				ch <- result{nil, fmt.Errorf("setns %s: %w", ns, err)}
-				return
-			}
+		var c net.Conn
+		err := inNamespace(ns, func() (err error) {
 			var d net.Dialer
-			c, err := d.DialContext(ctx, network, addr)
-			ch <- result{c, err}
-		}()
-		r := <-ch
-		return r.c, r.err
+			c, err = d.DialContext(ctx, network, addr)
+			return err
+		})
+		return c, err
 	}
+}
+
+// Listen opens a listening socket inside the namespace named ns; it is then served from any
+// goroutine.
+func Listen(ns, network, addr string) (net.Listener, error) {
+	var ln net.Listener
+	err := inNamespace(ns, func() (err error) {
+		ln, err = net.Listen(network, addr)
+		return err
+	})
+	return ln, err
+}
+
+// inNamespace runs open, which creates a socket, on a thread inside namespace ns. A socket
+// belongs to the namespace of the thread that creates it, for life, and is then usable from
+// any goroutine. open runs on a fresh goroutine locked to its OS thread, which enters ns with
+// setns(2); the goroutine ends still locked, so the runtime discards its thread instead of
+// reusing it in the wrong namespace.
+func inNamespace(ns string, open func() error) error {
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: see above
+		f, err := os.Open(filepath.Join("/run/netns", ns))
+		if err != nil {
+			done <- err
+			return
+		}
+		err = unix.Setns(int(f.Fd()), unix.CLONE_NEWNET)
+		f.Close()
+		if err != nil {
+			done <- fmt.Errorf("setns %s: %w", ns, err)
+			return
+		}
+		done <- open()
+	}()
+	return <-done
 }
 
 // HTTPClient is an HTTP client whose connections are opened inside namespace ns.

@@ -53,3 +53,43 @@ func TestDialerReachesTheNamespacesLoopback(t *testing.T) {
 		t.Errorf("read %q, %v; want hi", buf, err)
 	}
 }
+
+// A listener opened through Listen is inside the namespace: Dialer reaches it there.
+func TestListenInsideTheNamespace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create a network namespace")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("ip not installed")
+	}
+	ns := fmt.Sprintf("ph-netnslisten-%d", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	if out, err := exec.Command("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up").CombinedOutput(); err != nil {
+		t.Fatalf("lo up: %v: %s", err, out)
+	}
+	ln, err := Listen(ns, "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			_, _ = c.Write([]byte("ok"))
+			c.Close()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := Dialer(ns)(ctx, "tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatalf("dial the namespace's listener: %v", err)
+	}
+	defer c.Close()
+	buf := make([]byte, 2)
+	if _, err := c.Read(buf); err != nil || string(buf) != "ok" {
+		t.Errorf("read %q, %v; want ok", buf, err)
+	}
+}

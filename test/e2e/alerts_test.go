@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/prometheus/common/model"
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -317,33 +316,6 @@ func (cp *ControlPlane) deployKubeconfig(name string) (string, string) {
 	if _, err := cp.Client.RbacV1().ClusterRoleBindings().Create(ctx, &binding, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("creating deploy/base's ClusterRoleBinding: %v", err)
 	}
-	tok, err := cp.Client.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa.Name, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptrTo(int64(3600))},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("requesting a token for %s/%s: %v", ns, sa.Name, err)
-	}
-	path := filepath.Join(cp.Dir, name)
-	content := fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: lab
-  cluster:
-    server: https://%s
-    insecure-skip-tls-verify: true
-users:
-- name: proxyhealth
-  user:
-    token: %s
-contexts:
-- name: lab
-  context:
-    cluster: lab
-    user: proxyhealth
-current-context: lab
-`, apiserverAddr, tok.Status.Token)
-	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	path := cp.tokenKubeconfig(t, ns, sa.Name, name, apiserverAddr)
 	return path, fmt.Sprintf("ServiceAccount %s/%s bound to deploy/base's ClusterRole (%d rules)", ns, sa.Name, len(role.Rules))
 }

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
-	authenticationv1 "k8s.io/api/authentication/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -255,7 +254,7 @@ func TestDeployManifests(t *testing.T) {
 				t.Fatalf("creating %s: %v", describe(kinds[k]), err)
 			}
 		}
-		kubeconfig := cp.tokenKubeconfig(t, ns, kinds["ServiceAccount"].GetName())
+		kubeconfig := cp.tokenKubeconfig(t, ns, kinds["ServiceAccount"].GetName(), kinds["ServiceAccount"].GetName()+"-"+ns+".kubeconfig", apiserverAddr)
 		e := l.In(t).StartExporter("proxyhealth-deploy", deployExporterPort, nil, deployExporterArgs(kubeconfig)...)
 		e.Poll(t, 30*time.Second, "the API view fresh and the rules collector succeeding", nil, func(s Scrape) (bool, string) {
 			fresh, _, _ := s.Value(viewFresh, nil)
@@ -340,7 +339,7 @@ func startWithoutVerb(t *testing.T, cp *ControlPlane, c *deployClients, kinds ma
 			t.Fatalf("creating %s: %v", describe(o), err)
 		}
 	}
-	kubeconfig := cp.tokenKubeconfig(t, ns, name)
+	kubeconfig := cp.tokenKubeconfig(t, ns, name, name+"-"+ns+".kubeconfig", apiserverAddr)
 	return cp.Lab.In(t).StartExporter(name, port, nil, deployExporterArgs(kubeconfig)...)
 }
 
@@ -363,39 +362,4 @@ func toStrings(v any) []string {
 		}
 	}
 	return out
-}
-
-// tokenKubeconfig writes a kubeconfig with a token of ServiceAccount ns/sa (TokenRequest), for
-// an exporter in the node namespace.
-func (cp *ControlPlane) tokenKubeconfig(t *testing.T, ns, sa string) string {
-	t.Helper()
-	tok, err := cp.Client.CoreV1().ServiceAccounts(ns).CreateToken(context.Background(), sa, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptrTo(int64(3600))},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("requesting a token for %s/%s: %v", ns, sa, err)
-	}
-	path := filepath.Join(cp.Dir, sa+"-"+ns+".kubeconfig")
-	content := fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: lab
-  cluster:
-    server: https://%s
-    insecure-skip-tls-verify: true
-users:
-- name: %s
-  user:
-    token: %s
-contexts:
-- name: lab
-  context:
-    cluster: lab
-    user: %s
-current-context: lab
-`, apiserverAddr, sa, tok.Status.Token, sa)
-	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
 }

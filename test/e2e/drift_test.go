@@ -7,13 +7,11 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -141,35 +139,7 @@ func (cp *ControlPlane) readOnlyKubeconfig(name, server string) string {
 	if err != nil && !strings.Contains(err.Error(), "already exists") {
 		t.Fatalf("creating ServiceAccount %s/%s: %v", ns, sa, err)
 	}
-	tok, err := cp.Client.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptrTo(int64(3600))},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("requesting a token for %s/%s: %v", ns, sa, err)
-	}
-	path := filepath.Join(cp.Dir, name)
-	content := fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: lab
-  cluster:
-    server: https://%s
-    insecure-skip-tls-verify: true
-users:
-- name: proxyhealth
-  user:
-    token: %s
-contexts:
-- name: lab
-  context:
-    cluster: lab
-    user: proxyhealth
-current-context: lab
-`, server, tok.Status.Token)
-	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
+	return cp.tokenKubeconfig(t, ns, sa, name, server)
 }
 
 // FaultProxy is a labtool fault-proxy in the node namespace other than kube-proxy's.

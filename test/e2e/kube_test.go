@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
+
 	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -274,28 +276,8 @@ func (cp *ControlPlane) writeCredentials() {
 	write("sa.key", string(pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)})), 0o600)
 	write("sa.pub", string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub})), 0o644)
 
-	kubeconfig := func(server, user, token string) string {
-		return fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: lab
-  cluster:
-    server: https://%s
-    insecure-skip-tls-verify: true
-users:
-- name: %s
-  user:
-    token: %s
-contexts:
-- name: lab
-  context:
-    cluster: lab
-    user: %s
-current-context: lab
-`, server, user, token, user)
-	}
-	cp.AdminKubeconfig = write("admin.kubeconfig", kubeconfig(apiserverAddr, "admin", cp.AdminToken), 0o600)
-	cp.ProxyKubeconfig = write("kube-proxy.kubeconfig", kubeconfig(faultProxyAddr, "kube-proxy", cp.ProxyToken), 0o600)
+	cp.AdminKubeconfig = write("admin.kubeconfig", kubeconfigYAML(apiserverAddr, "admin", cp.AdminToken), 0o600)
+	cp.ProxyKubeconfig = write("kube-proxy.kubeconfig", kubeconfigYAML(faultProxyAddr, "kube-proxy", cp.ProxyToken), 0o600)
 }
 
 // createNode creates the lab's Node with an InternalIP in its status (kube-proxy waits for it)
@@ -601,4 +583,44 @@ func (cp *ControlPlane) ApplySlice(s *discoveryv1.EndpointSlice) *discoveryv1.En
 		cp.t.Fatalf("updating EndpointSlice %s/%s: %v", s.Namespace, s.Name, err)
 	}
 	return out
+}
+
+// kubeconfigYAML is a kubeconfig for the lab's apiserver (self-signed: TLS not verified) at
+// server with a bearer token.
+func kubeconfigYAML(server, user, token string) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: lab
+  cluster:
+    server: https://%s
+    insecure-skip-tls-verify: true
+users:
+- name: %s
+  user:
+    token: %s
+contexts:
+- name: lab
+  context:
+    cluster: lab
+    user: %s
+current-context: lab
+`, server, user, token, user)
+}
+
+// tokenKubeconfig writes file (in the control plane's directory): a kubeconfig for server with
+// a token of ServiceAccount ns/sa (TokenRequest), for an exporter in the node namespace.
+func (cp *ControlPlane) tokenKubeconfig(t *testing.T, ns, sa, file, server string) string {
+	t.Helper()
+	tok, err := cp.Client.CoreV1().ServiceAccounts(ns).CreateToken(context.Background(), sa, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptrTo(int64(3600))},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("requesting a token for %s/%s: %v", ns, sa, err)
+	}
+	path := filepath.Join(cp.Dir, file)
+	if err := os.WriteFile(path, []byte(kubeconfigYAML(server, sa, tok.Status.Token)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }

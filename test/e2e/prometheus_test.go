@@ -7,13 +7,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -21,7 +19,6 @@ import (
 
 	"github.com/prometheus/common/model"
 	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
-	"golang.org/x/sys/unix"
 )
 
 // A real Prometheus (and optionally Alertmanager) in a lab's node namespace, from Debian's
@@ -341,7 +338,7 @@ type Webhook struct {
 
 func startWebhook(t *testing.T, ns, addr string) *Webhook {
 	t.Helper()
-	ln, err := nsListen(ns, "tcp", addr)
+	ln, err := netnsdial.Listen(ns, "tcp", addr)
 	if err != nil {
 		t.Fatalf("webhook listener in %s: %v", ns, err)
 	}
@@ -440,33 +437,4 @@ func containsLabels(have, want map[string]string) bool {
 		}
 	}
 	return true
-}
-
-// nsListen opens a listening socket inside network namespace ns (see nsDialer: a socket
-// belongs to the namespace of the thread that created it, for life); it is then served from
-// any goroutine.
-func nsListen(ns, network, addr string) (net.Listener, error) {
-	type result struct {
-		ln  net.Listener
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread is discarded
-		f, err := os.Open(filepath.Join("/run/netns", ns))
-		if err != nil {
-			ch <- result{nil, err}
-			return
-		}
-		err = unix.Setns(int(f.Fd()), unix.CLONE_NEWNET)
-		f.Close()
-		if err != nil {
-			ch <- result{nil, fmt.Errorf("setns %s: %w", ns, err)}
-			return
-		}
-		ln, err := net.Listen(network, addr)
-		ch <- result{ln, err}
-	}()
-	r := <-ch
-	return r.ln, r.err
 }
