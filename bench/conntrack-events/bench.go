@@ -19,6 +19,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
 )
 
 const proc = "/proc"
@@ -181,15 +183,15 @@ type header struct {
 
 // bench sets up the namespace, runs every step and phase and always tears down what it made.
 func bench(ctx context.Context, cfg config, argv []string) (results []phaseResult, hdr *header, err error) {
-	unlock, err := lockRun()
+	unlock, err := benchns.Lock()
 	if err != nil {
 		return nil, nil, err
 	}
 	defer unlock()
 
-	for _, ns := range listBenchNS() {
+	for _, ns := range benchns.List(nsPrefix) {
 		fmt.Fprintf(os.Stderr, "removing leftover namespace %s\n", ns)
-		if err := deleteNS(ns); err != nil {
+		if err := benchns.Delete(nsPrefix, ns); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -229,7 +231,7 @@ func bench(ctx context.Context, cfg config, argv []string) (results []phaseResul
 
 	ns := newNSName()
 	defer func() {
-		if derr := deleteNS(ns); derr != nil {
+		if derr := benchns.Delete(nsPrefix, ns); derr != nil {
 			fmt.Fprintf(os.Stderr, "removing namespace %s: %v\n", ns, derr)
 		}
 	}()
@@ -240,8 +242,8 @@ func bench(ctx context.Context, cfg config, argv []string) (results []phaseResul
 	hdr = &header{
 		Date:       time.Now().UTC().Format(time.RFC3339),
 		Kernel:     strings.TrimSpace(readFile("/proc/sys/kernel/osrelease")),
-		CPU:        cpuModel(),
-		Cores:      numCPU(),
+		CPU:        benchns.CPUModel(),
+		Cores:      benchns.NumCPU(),
 		Cmdline:    strings.Join(argv, " "),
 		Events:     nsSysctl(ctx, ns, "net.netfilter.nf_conntrack_events"),
 		CTMax:      nsSysctl(ctx, ns, "net.netfilter.nf_conntrack_max"),
@@ -311,19 +313,6 @@ func bench(ctx context.Context, cfg config, argv []string) (results []phaseResul
 	return results, hdr, nil
 }
 
-// lockRun makes sure only one benchmark runs at a time (each removes the other's namespaces).
-func lockRun() (func(), error) {
-	f, err := os.OpenFile("/run/ph-bench.lock", os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("another conntrack-events run holds /run/ph-bench.lock: %w", err)
-	}
-	return func() { f.Close() }, nil
-}
-
 func findRepo() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
@@ -354,25 +343,6 @@ func firstLine(s string) string {
 		return s[:i]
 	}
 	return s
-}
-
-func cpuModel() string {
-	for _, l := range strings.Split(readFile("/proc/cpuinfo"), "\n") {
-		if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
-			return strings.TrimSpace(v)
-		}
-	}
-	return "?"
-}
-
-func numCPU() int {
-	n := 0
-	for _, l := range strings.Split(readFile("/proc/cpuinfo"), "\n") {
-		if strings.HasPrefix(l, "processor") {
-			n++
-		}
-	}
-	return n
 }
 
 // phaseEnv is what every phase shares.

@@ -8,7 +8,6 @@ import (
 	"encoding/base32"
 	"encoding/hex"
 	"fmt"
-	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -57,48 +56,6 @@ func run(ctx context.Context, stdin string, name string, args ...string) (string
 		return string(out), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}
 	return string(out), nil
-}
-
-// listBenchNS returns the names of namespaces this benchmark creates.
-func listBenchNS() []string {
-	ents, err := os.ReadDir("/run/netns")
-	if err != nil {
-		return nil
-	}
-	var out []string
-	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), nsPrefix) {
-			out = append(out, e.Name())
-		}
-	}
-	return out
-}
-
-// deleteNS ends whatever still runs in a benchmark namespace (only ever this program's own
-// children, or those of an earlier run that died) and removes it.
-func deleteNS(name string) error {
-	if !strings.HasPrefix(name, nsPrefix) {
-		return fmt.Errorf("refusing to delete namespace %q", name)
-	}
-	ctx := context.Background()
-	for attempt := 0; attempt < 3; attempt++ {
-		out, err := run(ctx, "", "ip", "netns", "pids", name)
-		if err != nil {
-			break
-		}
-		pids := strings.Fields(out)
-		if len(pids) == 0 {
-			break
-		}
-		for _, p := range pids {
-			if pid, err := strconv.Atoi(p); err == nil && pid > 1 && pid != os.Getpid() {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	_, err := run(ctx, "", "ip", "netns", "del", name)
-	return err
 }
 
 // setupNS creates the namespace and programs it: loopback addresses, conntrack sysctls and

@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
 	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -312,7 +313,7 @@ func runKube(ctx context.Context, cfg config, bins kubeBins, tmp string) (res *k
 		for i := len(procs) - 1; i >= 0; i-- {
 			procs[i].stop()
 		}
-		if derr := deleteNS(ns); derr != nil && err == nil {
+		if derr := benchns.Delete(nsPrefix, ns); derr != nil && err == nil {
 			err = derr
 		}
 	}()

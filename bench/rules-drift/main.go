@@ -22,6 +22,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
 )
 
 type config struct {
@@ -140,14 +142,14 @@ type report struct {
 }
 
 func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
-	unlock, err := lockRun()
+	unlock, err := benchns.Lock()
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	for _, ns := range listOwnNS() {
+	for _, ns := range benchns.List(nsPrefix) {
 		fmt.Fprintf(os.Stderr, "removing leftover namespace %s\n", ns)
-		if err := deleteNS(ns); err != nil {
+		if err := benchns.Delete(nsPrefix, ns); err != nil {
 			return nil, err
 		}
 	}
@@ -170,8 +172,8 @@ func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
 		cfg:     cfg,
 		Date:    time.Now().UTC().Format(time.RFC3339),
 		Kernel:  strings.TrimSpace(readFile("/proc/sys/kernel/osrelease")),
-		CPU:     cpuModel(),
-		Cores:   numCPU(),
+		CPU:     benchns.CPUModel(),
+		Cores:   benchns.NumCPU(),
 		Cmdline: strings.Join(argv, " "),
 		Commit:  gitDescribe(cfg.repo),
 	}
@@ -274,23 +276,4 @@ func gitDescribe(repo string) string {
 func readFile(p string) string {
 	b, _ := os.ReadFile(p)
 	return string(b)
-}
-
-func cpuModel() string {
-	for _, line := range strings.Split(readFile("/proc/cpuinfo"), "\n") {
-		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
-			return strings.TrimSpace(v)
-		}
-	}
-	return "unknown CPU"
-}
-
-func numCPU() int {
-	n := 0
-	for _, line := range strings.Split(readFile("/proc/cpuinfo"), "\n") {
-		if strings.HasPrefix(line, "processor") {
-			n++
-		}
-	}
-	return n
 }

@@ -31,18 +31,6 @@ func newNSName(role string) string {
 	return nsPrefix + role + "-" + hex.EncodeToString(b)
 }
 
-func lockRun() (func(), error) {
-	f, err := os.OpenFile("/run/ph-bench.lock", os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("another benchmark holds /run/ph-bench.lock: %w", err)
-	}
-	return func() { f.Close() }, nil
-}
-
 // run runs a command with a deadline; its combined output is in the error.
 func run(ctx context.Context, stdin []byte, name string, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
@@ -153,49 +141,6 @@ func addNS(ctx context.Context, name string) error {
 		return err
 	}
 	_, err := run(ctx, nil, "ip", "-n", name, "link", "set", "lo", "up")
-	return err
-}
-
-// listOwnNS returns this benchmark's namespaces (leftovers of a run that died).
-func listOwnNS() []string {
-	ents, err := os.ReadDir("/run/netns")
-	if err != nil {
-		return nil
-	}
-	var out []string
-	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), nsPrefix) {
-			out = append(out, e.Name())
-		}
-	}
-	return out
-}
-
-// deleteNS kills whatever still runs in one of this benchmark's namespaces (only ever its own
-// children, or those of an earlier run that died), flushes its legacy iptables tables (those
-// live with the namespace anyway) and removes it.
-func deleteNS(name string) error {
-	if !strings.HasPrefix(name, nsPrefix) {
-		return fmt.Errorf("refusing to delete namespace %q", name)
-	}
-	ctx := context.Background()
-	for attempt := 0; attempt < 5; attempt++ {
-		out, err := run(ctx, nil, "ip", "netns", "pids", name)
-		if err != nil {
-			break
-		}
-		pids := strings.Fields(out)
-		if len(pids) == 0 {
-			break
-		}
-		for _, p := range pids {
-			if pid, err := strconv.Atoi(p); err == nil && pid > 1 && pid != os.Getpid() {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
-		}
-		time.Sleep(300 * time.Millisecond)
-	}
-	_, err := run(ctx, nil, "ip", "netns", "del", name)
 	return err
 }
 

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
 	"github.com/proxyhealth/proxyhealth/internal/iptables"
 )
 
@@ -57,7 +58,7 @@ func measureSave(ctx context.Context, b backend, chunks [][]byte, reps int) (res
 		return res, err
 	}
 	defer func() {
-		if derr := deleteNS(res.NS); derr != nil && err == nil {
+		if derr := benchns.Delete(nsPrefix, res.NS); derr != nil && err == nil {
 			err = derr
 		}
 	}()

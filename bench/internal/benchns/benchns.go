@@ -1,0 +1,97 @@
+// Package benchns holds what the benchmarks share about the machine they run on: one lock so
+// that two benchmarks never run at once (each removes leftover namespaces), the network
+// namespaces they create and always remove, and the CPU they report.
+package benchns
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Lock takes the machine-wide benchmark lock, or fails at once when another benchmark holds it.
+func Lock() (unlock func(), err error) {
+	f, err := os.OpenFile("/run/ph-bench.lock", os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("another benchmark holds /run/ph-bench.lock: %w", err)
+	}
+	return func() { f.Close() }, nil
+}
+
+// List returns the names of the network namespaces whose names start with prefix.
+func List(prefix string) []string {
+	ents, err := os.ReadDir("/run/netns")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), prefix) {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// Delete ends whatever still runs in namespace name (only ever a benchmark's own children, or
+// those of an earlier run that died) and removes it. It refuses names without prefix, so that
+// a benchmark can only remove its own namespaces.
+func Delete(prefix, name string) error {
+	if !strings.HasPrefix(name, prefix) {
+		return fmt.Errorf("refusing to delete namespace %q", name)
+	}
+	for range 5 {
+		out, err := exec.Command("ip", "netns", "pids", name).Output()
+		if err != nil {
+			break
+		}
+		pids := strings.Fields(string(out))
+		if len(pids) == 0 {
+			break
+		}
+		for _, p := range pids {
+			if pid, err := strconv.Atoi(p); err == nil && pid > 1 && pid != os.Getpid() {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
+		return fmt.Errorf("ip netns del %s: %w: %s", name, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// CPUModel is the machine's CPU model name from /proc/cpuinfo.
+func CPUModel() string {
+	for _, line := range strings.Split(cpuinfo(), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "unknown CPU"
+}
+
+// NumCPU counts the processors in /proc/cpuinfo (all of them, whatever this process may use).
+func NumCPU() int {
+	n := 0
+	for _, line := range strings.Split(cpuinfo(), "\n") {
+		if strings.HasPrefix(line, "processor") {
+			n++
+		}
+	}
+	return n
+}
+
+func cpuinfo() string {
+	b, _ := os.ReadFile("/proc/cpuinfo")
+	return string(b)
+}
