@@ -9,12 +9,10 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/pem"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,6 +22,7 @@ import (
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
 	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
+	"github.com/proxyhealth/proxyhealth/test/kubelab"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -46,45 +45,6 @@ const (
 	nodeName         = "bench-node"
 	nodeIP           = "172.18.0.2" // on the namespace's loopback: the Node's InternalIP
 )
-
-type kubeBins struct{ Version, Etcd, APIServer, Proxy string }
-
-// findKube locates etcd, kube-apiserver and kube-proxy as the lab does: $PROXYHEALTH_KUBE_BIN,
-// else test/kube/build.sh's cache for the version test/kube/go.mod pins.
-func findKube(repo string) (kubeBins, error) {
-	var b kubeBins
-	mod, err := os.ReadFile(filepath.Join(repo, "test", "kube", "go.mod"))
-	if err != nil {
-		return b, err
-	}
-	m := regexp.MustCompile(`(?m)^require k8s\.io/kubernetes (v\S+)`).FindSubmatch(mod)
-	if m == nil {
-		return b, errors.New("test/kube/go.mod pins no k8s.io/kubernetes version")
-	}
-	b.Version = string(m[1])
-	dir := os.Getenv("PROXYHEALTH_KUBE_BIN")
-	if dir == "" {
-		cache := os.Getenv("PROXYHEALTH_KUBE_CACHE")
-		if cache == "" {
-			home, err := os.UserHomeDir()
-			if err != nil {
-				return b, err
-			}
-			cache = filepath.Join(home, ".cache", "proxyhealth", "kube")
-		}
-		dir = filepath.Join(cache, b.Version)
-	}
-	b.APIServer, b.Proxy = filepath.Join(dir, "kube-apiserver"), filepath.Join(dir, "kube-proxy")
-	for _, p := range []string{b.APIServer, b.Proxy} {
-		if _, err := os.Stat(p); err != nil {
-			return b, fmt.Errorf("%s missing (make kube builds it)", p)
-		}
-	}
-	if b.Etcd, err = exec.LookPath("etcd"); err != nil {
-		return b, errors.New("etcd not found (apt-get install -y etcd-server)")
-	}
-	return b, nil
-}
 
 // memSample is a process's resident memory at one moment.
 type memSample struct {
@@ -260,29 +220,12 @@ func writeCredentials(dir, token string) (kubeconfig string, err error) {
 	if _, err := write("sa.pub", string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub})), 0o644); err != nil {
 		return "", err
 	}
-	return write("admin.kubeconfig", fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: bench
-  cluster:
-    server: https://%s
-    insecure-skip-tls-verify: true
-users:
-- name: admin
-  user:
-    token: %s
-contexts:
-- name: bench
-  context:
-    cluster: bench
-    user: admin
-current-context: bench
-`, apiserverAddr, token), 0o600)
+	return write("admin.kubeconfig", kubelab.KubeconfigYAML(apiserverAddr, "admin", token), 0o600)
 }
 
 // runKube starts etcd and kube-apiserver in a namespace of its own, loads the services, and
 // measures the exporter's and kube-proxy's resident memory against them.
-func runKube(ctx context.Context, cfg config, bins kubeBins, tmp string) (res *kubeResult, err error) {
+func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string) (res *kubeResult, err error) {
 	res = &kubeResult{Version: bins.Version, Workers: cfg.workers}
 	dir := filepath.Join(tmp, "kube")
 	if err := os.MkdirAll(dir, 0o700); err != nil {

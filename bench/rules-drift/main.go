@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
+	"github.com/proxyhealth/proxyhealth/test/kubelab"
 )
 
 type config struct {
@@ -223,7 +224,7 @@ func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
 	}
 
 	// Part 4: memory against a real API server.
-	bins, berr := findKube(cfg.repo)
+	bins, berr := kubelab.FindBinaries(cfg.repo)
 	switch {
 	case cfg.kube == "off":
 		rep.KubeSkipped = "--kube=off"

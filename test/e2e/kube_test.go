@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -23,6 +22,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 
 	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
+	"github.com/proxyhealth/proxyhealth/test/kubelab"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -50,57 +50,18 @@ const (
 // requireKubeEnv makes a missing control plane a failure instead of a skip (CI sets it).
 const requireKubeEnv = "PROXYHEALTH_REQUIRE_KUBE"
 
-// kubeBins is where kube-apiserver and kube-proxy are: $PROXYHEALTH_KUBE_BIN, else
-// test/kube/build.sh's cache directory for the version test/kube/go.mod pins.
-type kubeBins struct {
-	Version                string
-	Etcd, APIServer, Proxy string
-}
-
 // findKube locates the control plane's binaries, or says what is missing and how to get it.
-func findKube() (kubeBins, error) {
-	var b kubeBins
+func findKube() (kubelab.Binaries, error) {
 	root, err := repoRoot()
 	if err != nil {
-		return b, err
+		return kubelab.Binaries{}, err
 	}
-	mod, err := os.ReadFile(filepath.Join(root, "test", "kube", "go.mod"))
-	if err != nil {
-		return b, err
-	}
-	m := regexp.MustCompile(`(?m)^require k8s\.io/kubernetes (v\S+)`).FindSubmatch(mod)
-	if m == nil {
-		return b, fmt.Errorf("test/kube/go.mod pins no k8s.io/kubernetes version")
-	}
-	b.Version = string(m[1])
-	dir := os.Getenv("PROXYHEALTH_KUBE_BIN")
-	if dir == "" {
-		cache := os.Getenv("PROXYHEALTH_KUBE_CACHE")
-		if cache == "" {
-			home, err := os.UserHomeDir()
-			if err != nil {
-				return b, err
-			}
-			cache = filepath.Join(home, ".cache", "proxyhealth", "kube")
-		}
-		dir = filepath.Join(cache, b.Version)
-	}
-	b.APIServer = filepath.Join(dir, "kube-apiserver")
-	b.Proxy = filepath.Join(dir, "kube-proxy")
-	for _, p := range []string{b.APIServer, b.Proxy} {
-		if _, err := os.Stat(p); err != nil {
-			return b, fmt.Errorf("%s missing; build it with test/kube/build.sh (or make kube; about 7 minutes the first time)", p)
-		}
-	}
-	if b.Etcd, err = exec.LookPath("etcd"); err != nil {
-		return b, fmt.Errorf("etcd not found; install: apt-get install -y etcd-server")
-	}
-	return b, nil
+	return kubelab.FindBinaries(root)
 }
 
 // requireKube skips (or, with PROXYHEALTH_REQUIRE_KUBE set, fails) when the control plane's
 // binaries are missing.
-func requireKube(t *testing.T) kubeBins {
+func requireKube(t *testing.T) kubelab.Binaries {
 	t.Helper()
 	requireLab(t)
 	b, err := findKube()
@@ -119,7 +80,7 @@ func requireKube(t *testing.T) kubeBins {
 type ControlPlane struct {
 	t    *testing.T
 	Lab  *Lab
-	Bins kubeBins
+	Bins kubelab.Binaries
 	Dir  string // certificates, tokens, kubeconfigs, etcd data
 
 	// Client is an admin client (system:masters) that talks to the apiserver directly, from
@@ -276,8 +237,8 @@ func (cp *ControlPlane) writeCredentials() {
 	write("sa.key", string(pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)})), 0o600)
 	write("sa.pub", string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub})), 0o644)
 
-	cp.AdminKubeconfig = write("admin.kubeconfig", kubeconfigYAML(apiserverAddr, "admin", cp.AdminToken), 0o600)
-	cp.ProxyKubeconfig = write("kube-proxy.kubeconfig", kubeconfigYAML(faultProxyAddr, "kube-proxy", cp.ProxyToken), 0o600)
+	cp.AdminKubeconfig = write("admin.kubeconfig", kubelab.KubeconfigYAML(apiserverAddr, "admin", cp.AdminToken), 0o600)
+	cp.ProxyKubeconfig = write("kube-proxy.kubeconfig", kubelab.KubeconfigYAML(faultProxyAddr, "kube-proxy", cp.ProxyToken), 0o600)
 }
 
 // createNode creates the lab's Node with an InternalIP in its status (kube-proxy waits for it)
@@ -585,29 +546,6 @@ func (cp *ControlPlane) ApplySlice(s *discoveryv1.EndpointSlice) *discoveryv1.En
 	return out
 }
 
-// kubeconfigYAML is a kubeconfig for the lab's apiserver (self-signed: TLS not verified) at
-// server with a bearer token.
-func kubeconfigYAML(server, user, token string) string {
-	return fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: lab
-  cluster:
-    server: https://%s
-    insecure-skip-tls-verify: true
-users:
-- name: %s
-  user:
-    token: %s
-contexts:
-- name: lab
-  context:
-    cluster: lab
-    user: %s
-current-context: lab
-`, server, user, token, user)
-}
-
 // tokenKubeconfig writes file (in the control plane's directory): a kubeconfig for server with
 // a token of ServiceAccount ns/sa (TokenRequest), for an exporter in the node namespace.
 func (cp *ControlPlane) tokenKubeconfig(t *testing.T, ns, sa, file, server string) string {
@@ -619,7 +557,7 @@ func (cp *ControlPlane) tokenKubeconfig(t *testing.T, ns, sa, file, server strin
 		t.Fatalf("requesting a token for %s/%s: %v", ns, sa, err)
 	}
 	path := filepath.Join(cp.Dir, file)
-	if err := os.WriteFile(path, []byte(kubeconfigYAML(server, sa, tok.Status.Token)), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(kubelab.KubeconfigYAML(server, sa, tok.Status.Token)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return path

@@ -1,0 +1,81 @@
+// Package kubelab is what the lab (test/e2e) and the benchmarks need to run a real Kubernetes
+// control plane on this machine: where the binaries built by test/kube are, and kubeconfigs
+// for the apiserver they start.
+package kubelab
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+)
+
+// Binaries are the control plane's programs and the Kubernetes version they were built at.
+type Binaries struct {
+	Version                string
+	Etcd, APIServer, Proxy string
+}
+
+// FindBinaries locates kube-apiserver and kube-proxy ($PROXYHEALTH_KUBE_BIN, else
+// test/kube/build.sh's cache, ${PROXYHEALTH_KUBE_CACHE:-~/.cache/proxyhealth/kube}/<version>,
+// for the version test/kube/go.mod pins under repo) and etcd on PATH, or says what is missing
+// and how to get it.
+func FindBinaries(repo string) (Binaries, error) {
+	var b Binaries
+	mod, err := os.ReadFile(filepath.Join(repo, "test", "kube", "go.mod"))
+	if err != nil {
+		return b, err
+	}
+	m := regexp.MustCompile(`(?m)^require k8s\.io/kubernetes (v\S+)`).FindSubmatch(mod)
+	if m == nil {
+		return b, errors.New("test/kube/go.mod pins no k8s.io/kubernetes version")
+	}
+	b.Version = string(m[1])
+	dir := os.Getenv("PROXYHEALTH_KUBE_BIN")
+	if dir == "" {
+		cache := os.Getenv("PROXYHEALTH_KUBE_CACHE")
+		if cache == "" {
+			home, err := os.UserHomeDir()
+			if err != nil {
+				return b, err
+			}
+			cache = filepath.Join(home, ".cache", "proxyhealth", "kube")
+		}
+		dir = filepath.Join(cache, b.Version)
+	}
+	b.APIServer, b.Proxy = filepath.Join(dir, "kube-apiserver"), filepath.Join(dir, "kube-proxy")
+	for _, p := range []string{b.APIServer, b.Proxy} {
+		if _, err := os.Stat(p); err != nil {
+			return b, fmt.Errorf("%s missing; build it with test/kube/build.sh (or make kube; several minutes the first time)", p)
+		}
+	}
+	if b.Etcd, err = exec.LookPath("etcd"); err != nil {
+		return b, errors.New("etcd not found; install: apt-get install -y etcd-server")
+	}
+	return b, nil
+}
+
+// KubeconfigYAML is a kubeconfig for an apiserver at server (host:port, self-signed: TLS not
+// verified) with a bearer token.
+func KubeconfigYAML(server, user, token string) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: lab
+  cluster:
+    server: https://%s
+    insecure-skip-tls-verify: true
+users:
+- name: %s
+  user:
+    token: %s
+contexts:
+- name: lab
+  context:
+    cluster: lab
+    user: %s
+current-context: lab
+`, server, user, token, user)
+}
