@@ -2,6 +2,7 @@ package exporter
 
 import (
 	"log/slog"
+	"time"
 
 	"github.com/alecthomas/kingpin/v2"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/proxyhealth/proxyhealth/collectors/node"
 	"github.com/proxyhealth/proxyhealth/collectors/rules"
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
+	"github.com/proxyhealth/proxyhealth/internal/hostrules"
 )
 
 // Paths are the host filesystems the collectors read; in a container they are the host's
@@ -59,11 +61,43 @@ func (a *apiView) get() (*cluster.Cluster, error) {
 	return a.view, nil
 }
 
+// hostRules is the exporter's one reader of the node's netfilter state, shared by the
+// collectors that need it and built only if one of them is enabled.
+type hostRules struct {
+	cfg    hostrules.Config
+	logger *slog.Logger
+	source *hostrules.Source
+}
+
+func (h *hostRules) addFlags(app *kingpin.Application) {
+	app.Flag("netfilter.legacy-poll-interval", "How often the iptables-legacy tables' size is compared with the last read (the kernel sends no notification for them; nf_tables changes are followed as they are committed).").
+		Default("2s").DurationVar(&h.cfg.LegacyPollInterval)
+	app.Flag("netfilter.legacy-min-read-interval", "Least time between two reads of the iptables-legacy tables; under churn they are read at most this often.").
+		Default("10s").DurationVar(&h.cfg.LegacyMinReadInterval)
+	app.Flag("netfilter.resync-interval", "How often every netfilter table is read again whatever the notifications said.").
+		Default("5m").DurationVar(&h.cfg.ResyncInterval)
+	h.cfg.Debounce = 100 * time.Millisecond
+}
+
+func (h *hostRules) get(procPath string) (*hostrules.Source, error) {
+	if h.source == nil {
+		h.cfg.ProcPath = procPath
+		s, err := hostrules.New(h.cfg, h.logger.With("component", "netfilter"))
+		if err != nil {
+			return nil, err
+		}
+		h.source = s
+	}
+	return h.source, nil
+}
+
 // registrations lists every collector, each adding its own flags to app. paths is filled in by
 // the time build runs; the returned apiView holds the API view once a collector asked for it.
-func registrations(app *kingpin.Application, paths *Paths) ([]registration, *apiView) {
+func registrations(app *kingpin.Application, paths *Paths) ([]registration, *apiView, *hostRules) {
 	api := &apiView{}
 	api.cfg.AddFlags(app)
+	host := &hostRules{}
+	host.addFlags(app)
 	var conntrackCfg conntrack.Config
 	conntrackCfg.AddFlags(app)
 	var nodeCfg node.Config
@@ -79,26 +113,38 @@ func registrations(app *kingpin.Application, paths *Paths) ([]registration, *api
 				if err != nil {
 					return nil, err
 				}
-				conntrackCfg.ProcPath, conntrackCfg.API = paths.ProcFS, view
+				rules, err := host.get(paths.ProcFS)
+				if err != nil {
+					return nil, err
+				}
+				conntrackCfg.ProcPath, conntrackCfg.API, conntrackCfg.Rules = paths.ProcFS, view, rules
 				return conntrack.New(conntrackCfg, l)
 			}),
-		register(app, node.Name, "bridge netfilter and conntrack sysctls, and whether a conntrack INVALID drop rule is on the forward path (the rules check runs iptables-legacy-save, iptables-nft-save and nft: needs CAP_NET_ADMIN, and CAP_NET_RAW for legacy).",
+		register(app, node.Name, "bridge netfilter and conntrack sysctls, and whether a conntrack INVALID drop rule is on the forward path (reading the rules needs CAP_NET_ADMIN, and CAP_NET_RAW for iptables-legacy).",
 			func(l *slog.Logger) (phcollectors.Collector, error) {
-				nodeCfg.ProcPath = paths.ProcFS
+				rules, err := host.get(paths.ProcFS)
+				if err != nil {
+					return nil, err
+				}
+				nodeCfg.ProcPath, nodeCfg.Rules = paths.ProcFS, rules
 				return node.New(nodeCfg, l)
 			}),
-		register(app, "rules", "kube-proxy's programmed endpoints against the API, per Service port (needs the API: --kubeconfig or in-cluster; CAP_NET_ADMIN for iptables-save).",
+		register(app, "rules", "kube-proxy's programmed endpoints against the API, per Service port (needs the API: --kubeconfig or in-cluster; CAP_NET_ADMIN to read the rules, and CAP_NET_RAW for iptables-legacy).",
 			func(l *slog.Logger) (phcollectors.Collector, error) {
 				view, err := api.get()
 				if err != nil {
 					return nil, err
 				}
-				rulesCfg.ProcPath, rulesCfg.View = paths.ProcFS, view
+				source, err := host.get(paths.ProcFS)
+				if err != nil {
+					return nil, err
+				}
+				rulesCfg.View, rulesCfg.Rules = view, source
 				return rules.New(rulesCfg, l)
 			}),
 		register(app, kubeproxy.Name, "kube-proxy's list/watch failures from its log (needs read access to the host's /var/log), and its metrics and health endpoints.",
 			func(l *slog.Logger) (phcollectors.Collector, error) {
 				return kubeproxy.New(kubeproxyCfg, l)
 			}),
-	}, api
+	}, api, host
 }

@@ -42,7 +42,7 @@ func Main(args []string) int {
 		webConfig     = webflag.AddFlags(app, DefaultListenAddress)
 		paths         = addPathFlags(app)
 	)
-	regs, api := registrations(app, paths)
+	regs, api, host := registrations(app, paths)
 	promslogConfig := &promslog.Config{}
 	promslogflag.AddFlags(app, promslogConfig)
 	app.Version(version.Print("proxyhealth"))
@@ -57,7 +57,7 @@ func Main(args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	api.logger = logger
+	api.logger, host.logger = logger, logger
 	built := make(map[string]phcollectors.Collector)
 	for _, r := range regs {
 		if !*r.enabled {
@@ -84,6 +84,10 @@ func Main(args []string) int {
 
 	registry := prometheus.NewRegistry()
 	registry.MustRegister(versioncollector.NewCollector("proxyhealth"), set)
+	if host.source != nil {
+		go host.source.Run(ctx)
+		registry.MustRegister(host.source)
+	}
 	if !*exporterOwn {
 		registry.MustRegister(
 			collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

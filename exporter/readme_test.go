@@ -39,8 +39,8 @@ var (
 func describedMetrics(t *testing.T) map[string]string {
 	t.Helper()
 	app := kingpin.New("test", "")
-	regs, api := registrations(app, addPathFlags(app))
-	api.logger = promslog.NewNopLogger()
+	regs, api, host := registrations(app, addPathFlags(app))
+	api.logger, host.logger = promslog.NewNopLogger(), promslog.NewNopLogger()
 	if _, err := app.Parse(nil); err != nil {
 		t.Fatal(err)
 	}
@@ -52,6 +52,7 @@ func describedMetrics(t *testing.T) map[string]string {
 		}
 		c.Describe(ch)
 	}
+	host.source.Describe(ch)
 	ch <- collectorSuccessDesc
 	ch <- collectorDurationDesc
 	versioncollector.NewCollector("proxyhealth").Describe(ch)

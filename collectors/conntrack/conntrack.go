@@ -30,6 +30,9 @@ type Config struct {
 	// API is the exporter's view of the Kubernetes API, the preferred source of Service
 	// attribution; nil without one (kube-proxy's rules are read instead).
 	API cluster.View
+	// Rules is the node's netfilter state, the source of Service attribution while there is
+	// no synced API view; nil leaves flows unattributed then.
+	Rules Rules
 
 	UnrepliedAfter         time.Duration
 	MaxTrackedFlows        int
@@ -76,7 +79,7 @@ type Collector struct {
 	cfg      Config
 	logger   *slog.Logger
 	tracker  *flowTracker
-	services serviceSource
+	services *rulesServices
 	// The kernel's interfaces, replaced in tests.
 	stats      func() (tableStats, error)
 	openEvents func(bufBytes int) (eventSource, error)
@@ -105,7 +108,7 @@ func New(cfg Config, logger *slog.Logger) (*Collector, error) {
 		cfg:        cfg,
 		logger:     logger,
 		tracker:    newFlowTracker(cfg.MaxTrackedFlows, cfg.MaxServiceSeries),
-		services:   newKubeProxyServices(cfg.ProcPath, logger),
+		services:   newRulesServices(cfg.Rules, logger),
 		stats:      readStats,
 		openEvents: func(n int) (eventSource, error) { return openEventSocket(n) },
 		dump:       dumpTable,
@@ -314,10 +317,10 @@ func (v *attributionView) attribute(orig, reply *tuple) seriesKey {
 	return seriesKey{svc: svc, proto: orig.proto, reason: v.net.classify(orig.src, reply.src)}
 }
 
-// refreshViewLoop keeps the attribution view current: the node's bridges and routes and, without
-// a synced API view, kube-proxy's KUBE-SERVICES rules every ServiceRefreshInterval; with one,
-// the Service map is rebuilt whenever the API view publishes a new snapshot (looked at every
-// second, a comparison of generations).
+// refreshViewLoop keeps the attribution view current: the node's bridges and routes every
+// ServiceRefreshInterval, and the Service map whenever its source publishes anew (looked at
+// every second, a comparison of generations): the API view once synced, before that (or
+// without one) kube-proxy's rules as internal/hostrules last read them.
 func (c *Collector) refreshViewLoop(ctx context.Context) {
 	slow := time.NewTicker(c.cfg.ServiceRefreshInterval)
 	defer slow.Stop()
@@ -343,13 +346,15 @@ func (c *Collector) refreshViewLoop(ctx context.Context) {
 		} else {
 			lastNetErr = ""
 		}
-		if c.cfg.API == nil || !c.cfg.API.Snapshot().Synced {
-			fromRules = c.services.load(ctx)
-		}
 		dirty = true
 	}
 	reload()
 	for {
+		if c.cfg.API == nil || !c.cfg.API.Snapshot().Synced {
+			if m, changed := c.services.load(); changed {
+				fromRules, dirty = m, true
+			}
+		}
 		services, api := fromRules, false
 		if c.cfg.API != nil {
 			if snap := c.cfg.API.Snapshot(); snap.Synced {

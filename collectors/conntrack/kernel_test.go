@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"strings"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/promslog"
+	"github.com/proxyhealth/proxyhealth/internal/hostrules"
+	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
 
 // inNetnsEnv marks the test binary re-executed inside its own network namespace.
@@ -79,6 +82,13 @@ const kubeDNSRules = `*nat
 COMMIT
 `
 
+// kubeDNSServices is kubeDNSRules' KUBE-SERVICES as internal/hostrules reads it.
+var kubeDNSServices = &hostrules.State{Seq: 1, Mode: hostrules.ModeIPTables, Proxy: map[bool]*ruleset.ProxyTable{false: {
+	Services: []ruleset.Service{
+		{ClusterIP: netip.MustParseAddr("10.96.0.10"), Port: 53, Protocol: ruleset.ProtoUDP, Namespace: "kube-system", Name: "kube-dns", PortName: "dns"},
+		{ClusterIP: netip.MustParseAddr("10.96.0.10"), Port: 54, Protocol: ruleset.ProtoUDP, Namespace: "kube-system", Name: "early", PortName: "dns"},
+	}}}}
+
 func sendUDP(t *testing.T, n int, dst string) {
 	t.Helper()
 	for i := 0; i < n; i++ {
@@ -115,7 +125,7 @@ sysctl -qw net.netfilter.nf_conntrack_udp_timeout=3`)
 
 	cfg := Config{UnrepliedAfter: 200 * time.Millisecond, MaxTrackedFlows: 100, MaxServiceSeries: 10,
 		SocketBufferBytes: 1 << 20, ServiceRefreshInterval: time.Hour, ResyncMinInterval: time.Hour,
-		ProcPath: "/proc"}
+		ProcPath: "/proc", Rules: &rulesAt{kubeDNSServices}}
 	c, err := New(cfg, promslog.NewNopLogger())
 	if err != nil {
 		t.Fatal(err)

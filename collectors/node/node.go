@@ -3,25 +3,22 @@
 // bridge netfilter, conntrack's TCP window liberality and event setting, and whether a conntrack
 // INVALID drop rule is on the forward path.
 //
-// Sysctls are read on every scrape. The rules are read by running iptables-legacy-save,
-// iptables-nft-save and nft in a background loop; a scrape only reads the last result. Reading
-// never changes the node: iptables-legacy-save is only run when <procfs>/net/ip_tables_names
-// lists the legacy filter table, since naming a missing legacy table makes the kernel create it.
+// Sysctls are read on every scrape. The rules come from the exporter's one reader of the node's
+// netfilter state (internal/hostrules), which follows them as they change; a scrape only looks
+// at its last read.
 package node
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/alecthomas/kingpin/v2"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/proxyhealth/proxyhealth/internal/hostrules"
 )
 
 // Name is the collector's name (--[no-]collector.node).
@@ -29,30 +26,25 @@ const Name = "node"
 
 const namespace = "proxyhealth"
 
+// Rules is the node's netfilter state as the exporter last read it (*hostrules.Source).
+type Rules interface {
+	State() *hostrules.State
+}
+
 // Config configures the collector.
 type Config struct {
-	// ProcPath is the procfs mountpoint (the exporter's --path.procfs). Besides the sysctls, the
-	// rules check reads net/ip_tables_names there, so it must show the network namespace the
-	// commands run in.
+	// ProcPath is the procfs mountpoint (the exporter's --path.procfs).
 	ProcPath string
-	// RulesCheckInterval is how often the firewall rules are read.
-	RulesCheckInterval time.Duration
-	// CommandTimeout bounds each iptables-save or nft run.
-	CommandTimeout time.Duration
-
-	// Run runs the rule listing commands; nil means ExecRunner. Tests inject fakes, or a runner
-	// that prefixes `ip netns exec <ns>`.
-	Run CommandRunner
-	// LookPath finds a command; nil means exec.LookPath.
-	LookPath func(string) (string, error)
+	// Rules is the node's netfilter state; nil leaves the INVALID drop rule check out.
+	Rules Rules
 }
 
 // AddFlags adds the collector's flags to app.
 func (c *Config) AddFlags(app *kingpin.Application) {
-	app.Flag("node.rules-check-interval", "How often the node collector reads the firewall rules (iptables-legacy-save, iptables-nft-save, nft) to find a conntrack INVALID drop on the forward path. Scrapes only read the last result.").
-		Default("30s").DurationVar(&c.RulesCheckInterval)
-	app.Flag("node.rules-command-timeout", "Timeout for each iptables-save or nft run of the node collector's rules check.").
-		Default("10s").DurationVar(&c.CommandTimeout)
+	// The rules are no longer read by commands on a timer; kept so that existing command
+	// lines still parse.
+	app.Flag("node.rules-check-interval", "Deprecated and ignored: the rules are followed as they change.").Hidden().Duration()
+	app.Flag("node.rules-command-timeout", "Deprecated and ignored: the rules are read in-process.").Hidden().Duration()
 }
 
 var (
@@ -74,11 +66,11 @@ var (
 		nil, nil)
 	invalidDropDesc = prometheus.NewDesc(
 		prometheus.BuildFQName(namespace, "", "invalid_drop_rule_present"),
-		"1 when a rule dropping conntrack INVALID packets is reachable from the forward path in any active backend: the filter FORWARD chain of iptables-legacy-save or iptables-nft-save, or a native nftables base chain on the forward hook (nft -j list ruleset). Read by the background rules check.",
+		"1 when a rule dropping conntrack INVALID packets is reachable from the forward path in any active backend: the filter FORWARD chain of iptables-legacy or iptables-nft, or a native nftables base chain on the forward hook. Followed as the rules change.",
 		nil, nil)
 	rulesLastCheckDesc = prometheus.NewDesc(
 		prometheus.BuildFQName(namespace, "node", "rules_last_check_timestamp_seconds"),
-		"Unix time when the node collector's background rules check (iptables-legacy-save, iptables-nft-save, nft) last finished.",
+		"Unix time when the node's netfilter rules behind proxyhealth_invalid_drop_rule_present were last read.",
 		nil, nil)
 )
 
@@ -86,62 +78,21 @@ var (
 type Collector struct {
 	cfg    Config
 	logger *slog.Logger
-	now    func() time.Time
 
-	mu    sync.Mutex
-	rules *rulesResult // nil until the first check finishes
+	mu       sync.Mutex
+	lastDrop string // the last drop path logged, so that it is logged once
 }
 
-// New builds the collector. It does not touch the node: sysctls are read by Update and the
-// rules by Run.
+// New builds the collector. It does not touch the node: Update reads the sysctls and the
+// rules' last read.
 func New(cfg Config, logger *slog.Logger) (*Collector, error) {
 	if cfg.ProcPath == "" {
 		cfg.ProcPath = "/proc"
 	}
-	if cfg.RulesCheckInterval <= 0 {
-		return nil, fmt.Errorf("--node.rules-check-interval must be positive, got %v", cfg.RulesCheckInterval)
-	}
-	if cfg.CommandTimeout <= 0 {
-		return nil, fmt.Errorf("--node.rules-command-timeout must be positive, got %v", cfg.CommandTimeout)
-	}
-	if cfg.Run == nil {
-		cfg.Run = ExecRunner
-	}
-	if cfg.LookPath == nil {
-		cfg.LookPath = exec.LookPath
-	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Collector{cfg: cfg, logger: logger, now: time.Now}, nil
-}
-
-// Run checks the rules at once and then every RulesCheckInterval until ctx is done.
-func (c *Collector) Run(ctx context.Context) {
-	t := time.NewTicker(c.cfg.RulesCheckInterval)
-	defer t.Stop()
-	for {
-		c.CheckRules(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
-// CheckRules runs one rules check now and publishes its result for Update.
-func (c *Collector) CheckRules(ctx context.Context) {
-	res := checkRules(ctx, c.cfg.ProcPath, c.cfg.Run, c.cfg.LookPath, c.cfg.CommandTimeout, c.now)
-	if ctx.Err() != nil {
-		return // shutting down: the failures are ours, not the node's
-	}
-	if backend, path, ok := res.found(); ok {
-		c.logger.Debug("INVALID drop rule found", "backend", backend, "path", strings.Join(path, " => "))
-	}
-	c.mu.Lock()
-	c.rules = res
-	c.mu.Unlock()
+	return &Collector{cfg: cfg, logger: logger}, nil
 }
 
 // Update sends the sysctl gauges and the last rules check result.
@@ -190,19 +141,8 @@ func (c *Collector) Update(ch chan<- prometheus.Metric) error {
 			filepath.Join(proc, netfilterDir), strings.Join(missing, ", ")))
 	}
 
-	c.mu.Lock()
-	res := c.rules
-	c.mu.Unlock()
-	if res != nil {
-		ch <- prometheus.MustNewConstMetric(rulesLastCheckDesc, prometheus.GaugeValue, float64(res.at.UnixNano())/1e9)
-		if _, _, found := res.found(); found {
-			ch <- prometheus.MustNewConstMetric(invalidDropDesc, prometheus.GaugeValue, 1)
-		} else if res.readable() {
-			ch <- prometheus.MustNewConstMetric(invalidDropDesc, prometheus.GaugeValue, 0)
-		}
-		if err := res.err(); err != nil {
-			errs = append(errs, err)
-		}
+	if err := c.updateDrop(ch); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
@@ -213,4 +153,30 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		conntrackEventsDesc, invalidDropDesc, rulesLastCheckDesc} {
 		ch <- d
 	}
+}
+
+// updateDrop sends what the last read of the rules says about an INVALID drop.
+func (c *Collector) updateDrop(ch chan<- prometheus.Metric) error {
+	if c.cfg.Rules == nil {
+		return nil
+	}
+	st := c.cfg.Rules.State()
+	if st == nil {
+		return nil // not read yet
+	}
+	ch <- prometheus.MustNewConstMetric(rulesLastCheckDesc, prometheus.GaugeValue, float64(st.At.UnixNano())/1e9)
+	dc := checkDrop(st)
+	switch {
+	case dc.path != nil:
+		ch <- prometheus.MustNewConstMetric(invalidDropDesc, prometheus.GaugeValue, 1)
+		c.mu.Lock()
+		if found := dc.String(); found != c.lastDrop {
+			c.logger.Debug("INVALID drop rule found", "backend", dc.backend, "path", strings.Join(dc.path, " => "))
+			c.lastDrop = found
+		}
+		c.mu.Unlock()
+	case dc.readable:
+		ch <- prometheus.MustNewConstMetric(invalidDropDesc, prometheus.GaugeValue, 0)
+	}
+	return dc.err()
 }

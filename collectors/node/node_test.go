@@ -1,11 +1,7 @@
 package node
 
 import (
-	"context"
 	"errors"
-	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,6 +9,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/proxyhealth/proxyhealth/internal/hostrules"
+	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
 
 // adapter lets testutil collect a proxyhealth collector; it records Update's error.
@@ -36,19 +34,18 @@ const sysctlHelp = `# HELP proxyhealth_bridge_nf_call_ip6tables net.bridge.bridg
 # TYPE proxyhealth_conntrack_tcp_be_liberal gauge
 `
 
-const rulesHelp = `# HELP proxyhealth_invalid_drop_rule_present 1 when a rule dropping conntrack INVALID packets is reachable from the forward path in any active backend: the filter FORWARD chain of iptables-legacy-save or iptables-nft-save, or a native nftables base chain on the forward hook (nft -j list ruleset). Read by the background rules check.
+const rulesHelp = `# HELP proxyhealth_invalid_drop_rule_present 1 when a rule dropping conntrack INVALID packets is reachable from the forward path in any active backend: the filter FORWARD chain of iptables-legacy or iptables-nft, or a native nftables base chain on the forward hook. Followed as the rules change.
 # TYPE proxyhealth_invalid_drop_rule_present gauge
-# HELP proxyhealth_node_rules_last_check_timestamp_seconds Unix time when the node collector's background rules check (iptables-legacy-save, iptables-nft-save, nft) last finished.
+# HELP proxyhealth_node_rules_last_check_timestamp_seconds Unix time when the node's netfilter rules behind proxyhealth_invalid_drop_rule_present were last read.
 # TYPE proxyhealth_node_rules_last_check_timestamp_seconds gauge
 `
 
-func newTestCollector(t *testing.T, proc string, run CommandRunner, look func(string) (string, error)) *Collector {
+func newTestCollector(t *testing.T, proc string) *Collector {
 	t.Helper()
-	c, err := New(Config{ProcPath: proc, RulesCheckInterval: time.Hour, CommandTimeout: time.Second, Run: run, LookPath: look}, nil)
+	c, err := New(Config{ProcPath: proc}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.now = func() time.Time { return time.Unix(1700000000, 500000000) }
 	return c
 }
 
@@ -82,7 +79,7 @@ proxyhealth_conntrack_tcp_be_liberal 0
 	}
 	for _, tt := range tests {
 		t.Run(tt.proc, func(t *testing.T) {
-			a := &adapter{c: newTestCollector(t, filepath.Join("testdata", tt.proc), nil, nil)}
+			a := &adapter{c: newTestCollector(t, filepath.Join("testdata", tt.proc))}
 			if err := testutil.CollectAndCompare(a, strings.NewReader(sysctlHelp+tt.want)); err != nil {
 				t.Error(err)
 			}
@@ -96,239 +93,67 @@ proxyhealth_conntrack_tcp_be_liberal 0
 	}
 }
 
-func TestNewValidates(t *testing.T) {
-	if _, err := New(Config{RulesCheckInterval: 0, CommandTimeout: time.Second}, nil); err == nil {
-		t.Error("zero interval must be refused")
-	}
-	if _, err := New(Config{RulesCheckInterval: time.Second}, nil); err == nil {
-		t.Error("zero timeout must be refused")
-	}
-	c, err := New(Config{RulesCheckInterval: time.Second, CommandTimeout: time.Second}, nil)
-	if err != nil || c.cfg.ProcPath != "/proc" || c.cfg.Run == nil || c.cfg.LookPath == nil {
+func TestNewDefaults(t *testing.T) {
+	c, err := New(Config{}, nil)
+	if err != nil || c.cfg.ProcPath != "/proc" {
 		t.Errorf("defaults not applied: %+v %v", c, err)
 	}
 }
 
-// fakeNode answers lookPath and runs from fixtures: bins maps a binary name to a fixture file,
-// or to an error prefixed "!" that the command fails with.
-type fakeNode struct {
-	t    *testing.T
-	bins map[string]string
-	ran  []string
+// fakeRules serves one read of the node's netfilter state.
+type fakeRules struct{ st *hostrules.State }
+
+func (f fakeRules) State() *hostrules.State { return f.st }
+
+// kubeProxyForward is iptables' filter table as kube-proxy leaves it when be_liberal is off:
+// FORWARD jumps to KUBE-FORWARD, whose first rule drops INVALID packets.
+func kubeProxyForward(name string) *ruleset.Graph {
+	return &ruleset.Graph{Name: name, Entries: []string{"FORWARD"}, Chains: map[string]*ruleset.Chain{
+		"FORWARD": {Name: "FORWARD", Rules: []ruleset.Rule{
+			{Desc: "-A FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD", Verdict: ruleset.Verdict{Kind: ruleset.Jump, Target: "KUBE-FORWARD"}},
+		}},
+		"KUBE-FORWARD": {Name: "KUBE-FORWARD", Rules: []ruleset.Rule{
+			{Desc: "-A KUBE-FORWARD -m conntrack --ctstate INVALID -m nfacct --nfacct-name ct_state_invalid_dropped_pkts -j DROP", Ct: ruleset.CtInvalid, Verdict: ruleset.Verdict{Kind: ruleset.Drop}},
+		}},
+	}}
 }
 
-func (f *fakeNode) lookPath(name string) (string, error) {
-	if _, ok := f.bins[name]; ok {
-		return "/usr/sbin/" + name, nil
-	}
-	return "", &exec.Error{Name: name, Err: exec.ErrNotFound}
+func acceptAll(name string) *ruleset.Graph {
+	return &ruleset.Graph{Name: name, Entries: []string{"forward"}, Chains: map[string]*ruleset.Chain{
+		"forward": {Name: "forward", Rules: []ruleset.Rule{{Desc: "accept", Verdict: ruleset.Verdict{Kind: ruleset.Accept}}}},
+	}}
 }
 
-func (f *fakeNode) run(ctx context.Context, name string, args ...string) ([]byte, error) {
-	if _, ok := ctx.Deadline(); !ok {
-		f.t.Errorf("%s run without a timeout", name)
+func TestInvalidDropRule(t *testing.T) {
+	refused := errors.New("operation not permitted (needs CAP_NET_ADMIN)")
+	forward := func(legacy, iptNFT, native hostrules.Forward) *hostrules.State {
+		legacy.Backend, iptNFT.Backend, native.Backend = hostrules.BackendLegacy, hostrules.BackendIPTablesNFT, hostrules.BackendNFTables
+		return &hostrules.State{At: time.Unix(1700000000, 500000000), Forward: []hostrules.Forward{legacy, iptNFT, native}}
 	}
-	cmd := strings.TrimSpace(filepath.Base(name) + " " + strings.Join(args, " "))
-	f.ran = append(f.ran, cmd)
-	src, ok := f.bins[cmd]
-	if !ok {
-		src = f.bins[filepath.Base(name)]
-	}
-	if msg, ok := strings.CutPrefix(src, "!"); ok {
-		return nil, errors.New(msg)
-	}
-	return os.ReadFile(filepath.Join("testdata", src))
-}
-
-// Values of a TestRulesCheck case's tables field, besides the literal contents of
-// net/ip_tables_names.
-const (
-	fixtureTables    = ""  // testdata/proc-full as is: its ip_tables_names lists nat and filter
-	noTablesFile     = "-" // no ip_tables_names: x_tables not loaded
-	unreadableTables = "!" // ip_tables_names cannot be read
-	emptyTables      = "0" // an empty ip_tables_names: x_tables loaded, no legacy table
-)
-
-// procWithTables returns testdata/proc-full, or a copy of it whose net/ip_tables_names is as
-// tables says. An unreadable list is a directory at that path: reading it fails with EISDIR even
-// as root, which a mode 000 file would not.
-func procWithTables(t *testing.T, tables string) string {
-	t.Helper()
-	proc := filepath.Join("testdata", "proc-full")
-	if tables == fixtureTables {
-		return proc
-	}
-	dir := t.TempDir()
-	if err := os.CopyFS(dir, os.DirFS(proc)); err != nil {
-		t.Fatal(err)
-	}
-	names := filepath.Join(dir, "net", "ip_tables_names")
-	if err := os.Remove(names); err != nil {
-		t.Fatal(err)
-	}
-	var err error
-	switch tables {
-	case noTablesFile:
-	case unreadableTables:
-		err = os.Mkdir(names, 0o755)
-	case emptyTables:
-		err = os.WriteFile(names, nil, 0o644)
-	default:
-		err = os.WriteFile(names, []byte(tables), 0o644)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
-
-func TestRulesCheck(t *testing.T) {
-	const permLegacy = "!exit status 1: iptables-save v1.8.9 (legacy): Cannot initialize: Permission denied (you must be root)"
-	const permNFT = "!exit status 4: iptables-nft-save v1.8.9 (nf_tables): Could not fetch rule set generation id: Permission denied (you must be root)"
-	const permNft = "!exit status 1: Operation not permitted (you must be root); netlink: Error: cache initialization failed: Operation not permitted"
+	g := func(gs ...*ruleset.Graph) hostrules.Forward { return hostrules.Forward{Graphs: gs} }
+	failed := hostrules.Forward{Err: refused}
 	tests := []struct {
 		name    string
-		bins    map[string]string
-		tables  string // net/ip_tables_names: one of the constants above, or its contents
-		ran     []string
+		st      *hostrules.State
 		value   string // "" when the metric must be absent
 		wantErr string // substring; "" for no error
 	}{
-		{
-			name:  "both iptables backends and nft, drop in iptables-nft",
-			bins:  map[string]string{"iptables-legacy-save": "iptables-legacy-save-empty.txt", "iptables-nft-save": "iptables-nft-save-kube-proxy.txt", "iptables-save": "x", "nft": "nft-iptables-nft-only.json"},
-			ran:   []string{"iptables-legacy-save -t filter", "iptables-nft-save -t filter", "nft -j list ruleset"},
-			value: "1",
-		},
-		{
-			name:  "drop in iptables-legacy only",
-			bins:  map[string]string{"iptables-legacy-save": "iptables-legacy-save-drop.txt", "iptables-nft-save": "iptables-save-no-drop.txt", "nft": "nft-empty.json"},
-			ran:   []string{"iptables-legacy-save -t filter", "iptables-nft-save -t filter", "nft -j list ruleset"},
-			value: "1",
-		},
-		{
-			name:  "drop in native nft only",
-			bins:  map[string]string{"iptables-legacy-save": "iptables-legacy-save-empty.txt", "iptables-nft-save": "iptables-save-no-drop.txt", "nft": "nft-invalid-drop.json"},
-			ran:   []string{"iptables-legacy-save -t filter", "iptables-nft-save -t filter", "nft -j list ruleset"},
-			value: "1",
-		},
-		{
-			name:  "no drop anywhere",
-			bins:  map[string]string{"iptables-legacy-save": "iptables-legacy-save-empty.txt", "iptables-nft-save": "iptables-save-no-drop.txt", "nft": "nft-iptables-nft-only.json"},
-			ran:   []string{"iptables-legacy-save -t filter", "iptables-nft-save -t filter", "nft -j list ruleset"},
-			value: "0",
-		},
-		{
-			name:  "only iptables-save and no nft binary",
-			bins:  map[string]string{"iptables-save": "iptables-nft-save-kube-proxy.txt"},
-			ran:   []string{"iptables-save"},
-			value: "1",
-		},
-		{
-			name:  "missing binaries are not failures when something was read",
-			bins:  map[string]string{"nft": "nft-empty.json"},
-			ran:   []string{"nft -j list ruleset"},
-			value: "0",
-		},
-		{
-			name:    "no binary at all",
-			bins:    map[string]string{},
-			wantErr: "no backend could be read (binaries not found: iptables, nftables)",
-		},
-		{
-			name:    "permission denied everywhere",
-			bins:    map[string]string{"iptables-legacy-save": permLegacy, "iptables-nft-save": permNFT, "nft": permNft},
-			ran:     []string{"iptables-legacy-save -t filter", "iptables-nft-save -t filter", "nft -j list ruleset"},
-			wantErr: "no backend could be read: iptables-legacy: iptables-legacy-save -t filter: exit status 1: iptables-save v1.8.9 (legacy): Cannot initialize: Permission denied (you must be root)\niptables-nft: iptables-nft-save -t filter: exit status 4",
-		},
-		{
-			name:    "legacy needs CAP_NET_RAW: no drop elsewhere is not certain",
-			bins:    map[string]string{"iptables-legacy-save": permLegacy, "iptables-nft-save": "iptables-save-no-drop.txt", "nft": "nft-empty.json"},
-			ran:     []string{"iptables-legacy-save -t filter", "iptables-nft-save -t filter", "nft -j list ruleset"},
-			value:   "0",
-			wantErr: "invalid drop rule check incomplete, no drop found in what could be read: iptables-legacy: iptables-legacy-save -t filter: exit status 1: iptables-save v1.8.9 (legacy): Cannot initialize: Permission denied (you must be root)",
-		},
-		{
-			name:  "a drop found is certain whatever else failed",
-			bins:  map[string]string{"iptables-legacy-save": permLegacy, "iptables-nft-save": "iptables-nft-save-kube-proxy.txt", "nft": permNft},
-			ran:   []string{"iptables-legacy-save -t filter", "iptables-nft-save -t filter", "nft -j list ruleset"},
-			value: "1",
-		},
-		{
-			// The legacy fixture has a drop: finding none shows iptables-legacy-save did not run.
-			name:   "no ip_tables_names: x_tables not loaded, iptables-legacy-save never run",
-			bins:   map[string]string{"iptables-legacy-save": "iptables-legacy-save-drop.txt", "iptables-nft-save": "iptables-save-no-drop.txt", "nft": "nft-empty.json"},
-			tables: noTablesFile,
-			ran:    []string{"iptables-nft-save -t filter", "nft -j list ruleset"},
-			value:  "0",
-		},
-		{
-			name:   "ip_tables_names without filter: iptables-legacy-save never run",
-			bins:   map[string]string{"iptables-legacy-save": "iptables-legacy-save-drop.txt", "iptables-nft-save": "iptables-save-no-drop.txt", "nft": "nft-empty.json"},
-			tables: "nat\nmangle\n",
-			ran:    []string{"iptables-nft-save -t filter", "nft -j list ruleset"},
-			value:  "0",
-		},
-		{
-			name:   "empty ip_tables_names: no legacy table, iptables-legacy-save never run",
-			bins:   map[string]string{"iptables-legacy-save": "iptables-legacy-save-drop.txt", "iptables-nft-save": "iptables-save-no-drop.txt", "nft": "nft-empty.json"},
-			tables: emptyTables,
-			ran:    []string{"iptables-nft-save -t filter", "nft -j list ruleset"},
-			value:  "0",
-		},
-		{
-			// Without root the list cannot be read; asking -t filter anyway could create the
-			// table, so the legacy backend is an error and no drop elsewhere is not certain.
-			name:    "ip_tables_names unreadable: error, no legacy command run",
-			bins:    map[string]string{"iptables-legacy-save": "iptables-legacy-save-drop.txt", "iptables-nft-save": "iptables-save-no-drop.txt", "nft": "nft-empty.json"},
-			tables:  unreadableTables,
-			ran:     []string{"iptables-nft-save -t filter", "nft -j list ruleset"},
-			value:   "0",
-			wantErr: "invalid drop rule check incomplete, no drop found in what could be read: iptables-legacy: cannot tell whether a legacy filter table exists without creating one: read ",
-		},
-		{
-			name:    "ip_tables_names unreadable and no other backend: no answer",
-			bins:    map[string]string{"iptables-legacy-save": "iptables-legacy-save-drop.txt"},
-			tables:  unreadableTables,
-			wantErr: "no backend could be read (binaries not found: iptables-nft, nftables): iptables-legacy: cannot tell whether a legacy filter table exists without creating one: read ",
-		},
-		{
-			name:   "ip_tables_names unreadable: a drop elsewhere is still certain",
-			bins:   map[string]string{"iptables-legacy-save": "iptables-legacy-save-empty.txt", "iptables-nft-save": "iptables-nft-save-kube-proxy.txt", "nft": "nft-empty.json"},
-			tables: unreadableTables,
-			ran:    []string{"iptables-nft-save -t filter", "nft -j list ruleset"},
-			value:  "1",
-		},
-		{
-			// iptables-save without -t prints only the tables that exist, so it needs no list.
-			name:   "only iptables-save: run without -t whatever ip_tables_names says",
-			bins:   map[string]string{"iptables-save": "iptables-legacy-save-drop.txt", "nft": "nft-empty.json"},
-			tables: unreadableTables,
-			ran:    []string{"iptables-save", "nft -j list ruleset"},
-			value:  "1",
-		},
-		{
-			name:    "unparsable output",
-			bins:    map[string]string{"iptables-nft-save": "nft-empty.json", "nft": "iptables-save-no-drop.txt"},
-			ran:     []string{"iptables-nft-save -t filter", "nft -j list ruleset"},
-			wantErr: "iptables-nft: iptables-nft-save -t filter: iptables-save line 1: unexpected line",
-		},
+		{name: "kube-proxy's drop in iptables-nft", st: forward(g(), g(kubeProxyForward("iptables-nft filter")), g(acceptAll("inet fw"))), value: "1"},
+		{name: "drop in iptables-legacy only", st: forward(g(kubeProxyForward("iptables-legacy filter")), g(), g()), value: "1"},
+		{name: "drop in a native table only", st: forward(g(), g(acceptAll("iptables-nft filter")), g(acceptAll("inet a"), kubeProxyForward("inet b"))), value: "1"},
+		{name: "no drop anywhere", st: forward(g(), g(acceptAll("iptables-nft filter")), g()), value: "0"},
+		{name: "nothing could be read", st: forward(failed, failed, failed), wantErr: "no backend could be read: iptables-legacy: operation not permitted"},
+		{name: "one backend unreadable: no drop elsewhere is not certain", st: forward(failed, g(), g()), value: "0",
+			wantErr: "invalid drop rule check incomplete, no drop found in what could be read: iptables-legacy: operation not permitted"},
+		{name: "a drop found is certain whatever else failed", st: forward(failed, g(kubeProxyForward("iptables-nft filter")), failed), value: "1"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := &fakeNode{t: t, bins: tt.bins}
-			c := newTestCollector(t, procWithTables(t, tt.tables), f.run, f.lookPath)
+			c, err := New(Config{ProcPath: "testdata/proc-full", Rules: fakeRules{tt.st}}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
 			a := &adapter{c: c}
-
-			// Before the first check: sysctls only, no error.
-			if err := testutil.CollectAndCompare(a, strings.NewReader(""), "proxyhealth_invalid_drop_rule_present", "proxyhealth_node_rules_last_check_timestamp_seconds"); err != nil || a.err != nil {
-				t.Fatalf("before the first check: %v, %v", err, a.err)
-			}
-
-			c.CheckRules(context.Background())
-			if strings.Join(f.ran, "|") != strings.Join(tt.ran, "|") {
-				t.Errorf("ran %q, want %q", f.ran, tt.ran)
-			}
 			want := rulesHelp + "proxyhealth_node_rules_last_check_timestamp_seconds 1.7000000005e+09\n"
 			if tt.value != "" {
 				want += "proxyhealth_invalid_drop_rule_present " + tt.value + "\n"
@@ -344,60 +169,11 @@ func TestRulesCheck(t *testing.T) {
 			}
 		})
 	}
-}
-
-func TestRulesCheckTimeout(t *testing.T) {
-	slow := func(ctx context.Context, name string, args ...string) ([]byte, error) {
-		<-ctx.Done()
-		return nil, fmt.Errorf("%w (signal: killed)", ctx.Err())
-	}
-	look := func(name string) (string, error) { return "/usr/sbin/" + name, nil }
-	c, err := New(Config{ProcPath: "testdata/proc-full", RulesCheckInterval: time.Hour, CommandTimeout: 10 * time.Millisecond, Run: slow, LookPath: look}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	start := time.Now()
-	c.CheckRules(context.Background())
-	if d := time.Since(start); d > 2*time.Second {
-		t.Errorf("check took %v despite a 10ms timeout per command", d)
-	}
-	err = c.Update(make(chan prometheus.Metric, 100))
-	if err == nil || !strings.Contains(err.Error(), "context deadline exceeded") {
-		t.Errorf("error = %v, want a deadline", err)
-	}
-}
-
-func TestRunStopsWithContext(t *testing.T) {
-	f := &fakeNode{t: t, bins: map[string]string{"nft": "nft-invalid-drop.json"}}
-	c, err := New(Config{ProcPath: "testdata/proc-full", RulesCheckInterval: 5 * time.Millisecond, CommandTimeout: time.Second, Run: f.run, LookPath: f.lookPath}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { c.Run(ctx); close(done) }()
-	deadline := time.After(5 * time.Second)
-	for {
-		c.mu.Lock()
-		res := c.rules
-		c.mu.Unlock()
-		if res != nil {
-			if _, _, found := res.found(); !found {
-				t.Error("drop not found")
-			}
-			break
-		}
-		select {
-		case <-deadline:
-			t.Fatal("no check result after 5s")
-		case <-time.After(time.Millisecond):
-		}
-	}
-	cancel()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("Run did not return after cancel")
+	// Not read yet: neither metric, no error.
+	c, _ := New(Config{ProcPath: "testdata/proc-full", Rules: fakeRules{}}, nil)
+	a := &adapter{c: c}
+	if n := testutil.CollectAndCount(a, "proxyhealth_invalid_drop_rule_present", "proxyhealth_node_rules_last_check_timestamp_seconds"); n != 0 || a.err != nil {
+		t.Errorf("before the first read: %d series, error %v", n, a.err)
 	}
 }
 

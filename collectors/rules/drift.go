@@ -9,23 +9,10 @@ import (
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
 )
 
-// programmedRules is one read of what kube-proxy programmed for one IP family, whatever its
-// mode: the endpoints of a service port's cluster and local chains.
-type programmedRules interface {
-	// chainsFor names the service port's cluster and local chains.
-	chainsFor(n cluster.ServicePortName) (clusterChain, localChain string)
-	// endpoints returns a chain's endpoints; nil when kube-proxy wrote no such chain.
-	endpoints(chain string) []netip.AddrPort
-	// serviceChains lists every service port chain in the rules: those no API service port
-	// accounts for are rules of service ports the API does not have.
-	serviceChains() []string
-}
-
-// diffKey is one endpoint that differs between the rules and the API for one chain.
+// diffKey is one endpoint that differs between the rules and the API for one service port.
 type diffKey struct {
 	name  cluster.ServicePortName
 	ipv6  bool
-	local bool // the local chain (KUBE-SVL) rather than the cluster chain (KUBE-SVC)
 	ep    netip.AddrPort
 	stale bool // in the rules, not in the API; else missing: in the API, not in the rules
 }
@@ -50,6 +37,12 @@ type checkResult struct {
 	checked  int
 	drifting []portDrift // sorted by stale+missing, largest first
 	orphans  int         // service port chains no API service port accounts for
+	// nextDeadline is when the youngest difference not yet counted reaches the grace
+	// period (zero when there is none): the next comparison is due then.
+	nextDeadline time.Time
+	// unconfirmed is set when a difference has lasted the grace period but the API view has
+	// not been heard from since it came of age: it counts once the view proves current.
+	unconfirmed bool
 }
 
 // driftEngine compares the API's expected endpoints with the programmed ones. It follows each
@@ -88,11 +81,17 @@ func (e *driftEngine) check(snap *cluster.Snapshot, rules map[bool]programmedRul
 			first = now
 		}
 		next[k] = first
+		if due := first.Add(e.grace); due.After(now) && (res.nextDeadline.IsZero() || due.Before(res.nextDeadline)) {
+			res.nextDeadline = due
+		}
 		// The difference counts once the view has been confirmed current (LastHeard) a whole
 		// grace period after it first appeared. Measuring from now instead would count a
 		// change the view never received because the exporter's own connection died after
 		// the view last heard from the API but before fresh-within ran out.
 		if confirmed.Sub(first) < e.grace {
+			if now.Sub(first) >= e.grace {
+				res.unconfirmed = true
+			}
 			return
 		}
 		d := drifts[k.name]
@@ -120,18 +119,16 @@ func (e *driftEngine) check(snap *cluster.Snapshot, rules map[bool]programmedRul
 			compared = true
 			clusterChain, localChain := r.chainsFor(sp.Name)
 			accounted[clusterChain], accounted[localChain] = true, true
-			for _, local := range []bool{false, true} {
-				chain, expected := clusterChain, sp.ClusterEndpoints
-				if local {
-					chain, expected = localChain, sp.LocalEndpoints
-				}
-				stale, missing := diffEndpoints(r.endpoints(chain), expected, ipv6)
-				for _, ep := range stale {
-					note(diffKey{sp.Name, ipv6, local, ep, true}, sp.Port)
-				}
-				for _, ep := range missing {
-					note(diffKey{sp.Name, ipv6, local, ep, false}, sp.Port)
-				}
+			// An endpoint counts once per service port, whichever of its chains hold it:
+			// a NodePort with externalTrafficPolicy: Local has a local endpoint in both.
+			programmed := append(slices.Clip(r.endpoints(clusterChain)), r.endpoints(localChain)...)
+			expected := append(slices.Clip(sp.ClusterEndpoints), sp.LocalEndpoints...)
+			stale, missing := diffEndpoints(programmed, expected, ipv6)
+			for _, ep := range stale {
+				note(diffKey{sp.Name, ipv6, ep, true}, sp.Port)
+			}
+			for _, ep := range missing {
+				note(diffKey{sp.Name, ipv6, ep, false}, sp.Port)
 			}
 		}
 		if compared {

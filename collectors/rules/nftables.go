@@ -4,12 +4,9 @@ import (
 	"crypto/sha256"
 	"encoding/base32"
 	"fmt"
-	"net/netip"
-	"slices"
 	"strings"
 
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
-	"github.com/proxyhealth/proxyhealth/internal/nft"
 )
 
 // kube-proxy's nftables mode (pkg/proxy/nftables/proxier.go) writes one table per IP family,
@@ -33,16 +30,8 @@ import (
 // A chain kube-proxy stops using is flushed at once and deleted on a later sync, so an empty
 // service chain is one that is on its way out: it has no endpoints and is not listed.
 //
-// The table is read as `nft -j list table ip kube-proxy` and parsed with internal/nft, not over
-// netlink (github.com/google/nftables): one parser serves both this and the INVALID-drop check,
-// what is read is exactly what an operator sees running the same command by hand, and nothing
-// has to decode nftables' expression bytecode back into maps and verdicts. The cost is paid only
-// when nftables' ruleset generation moved (generation.go). Measured on 2 busy cores with 5,000
-// service ports of 5 endpoints each: nft printed the 3.8 MB of JSON in 1.7-1.9 s at 118 MB peak
-// RSS (the text form: 1.3 s, 62 MB), and parsing it and reading the endpoints took 0.33 s and
-// allocated 80 MB (BenchmarkNFTRules5000x5). That is the same order as iptables-save of such a
-// nat table. Netlink would save the child process, its memory and the JSON; it is the next step
-// if a cluster's churn moves the generation at every check at that size or beyond.
+// The table is read over netlink by internal/hostrules (internal/nftnl), which resolves both
+// forms to each service chain's endpoints; this file only names the chains.
 
 const (
 	nftClusterChainPrefix = "service-"
@@ -66,60 +55,4 @@ func nftChainNameBase(n cluster.ServicePortName) string {
 func isNFTServiceChain(name string) bool {
 	return (strings.HasPrefix(name, nftClusterChainPrefix) || strings.HasPrefix(name, nftLocalChainPrefix)) &&
 		strings.Contains(name, "/")
-}
-
-// nftRules is one read of kube-proxy's nftables table of one IP family: each service port chain
-// (service-*, local-*) that has rules, with the endpoints it DNATs to, inline or through the
-// endpoint chains it jumps to.
-type nftRules struct {
-	chains map[string][]netip.AddrPort
-}
-
-// newNFTRules reads table tb (ip or ip6 kube-proxy); a nil table gives no chains.
-func newNFTRules(tb *nft.Table) *nftRules {
-	r := &nftRules{chains: map[string][]netip.AddrPort{}}
-	if tb == nil {
-		return r
-	}
-	for _, c := range tb.Chains {
-		if !isNFTServiceChain(c.Name) || len(c.Rules) == 0 {
-			continue
-		}
-		eps := []netip.AddrPort{}
-		for _, rule := range c.Rules {
-			eps = append(eps, rule.DNATTargets()...)
-			for _, target := range rule.JumpTargets() {
-				ec := tb.Chain(target)
-				if ec == nil || ec == c {
-					continue
-				}
-				for _, er := range ec.Rules {
-					eps = append(eps, er.DNATTargets()...)
-				}
-			}
-		}
-		// The inline form lists each endpoint once; the affinity form names each endpoint
-		// chain twice (its affinity goto and its vmap element).
-		slices.SortFunc(eps, netip.AddrPort.Compare)
-		eps = slices.Compact(eps)
-		r.chains[c.Name] = eps
-	}
-	return r
-}
-
-func (r *nftRules) chainsFor(n cluster.ServicePortName) (string, string) {
-	base := nftChainNameBase(n)
-	return nftClusterChainPrefix + base, nftLocalChainPrefix + base
-}
-
-func (r *nftRules) endpoints(chain string) []netip.AddrPort { return r.chains[chain] }
-
-// serviceChains lists the service-*/local-* chains that have rules, to find those no API
-// service port accounts for.
-func (r *nftRules) serviceChains() []string {
-	out := make([]string, 0, len(r.chains))
-	for name := range r.chains {
-		out = append(out, name)
-	}
-	return out
 }

@@ -2,8 +2,6 @@ package rules
 
 import (
 	"bytes"
-	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -16,6 +14,7 @@ import (
 	"github.com/prometheus/common/promslog"
 
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
+	"github.com/proxyhealth/proxyhealth/internal/hostrules"
 	"github.com/proxyhealth/proxyhealth/internal/nft"
 )
 
@@ -153,8 +152,10 @@ func TestRealNFTablesOutputStale(t *testing.T) {
 	for _, d := range res.drifting {
 		got[d.name.Name] = [2]int{d.stale, d.missing}
 	}
-	// sticky: .71 stale and .72 missing in the cluster chain, .3 stale in the local chain.
-	want := map[string][2]int{"backend": {1, 2}, "sticky": {2, 1}}
+	// sticky: .71 stale and .72 missing. .3 left its local chain in the API but is still one
+	// of its cluster endpoints: an endpoint counts once per service port, whichever chains
+	// hold it, so it is neither stale nor missing.
+	want := map[string][2]int{"backend": {1, 2}, "sticky": {1, 1}}
 	if len(got) != len(want) || got["backend"] != want["backend"] || got["sticky"] != want["sticky"] {
 		t.Errorf("drifting %v (stale, missing), want %v", got, want)
 	}
@@ -181,83 +182,6 @@ func TestNFTFlushedChainIsIgnored(t *testing.T) {
 	}
 }
 
-func nftReader(t *testing.T, tables map[string][]byte) (*reader, *int) {
-	rd := newReader(t.TempDir(), time.Second)
-	rd.ipvsActive = func() bool { return false }
-	rd.lookPath = func(bin string) (string, error) { return "/usr/sbin/" + bin, nil }
-	runs := 0
-	rd.run = func(_ context.Context, name string, args ...string) ([]byte, error) {
-		if !strings.HasSuffix(name, "/nft") {
-			return []byte("*nat\n:PREROUTING ACCEPT [0:0]\nCOMMIT\n"), nil // iptables-nft-save: no kube-proxy chains
-		}
-		runs++
-		if strings.Join(args[:3], " ") != "-j list table" || args[4] != "kube-proxy" {
-			t.Errorf("nft %v", args)
-		}
-		if js, ok := tables[args[3]]; ok {
-			return js, nil
-		}
-		return nil, errors.New("exit status 1: Error: No such file or directory; list table " + args[3] + " kube-proxy")
-	}
-	return rd, &runs
-}
-
-// The reader in nftables mode: IPv4 always, IPv6 when asked for and present, and the last read
-// reused while nftables' generation holds.
-func TestReaderNFTables(t *testing.T) {
-	v4, err := os.ReadFile(nftCaptureJSON)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v6 := []byte(`{"nftables": [{"table": {"family": "ip6", "name": "kube-proxy"}},
-		{"chain": {"family": "ip6", "table": "kube-proxy", "name": "service-FY5PMXPG-kube-system/kube-dns/udp/dns"}},
-		{"rule": {"family": "ip6", "table": "kube-proxy", "chain": "service-FY5PMXPG-kube-system/kube-dns/udp/dns", "expr": [
-			{"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "udp"}},
-			{"dnat": {"family": "ip6", "addr": {"map": {"key": {"numgen": {"mode": "random", "mod": 2, "offset": 0}},
-				"data": {"set": [[0, {"concat": ["fd00:244:1::3", 53]}], [1, {"concat": ["fd00:244:3::30", 53]}]]}}}}}]}}]}`)
-	rd, runs := nftReader(t, map[string][]byte{"ip": v4, "ip6": v6})
-	gen := uint32(3)
-	rd.generation = func() (uint32, error) { return gen, nil }
-
-	res, err := rd.read(context.Background(), false)
-	if err != nil || res.mode != modeNFTables || res.backend != "nft" || res.rules[false] == nil || res.rules[true] != nil {
-		t.Fatalf("IPv4: %+v %v", res, err)
-	}
-	if _, err := rd.read(context.Background(), false); err != nil || *runs != 1 || rd.reused != 1 {
-		t.Errorf("unchanged generation: %d nft runs, %d reused; want 1 and 1 (%v)", *runs, rd.reused, err)
-	}
-	res, err = rd.read(context.Background(), true)
-	if err != nil || res.rules[true] == nil {
-		t.Fatalf("IPv6: %+v %v", res, err)
-	}
-	c, _ := res.rules[true].chainsFor(dns)
-	if got := res.rules[true].endpoints(c); !slices.Equal(got, []netip.AddrPort{ap("[fd00:244:1::3]:53"), ap("[fd00:244:3::30]:53")}) {
-		t.Errorf("IPv6 kube-dns: %v", got)
-	}
-
-	// Without an ip6 table only IPv4 is compared; without either there is no kube-proxy.
-	rd, _ = nftReader(t, map[string][]byte{"ip": v4})
-	rd.generation = func() (uint32, error) { return 0, errors.New("none") }
-	if res, err := rd.read(context.Background(), true); err != nil || res.mode != modeNFTables || res.rules[true] != nil {
-		t.Errorf("no ip6 table: %+v %v", res, err)
-	}
-	rd, _ = nftReader(t, nil)
-	rd.generation = func() (uint32, error) { return 0, errors.New("none") }
-	if res, err := rd.read(context.Background(), false); err != nil || res.mode != modeNone {
-		t.Errorf("no table: %+v %v", res, err)
-	}
-	// nft refused (no CAP_NET_ADMIN) is an error, not "no kube-proxy".
-	rd.run = func(_ context.Context, name string, args ...string) ([]byte, error) {
-		if strings.HasSuffix(name, "/nft") {
-			return nil, errors.New("exit status 1: Error: Could not process rule: Operation not permitted")
-		}
-		return []byte("*nat\n:PREROUTING ACCEPT [0:0]\nCOMMIT\n"), nil
-	}
-	if _, err := rd.read(context.Background(), false); err == nil || !strings.Contains(err.Error(), "Operation not permitted") {
-		t.Errorf("refused: %v, want the refusal passed on", err)
-	}
-}
-
 // The collector, its engine and its metrics are the same in nftables mode.
 func TestCollectorNFTablesExposition(t *testing.T) {
 	js, err := os.ReadFile(nftCaptureJSON)
@@ -273,15 +197,13 @@ func TestCollectorNFTablesExposition(t *testing.T) {
 		}
 	}
 	dnsPort.ClusterEndpoints = []netip.AddrPort{ap("10.244.1.3:53"), ap("10.244.4.1:53"), ap("10.244.4.2:53")}
-	c, err := New(Config{View: fakeView{snap}, ProcPath: t.TempDir(), CheckInterval: time.Second, GracePeriod: 0, MaxSeries: 10, CommandTimeout: time.Second}, promslog.NewNopLogger())
+	rules := fakeRules{stateOf(hostrules.ModeNFTables, parseNFTRules(t, js, "ip").chains)}
+	c, err := New(Config{View: fakeView{snap}, Rules: rules, CheckInterval: time.Second, GracePeriod: 0, MaxSeries: 10}, promslog.NewNopLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
-	rd, _ := nftReader(t, map[string][]byte{"ip": js})
-	rd.generation = func() (uint32, error) { return 1, nil }
-	c.reader = rd
 	c.now = func() time.Time { return time.Unix(5000, 0) }
-	c.check(context.Background())
+	c.check()
 
 	want := `
 # HELP proxyhealth_proxy_mode kube-proxy's mode on this node, found from its rules: 1 for the mode in use (iptables, nftables, ipvs, or none when there are no kube-proxy rules).

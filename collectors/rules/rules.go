@@ -1,7 +1,8 @@
 // Package rules is the rules collector: it compares, per Service port, the endpoints
 // kube-proxy programmed on this node with those the API says it should have (incident 3:
 // kube-proxy's list/watch silently failing while its rules keep yesterday's endpoints). The
-// comparison runs on a background loop; a scrape reads its last result.
+// comparison runs in the background whenever the rules (internal/hostrules) or the API view
+// change; a scrape reads its last result.
 package rules
 
 import (
@@ -17,30 +18,44 @@ import (
 	"github.com/alecthomas/kingpin/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
+	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
+	"github.com/proxyhealth/proxyhealth/internal/hostrules"
 )
+
+// Rules is where the collector reads kube-proxy's programmed rules: the exporter's one reader
+// of the node's netfilter state (*hostrules.Source), or a fake in tests.
+type Rules interface {
+	// State returns the last read, nil before the first.
+	State() *hostrules.State
+	// Subscribe returns a channel that receives a value after each new read.
+	Subscribe() <-chan struct{}
+}
 
 // Config holds the collector's settings; AddFlags binds them to command-line flags.
 type Config struct {
-	ProcPath string       // from --path.procfs
-	View     cluster.View // the API view; nil when no API is configured
+	View  cluster.View // the API view; nil when no API is configured
+	Rules Rules        // the node's netfilter state
 
-	CheckInterval  time.Duration
-	GracePeriod    time.Duration
-	MaxSeries      int
-	CommandTimeout time.Duration
+	CheckInterval time.Duration
+	GracePeriod   time.Duration
+	MaxSeries     int
+	// MinCheckGap is the least time between two comparisons: under churn the rules and the
+	// API change many times a second, and one comparison of 10,000 service ports costs about
+	// 15 ms. Zero means one second; tests shorten it.
+	MinCheckGap time.Duration
 }
 
 // AddFlags registers the collector's flags on app.
 func (c *Config) AddFlags(app *kingpin.Application) {
-	app.Flag("rules.check-interval", "How often kube-proxy's rules are read and compared with the API.").
-		Default("10s").DurationVar(&c.CheckInterval)
+	app.Flag("rules.check-interval", "Longest time between two comparisons of kube-proxy's rules with the API. A comparison also runs whenever either changes, and when a difference reaches the grace period.").
+		Default("30s").DurationVar(&c.CheckInterval)
 	app.Flag("rules.grace-period", "How long an endpoint may differ between kube-proxy's rules and the API before it counts as drift (kube-proxy's sync lag must not page anyone).").
 		Default("60s").DurationVar(&c.GracePeriod)
 	app.Flag("rules.max-service-series", "Most drifting service ports given their own proxyhealth_service_drift_endpoints series; the rest are counted in proxyhealth_rules_drift_unlisted.").
 		Default("100").IntVar(&c.MaxSeries)
-	app.Flag("rules.command-timeout", "Limit on each iptables-save or nft run.").
-		Default("60s").DurationVar(&c.CommandTimeout)
+	// Rules are no longer read by a command; kept so that existing command lines still parse.
+	app.Flag("rules.command-timeout", "Deprecated and ignored: the rules are read in-process.").Hidden().Duration()
 }
 
 func (c *Config) validate() error {
@@ -51,8 +66,8 @@ func (c *Config) validate() error {
 		return errors.New("--rules.grace-period must not be negative")
 	case c.MaxSeries < 0:
 		return errors.New("--rules.max-service-series must not be negative")
-	case c.CommandTimeout <= 0:
-		return errors.New("--rules.command-timeout must be positive")
+	case c.Rules == nil:
+		return errors.New("rules collector: no netfilter reader")
 	}
 	return nil
 }
@@ -61,92 +76,130 @@ func (c *Config) validate() error {
 type Collector struct {
 	cfg    Config
 	logger *slog.Logger
-	reader *reader
 	engine *driftEngine
 	now    func() time.Time
 
 	mu          sync.Mutex
 	checkErrors uint64
-	readsReused uint64
 	last        *checkResult // nil until the first check
 	lastNote    string
+	lastRules   uint64 // the hostrules.State.Seq last compared
 }
 
-// New builds the collector; it reads nothing until Run.
+// New builds the collector; it compares nothing until Run.
 func New(cfg Config, logger *slog.Logger) (*Collector, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	if cfg.MinCheckGap <= 0 {
+		cfg.MinCheckGap = time.Second
+	}
 	return &Collector{
 		cfg:    cfg,
 		logger: logger,
-		reader: newReader(cfg.ProcPath, cfg.CommandTimeout),
 		engine: newDriftEngine(cfg.GracePeriod),
 		now:    time.Now,
 	}, nil
 }
 
-// Run checks at once and then every CheckInterval until ctx is done.
+var _ phcollectors.Runner = (*Collector)(nil)
+
+// Run compares whenever the rules or the API view change, when a difference comes of age, and
+// at least every CheckInterval, until ctx is done. Comparisons are at least MinCheckGap apart,
+// so a burst of changes costs one.
 func (c *Collector) Run(ctx context.Context) {
-	t := time.NewTicker(c.cfg.CheckInterval)
-	defer t.Stop()
+	rulesChanged := c.cfg.Rules.Subscribe()
+	var viewChanged <-chan struct{}
+	if n, ok := c.cfg.View.(cluster.Notifier); ok {
+		viewChanged = n.Changed()
+	}
+	timer := time.NewTimer(0)
+	defer timer.Stop()
 	for {
-		c.check(ctx)
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-rulesChanged:
+		case <-viewChanged:
+		case <-timer.C:
 		}
+		started := c.now()
+		next := c.check()
+		// Wait for the next change, or the next deadline, but at least MinCheckGap.
+		wait := c.cfg.CheckInterval
+		if !next.IsZero() {
+			wait = min(wait, next.Sub(c.now()))
+		}
+		if gap := c.cfg.MinCheckGap - c.now().Sub(started); gap > 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(gap):
+			}
+			wait -= gap
+		}
+		timer.Reset(max(wait, 0))
 	}
 }
 
 var errNoAPI = errors.New("no Kubernetes API view: drift cannot be checked (see --kubeconfig)")
 
-// check runs one comparison and publishes it.
-func (c *Collector) check(ctx context.Context) {
+// check runs one comparison and publishes it. It returns when a difference seen now comes of
+// age (zero when none is pending), for Run to check again then.
+func (c *Collector) check() time.Time {
 	start := c.now()
 	if c.cfg.View == nil {
 		c.publish(&checkResult{at: start, err: errNoAPI})
-		return
+		return time.Time{}
 	}
 	snap := c.cfg.View.Snapshot()
-	rr, err := c.reader.read(ctx, wantsIPv6(snap))
-	if ctx.Err() != nil {
-		return // shutting down
-	}
+	st := c.cfg.Rules.State()
 	var res checkResult
 	switch {
-	case err != nil:
-		res = checkResult{at: start, err: fmt.Errorf("read kube-proxy's rules: %w", err)}
-	case rr.mode == modeIPTables || rr.mode == modeNFTables:
-		res = c.engine.check(snap, rr.rules, start)
-		res.mode = rr.mode
+	case st == nil:
+		res = checkResult{at: start, err: errors.New("kube-proxy's rules have not been read yet")}
+	case st.ProxyErr != nil && len(st.Proxy) == 0:
+		res = checkResult{at: start, err: fmt.Errorf("read kube-proxy's rules: %w", st.ProxyErr)}
+	case st.Mode == hostrules.ModeIPTables || st.Mode == hostrules.ModeNFTables:
+		res = c.engine.check(snap, programmedByFamily(st), start)
+		res.mode = st.Mode
+		if st.ProxyErr != nil {
+			res.err = fmt.Errorf("read kube-proxy's rules in part: %w", st.ProxyErr)
+		}
 	default:
 		// Nothing to compare: the engine's grace periods start anew if rules appear.
 		c.engine.check(&cluster.Snapshot{}, nil, start)
-		res = checkResult{at: start, mode: rr.mode, fresh: snap.Fresh}
+		res = checkResult{at: start, mode: st.Mode, fresh: snap.Fresh}
 	}
 	res.duration = c.now().Sub(start)
-	c.noteMode(rr, err)
-	c.mu.Lock()
-	c.readsReused = c.reader.reused
-	c.mu.Unlock()
+	if st != nil {
+		c.noteMode(st)
+	}
 	c.publish(&res)
+	if res.unconfirmed {
+		// A difference came of age, but the view was last heard from before that: ask it
+		// to prove itself now rather than wait for its next probe.
+		if cf, ok := c.cfg.View.(cluster.Confirmer); ok {
+			cf.Confirm()
+		}
+	}
+	return res.nextDeadline
 }
 
 // noteMode logs once, and again on a change, what this node's rules allow.
-func (c *Collector) noteMode(rr readResult, err error) {
+func (c *Collector) noteMode(st *hostrules.State) {
 	var note string
-	switch {
-	case err != nil:
-		return // the collector set logs the error
-	case rr.mode == modeIPTables || rr.mode == modeNFTables:
+	switch st.Mode {
+	case hostrules.ModeIPTables, hostrules.ModeNFTables:
 		families := "IPv4"
-		if rr.rules[true] != nil {
-			families += " and IPv6"
+		switch {
+		case st.Proxy[false] != nil && st.Proxy[true] != nil:
+			families = "IPv4 and IPv6"
+		case st.Proxy[true] != nil:
+			families = "IPv6"
 		}
-		note = fmt.Sprintf("kube-proxy is in %s mode (%s, %s): checking drift", rr.mode, rr.backend, families)
-	case rr.mode == modeIPVS:
+		note = fmt.Sprintf("kube-proxy is in %s mode (%s, %s): checking drift", st.Mode, st.Backend, families)
+	case hostrules.ModeIPVS:
 		note = "kube-proxy is in IPVS mode (kube-ipvs0 exists): its rules cannot be compared here, the drift check is off"
 	default:
 		note = "no kube-proxy rules on this node (no KUBE-SERVICES chain, no kube-proxy nftables table): a kube-proxy replacement or no kube-proxy; the drift check is idle"
@@ -168,15 +221,6 @@ func (c *Collector) publish(res *checkResult) {
 	c.last = res
 }
 
-func wantsIPv6(snap *cluster.Snapshot) bool {
-	for i := range snap.Ports {
-		if hasFamily(snap.Ports[i].ClusterIPs, true) {
-			return true
-		}
-	}
-	return false
-}
-
 var (
 	modeDesc = prometheus.NewDesc("proxyhealth_proxy_mode",
 		"kube-proxy's mode on this node, found from its rules: 1 for the mode in use (iptables, nftables, ipvs, or none when there are no kube-proxy rules).",
@@ -194,7 +238,6 @@ var (
 	checkDurationDesc = newDesc("rules_check_duration_seconds", "How long the last drift check took (reading the rules and comparing).")
 	lastCheckDesc     = newDesc("rules_last_check_timestamp_seconds", "When the last drift check ran.")
 	checkErrorsDesc   = newDesc("rules_check_errors_total", "Drift checks that failed to read kube-proxy's rules or the API view.")
-	readsReusedDesc   = newDesc("rules_reads_reused_total", "Drift checks that reused the last read of the rules because the nftables ruleset generation had not moved (iptables-nft backend or nftables mode); the comparison with the API still ran.")
 	lastHeardDesc     = prometheus.NewDesc("proxyhealth_api_last_heard_timestamp_seconds", "When the exporter's own API view last heard from the API server (a watch event or a probe on the same connection).", nil, nil)
 	viewFreshDesc     = prometheus.NewDesc("proxyhealth_api_view_fresh", "1 while the exporter's own API view is synced and recently heard from; drift is only reported while it is.", nil, nil)
 )
@@ -207,7 +250,7 @@ func newDesc(name, help string) *prometheus.Desc {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{modeDesc, servicesCheckedDesc, servicesDriftedDesc, endpointsStaleDesc,
 		endpointsMissDesc, serviceDriftDesc, driftUnlistedDesc, driftAgeDesc, orphanChainsDesc, checkDurationDesc,
-		lastCheckDesc, checkErrorsDesc, readsReusedDesc, lastHeardDesc, viewFreshDesc} {
+		lastCheckDesc, checkErrorsDesc, lastHeardDesc, viewFreshDesc} {
 		ch <- d
 	}
 }
@@ -241,19 +284,18 @@ func (c *Collector) Update(ch chan<- prometheus.Metric) error {
 	}
 
 	c.mu.Lock()
-	res, errorsTotal, reused := c.last, c.checkErrors, c.readsReused
+	res, errorsTotal := c.last, c.checkErrors
 	c.mu.Unlock()
 	ch <- prometheus.MustNewConstMetric(checkErrorsDesc, prometheus.CounterValue, float64(errorsTotal))
-	ch <- prometheus.MustNewConstMetric(readsReusedDesc, prometheus.CounterValue, float64(reused))
 	if res == nil {
 		return viewErr // no check yet
 	}
 	gauge(lastCheckDesc, float64(res.at.UnixNano())/1e9)
 	gauge(checkDurationDesc, res.duration.Seconds())
-	if res.err != nil {
+	if res.err != nil && res.mode == "" {
 		return res.err
 	}
-	for _, m := range modes {
+	for _, m := range hostrules.Modes {
 		gauge(modeDesc, boolFloat(m == res.mode), m)
 	}
 	drifting, checked := res.drifting, res.checked
@@ -288,7 +330,7 @@ func (c *Collector) Update(ch chan<- prometheus.Metric) error {
 		}
 	}
 	gauge(driftUnlistedDesc, float64(len(drifting)-listed))
-	return viewErr
+	return errors.Join(res.err, viewErr)
 }
 
 func boolFloat(b bool) float64 {

@@ -1,8 +1,7 @@
 package rules
 
 import (
-	"context"
-	"errors"
+	"bytes"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -16,6 +15,8 @@ import (
 	"github.com/prometheus/common/promslog"
 
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
+	"github.com/proxyhealth/proxyhealth/internal/hostrules"
+	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
 
 var (
@@ -174,27 +175,34 @@ type fakeView struct{ snap *cluster.Snapshot }
 
 func (f fakeView) Snapshot() *cluster.Snapshot { return f.snap }
 
+// fakeRules serves one read of the node's rules.
+type fakeRules struct{ st *hostrules.State }
+
+func (f fakeRules) State() *hostrules.State    { return f.st }
+func (f fakeRules) Subscribe() <-chan struct{} { return make(chan struct{}) }
+
+// stateOf is a read that found kube-proxy in mode with these IPv4 chains.
+func stateOf(mode string, chains map[string][]netip.AddrPort) *hostrules.State {
+	return &hostrules.State{Seq: 1, Mode: mode, Backend: hostrules.BackendIPTablesNFT,
+		Proxy: map[bool]*ruleset.ProxyTable{false: {Chains: chains}}}
+}
+
 func TestCollectorExposition(t *testing.T) {
 	nat, err := os.ReadFile("testdata/kube-proxy-nat.txt")
 	if err != nil {
 		t.Fatal(err)
 	}
 	view := fakeView{snapshot(dnsPort("10.244.1.5:53", "10.244.2.6:53", "10.244.4.1:53", "10.244.4.2:53"), kubernetesPort())}
-	c, err := New(Config{View: view, ProcPath: t.TempDir(), CheckInterval: time.Second, GracePeriod: 0, MaxSeries: 10, CommandTimeout: time.Second}, promslog.NewNopLogger())
+	read, _, err := readIPTablesNAT(bytes.NewReader(nat))
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.reader.ipvsActive = func() bool { return false }
-	c.reader.generation = func() (uint32, error) { return 1, nil }
-	c.reader.lookPath = func(bin string) (string, error) { return "/usr/sbin/" + bin, nil }
-	c.reader.run = func(_ context.Context, name string, args ...string) ([]byte, error) {
-		if strings.HasSuffix(name, "/iptables-nft-save") {
-			return nat, nil
-		}
-		return nil, errors.New("exit status 1")
+	c, err := New(Config{View: view, Rules: fakeRules{stateOf(hostrules.ModeIPTables, read.chains)}, CheckInterval: time.Second, GracePeriod: 0, MaxSeries: 10}, promslog.NewNopLogger())
+	if err != nil {
+		t.Fatal(err)
 	}
 	c.now = func() time.Time { return time.Unix(5000, 0) }
-	c.check(context.Background())
+	c.check()
 
 	want := `
 # HELP proxyhealth_proxy_mode kube-proxy's mode on this node, found from its rules: 1 for the mode in use (iptables, nftables, ipvs, or none when there are no kube-proxy rules).
@@ -240,61 +248,6 @@ proxyhealth_api_view_fresh 1
 	}
 }
 
-func TestReaderNeverAsksAboutMissingLegacyTables(t *testing.T) {
-	var ran []string
-	rd := newReader(t.TempDir(), time.Second) // no net/ip_tables_names: no legacy tables
-	rd.ipvsActive = func() bool { return false }
-	rd.lookPath = func(bin string) (string, error) { return "/usr/sbin/" + bin, nil }
-	rd.run = func(_ context.Context, name string, args ...string) ([]byte, error) {
-		ran = append(ran, filepath.Base(name))
-		return nil, errors.New("exit status 1: no such table")
-	}
-	res, err := rd.read(context.Background(), true)
-	if err == nil && res.mode == modeIPTables {
-		t.Fatalf("read = %+v, want no iptables rules", res)
-	}
-	for _, r := range ran {
-		if strings.Contains(r, "legacy") {
-			t.Errorf("ran %v: asked iptables-legacy about a table that does not exist (that creates it)", ran)
-		}
-	}
-}
-
-func TestReaderModes(t *testing.T) {
-	rd := newReader(t.TempDir(), time.Second)
-	rd.generation = func() (uint32, error) { return 0, errors.New("no generation: read every time") }
-	rd.lookPath = func(bin string) (string, error) { return "/usr/sbin/" + bin, nil }
-	rd.ipvsActive = func() bool { return true }
-	if res, err := rd.read(context.Background(), false); err != nil || res.mode != modeIPVS {
-		t.Errorf("with kube-ipvs0: %+v %v, want ipvs", res, err)
-	}
-	rd.ipvsActive = func() bool { return false }
-	rd.run = func(_ context.Context, name string, args ...string) ([]byte, error) {
-		if strings.HasSuffix(name, "/nft") {
-			return []byte(`{"nftables": [{"table": {"family": "ip", "name": "kube-proxy"}}]}`), nil
-		}
-		return []byte("*nat\n:PREROUTING ACCEPT [0:0]\nCOMMIT\n"), nil
-	}
-	if res, err := rd.read(context.Background(), false); err != nil || res.mode != modeNFTables {
-		t.Errorf("with table ip kube-proxy: %+v %v, want nftables", res, err)
-	}
-	rd.run = func(_ context.Context, name string, args ...string) ([]byte, error) {
-		if strings.HasSuffix(name, "/nft") {
-			return nil, errors.New("exit status 1: Error: No such file or directory")
-		}
-		return []byte("*nat\n:PREROUTING ACCEPT [0:0]\nCOMMIT\n"), nil // what iptables-nft-save prints without a nat table
-	}
-	if res, err := rd.read(context.Background(), false); err != nil || res.mode != modeNone {
-		t.Errorf("nothing: %+v %v, want none", res, err)
-	}
-	rd.run = func(_ context.Context, name string, args ...string) ([]byte, error) {
-		return nil, errors.New("exit status 4: Permission denied (you must be root)")
-	}
-	if _, err := rd.read(context.Background(), false); err == nil || !strings.Contains(err.Error(), "Permission denied") {
-		t.Errorf("refused: error %v, want the refusal passed on", err)
-	}
-}
-
 // collectorAdapter and onlyMetric adapt the collector for testutil.
 type collectorAdapter struct{ c *Collector }
 
@@ -315,53 +268,6 @@ func (o onlyMetric) Collect(ch chan<- prometheus.Metric) {
 		if strings.Contains(m.Desc().String(), `"`+o.name+`"`) {
 			ch <- m
 		}
-	}
-}
-
-func TestReaderReusesUnchangedRules(t *testing.T) {
-	nat, err := os.ReadFile("testdata/kube-proxy-nat.txt")
-	if err != nil {
-		t.Fatal(err)
-	}
-	proc := t.TempDir()
-	rd := newReader(proc, time.Second)
-	rd.ipvsActive = func() bool { return false }
-	rd.lookPath = func(bin string) (string, error) { return "/usr/sbin/" + bin, nil }
-	saves := 0
-	rd.run = func(_ context.Context, name string, args ...string) ([]byte, error) {
-		saves++
-		return nat, nil
-	}
-	gen := uint32(7)
-	rd.generation = func() (uint32, error) { return gen, nil }
-	read := func() {
-		t.Helper()
-		if res, err := rd.read(context.Background(), false); err != nil || res.mode != modeIPTables {
-			t.Fatalf("read: %+v %v", res, err)
-		}
-	}
-	read()
-	read()
-	if saves != 1 || rd.reused != 1 {
-		t.Errorf("unchanged generation: %d saves, %d reused; want 1 and 1", saves, rd.reused)
-	}
-	gen++
-	read()
-	if saves != 2 {
-		t.Errorf("moved generation: %d saves, want 2", saves)
-	}
-	// A legacy nat table: its changes do not move nftables' generation, so never reuse.
-	if err := os.MkdirAll(filepath.Join(proc, "net"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(proc, "net", "ip_tables_names"), []byte("nat\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	before := saves
-	read()
-	read()
-	if saves-before < 2 {
-		t.Errorf("with a legacy nat table: %d saves for 2 reads, want every read to save", saves-before)
 	}
 }
 

@@ -71,3 +71,19 @@ type View interface {
 	// Snapshot returns the current view; callers must not modify it.
 	Snapshot() *Snapshot
 }
+
+// Notifier is implemented by views that tell when they change, so a consumer can compare
+// when something happened instead of on a timer.
+type Notifier interface {
+	// Changed returns a channel that receives a value (values coalesce) after the view
+	// published a new generation or its freshness inputs changed.
+	Changed() <-chan struct{}
+}
+
+// Confirmer is implemented by views that can prove on demand that they are current.
+type Confirmer interface {
+	// Confirm asks the view to prove its connection to the API server works now (a probe on
+	// the same connection), without waiting for the result; a success moves LastHeard and is
+	// told through Changed.
+	Confirm()
+}

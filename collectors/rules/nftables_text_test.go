@@ -1,0 +1,68 @@
+package rules
+
+// The nft -j reader the drift check used before the rules were read in-process; it stays as a
+// test fixture reader for the real kube-proxy capture in testdata (nft JSON).
+
+import (
+	"net/netip"
+	"slices"
+
+	"github.com/proxyhealth/proxyhealth/internal/cluster"
+	"github.com/proxyhealth/proxyhealth/internal/nft"
+)
+
+// nftRules is one read of kube-proxy's nftables table of one IP family: each service port chain
+// (service-*, local-*) that has rules, with the endpoints it DNATs to, inline or through the
+// endpoint chains it jumps to.
+type nftRules struct {
+	chains map[string][]netip.AddrPort
+}
+
+// newNFTRules reads table tb (ip or ip6 kube-proxy); a nil table gives no chains.
+func newNFTRules(tb *nft.Table) *nftRules {
+	r := &nftRules{chains: map[string][]netip.AddrPort{}}
+	if tb == nil {
+		return r
+	}
+	for _, c := range tb.Chains {
+		if !isNFTServiceChain(c.Name) || len(c.Rules) == 0 {
+			continue
+		}
+		eps := []netip.AddrPort{}
+		for _, rule := range c.Rules {
+			eps = append(eps, rule.DNATTargets()...)
+			for _, target := range rule.JumpTargets() {
+				ec := tb.Chain(target)
+				if ec == nil || ec == c {
+					continue
+				}
+				for _, er := range ec.Rules {
+					eps = append(eps, er.DNATTargets()...)
+				}
+			}
+		}
+		// The inline form lists each endpoint once; the affinity form names each endpoint
+		// chain twice (its affinity goto and its vmap element).
+		slices.SortFunc(eps, netip.AddrPort.Compare)
+		eps = slices.Compact(eps)
+		r.chains[c.Name] = eps
+	}
+	return r
+}
+
+func (r *nftRules) chainsFor(n cluster.ServicePortName) (string, string) {
+	base := nftChainNameBase(n)
+	return nftClusterChainPrefix + base, nftLocalChainPrefix + base
+}
+
+func (r *nftRules) endpoints(chain string) []netip.AddrPort { return r.chains[chain] }
+
+// serviceChains lists the service-*/local-* chains that have rules, to find those no API
+// service port accounts for.
+func (r *nftRules) serviceChains() []string {
+	out := make([]string, 0, len(r.chains))
+	for name := range r.chains {
+		out = append(out, name)
+	}
+	return out
+}

@@ -1,0 +1,198 @@
+package rules
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/promslog"
+
+	"github.com/proxyhealth/proxyhealth/internal/cluster"
+	"github.com/proxyhealth/proxyhealth/internal/hostrules"
+	"github.com/proxyhealth/proxyhealth/internal/ruleset"
+)
+
+// changingRules is a netfilter reader whose state a test replaces, telling subscribers.
+type changingRules struct {
+	mu  sync.Mutex
+	st  *hostrules.State
+	sub chan struct{}
+}
+
+func (r *changingRules) State() *hostrules.State { r.mu.Lock(); defer r.mu.Unlock(); return r.st }
+func (r *changingRules) Subscribe() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sub = make(chan struct{}, 1)
+	return r.sub
+}
+func (r *changingRules) set(st *hostrules.State) {
+	r.mu.Lock()
+	r.st = st
+	sub := r.sub
+	r.mu.Unlock()
+	if sub != nil {
+		select {
+		case sub <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// notifyingView is an API view that tells when it changes and counts confirmation requests.
+type notifyingView struct {
+	mu       sync.Mutex
+	snap     *cluster.Snapshot
+	changed  chan struct{}
+	confirms int
+}
+
+func (v *notifyingView) Snapshot() *cluster.Snapshot { v.mu.Lock(); defer v.mu.Unlock(); return v.snap }
+func (v *notifyingView) Changed() <-chan struct{}    { return v.changed }
+func (v *notifyingView) Confirm() {
+	v.mu.Lock()
+	v.confirms++
+	v.mu.Unlock()
+}
+func (v *notifyingView) set(s *cluster.Snapshot) {
+	v.mu.Lock()
+	v.snap = s
+	v.mu.Unlock()
+	select {
+	case v.changed <- struct{}{}:
+	default:
+	}
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for range 1000 {
+		if cond() {
+			return
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
+
+// The comparison follows changes of either side at once, not on the check interval.
+func TestRunComparesOnChange(t *testing.T) {
+	dns := dnsPort("10.244.1.5:53")
+	view := &notifyingView{changed: make(chan struct{}, 1), snap: snapshot(dns)}
+	view.snap.LastHeard = time.Now().Add(time.Hour) // confirmed current at every check
+	clusterChain, _ := programmed{}.chainsFor(dns.Name)
+	rules := &changingRules{st: stateOf(hostrules.ModeIPTables, map[string][]netip.AddrPort{clusterChain: {ap("10.244.1.5:53")}})}
+	c, err := New(Config{View: view, Rules: rules, CheckInterval: time.Hour, GracePeriod: 0, MaxSeries: 10, MinCheckGap: time.Millisecond}, promslog.NewNopLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { c.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	checked := func() int {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.last == nil {
+			return -1
+		}
+		return c.last.checked
+	}
+	drifted := func() int {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.last == nil {
+			return -1
+		}
+		return len(c.last.drifting)
+	}
+	waitUntil(t, "the first check", func() bool { return checked() == 1 })
+	if d := drifted(); d != 0 {
+		t.Fatalf("converged node: %d drifting", d)
+	}
+	// kube-dns's chain loses its endpoint for another: drift at once (grace 0).
+	rules.set(stateOf(hostrules.ModeIPTables, map[string][]netip.AddrPort{clusterChain: {ap("10.244.9.9:53")}}))
+	waitUntil(t, "drift after the rules changed", func() bool { return drifted() == 1 })
+	// The API catches up with the rules: no drift.
+	healed := snapshot(dnsPort("10.244.9.9:53"))
+	healed.LastHeard = view.snap.LastHeard
+	view.set(healed)
+	waitUntil(t, "no drift after the API changed", func() bool { return drifted() == 0 })
+}
+
+// A difference that came of age before the view was last heard from asks the view to confirm.
+func TestCheckAsksTheViewToConfirm(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	snap := snapshot(dnsPort("10.244.1.5:53"))
+	snap.LastHeard = t0
+	view := &notifyingView{changed: make(chan struct{}, 1), snap: snap}
+	rules := &changingRules{st: stateOf(hostrules.ModeIPTables, map[string][]netip.AddrPort{})}
+	c, err := New(Config{View: view, Rules: rules, CheckInterval: time.Hour, GracePeriod: 10 * time.Second, MaxSeries: 10}, promslog.NewNopLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := t0
+	c.now = func() time.Time { return now }
+	if next := c.check(); !next.Equal(t0.Add(10 * time.Second)) {
+		t.Errorf("next deadline %v, want the grace period's end %v", next, t0.Add(10*time.Second))
+	}
+	now = t0.Add(11 * time.Second)
+	c.check()
+	if view.confirms != 1 || len(c.last.drifting) != 0 {
+		t.Errorf("past grace, view heard at the difference's start: %d confirmations and %d drifting, want 1 and 0", view.confirms, len(c.last.drifting))
+	}
+	snap2 := *snap
+	snap2.LastHeard = now
+	view.set(&snap2)
+	c.check()
+	if len(c.last.drifting) != 1 {
+		t.Errorf("after the view confirmed: %d drifting, want 1", len(c.last.drifting))
+	}
+}
+
+// An unreadable rule set fails the collector with the reason.
+func TestCheckRulesUnreadable(t *testing.T) {
+	view := fakeView{snapshot(kubernetesPort())}
+	refused := errors.New("open nf_tables netlink socket: operation not permitted")
+	rules := fakeRules{&hostrules.State{Mode: hostrules.ModeNone, ProxyErr: refused}}
+	c, err := New(Config{View: view, Rules: rules, CheckInterval: time.Second, MaxSeries: 10}, promslog.NewNopLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.check()
+	if err := c.Update(make(chan prometheus.Metric, 100)); err == nil || !strings.Contains(err.Error(), "operation not permitted") {
+		t.Errorf("Update error %v, want the refusal", err)
+	}
+	// Only one family unreadable: the other is still compared, and the error still told.
+	rules.st = &hostrules.State{Mode: hostrules.ModeIPTables, ProxyErr: refused,
+		Proxy: map[bool]*ruleset.ProxyTable{false: {Chains: map[string][]netip.AddrPort{}}}}
+	c.cfg.Rules = rules
+	c.check()
+	if c.last.checked != 1 || c.last.err == nil {
+		t.Errorf("partial read: checked %d, err %v; want 1 and the error", c.last.checked, c.last.err)
+	}
+}
+
+// An endpoint counts once per service port: a NodePort with externalTrafficPolicy: Local whose
+// removed local endpoint stays in both its frozen chains is one stale endpoint, not two.
+func TestDriftCountsEachEndpointOnce(t *testing.T) {
+	sp := dnsPort("10.244.1.5:53", "10.244.2.6:53")
+	sp.ExternalLocal = true
+	sp.LocalEndpoints = []netip.AddrPort{ap("10.244.1.5:53")}
+	clusterChain, localChain := programmed{}.chainsFor(sp.Name)
+	frozen := map[string][]netip.AddrPort{
+		clusterChain: {ap("10.244.1.5:53"), ap("10.244.2.6:53"), ap("10.244.1.9:53")},
+		localChain:   {ap("10.244.1.5:53"), ap("10.244.1.9:53")},
+	}
+	snap := snapshot(sp)
+	snap.LastHeard = time.Unix(100, 0)
+	res := newDriftEngine(0).check(snap, programmedByFamily(stateOf(hostrules.ModeIPTables, frozen)), time.Unix(100, 0))
+	if len(res.drifting) != 1 || res.drifting[0].stale != 1 || res.drifting[0].missing != 0 {
+		t.Errorf("drifting %+v, want one port with 1 stale endpoint", res.drifting)
+	}
+}

@@ -1,0 +1,323 @@
+package hostrules
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/proxyhealth/proxyhealth/internal/ruleset"
+)
+
+// Config holds the Source's settings; AddFlags binds them to command-line flags.
+type Config struct {
+	// ProcPath is the procfs mountpoint: the legacy table lists are read there before a
+	// legacy table is named (naming a missing one makes the kernel create it).
+	ProcPath string
+	// LegacyPollInterval is how often the legacy tables' size and entry count are compared
+	// with the last read's (one cheap socket option call per table).
+	LegacyPollInterval time.Duration
+	// LegacyMinReadInterval is the least time between two whole reads of the legacy tables:
+	// the kernel sends no notification for them and a read of a large nat table costs a
+	// fraction of a second, so under churn they are re-read at most this often.
+	LegacyMinReadInterval time.Duration
+	// ResyncInterval is how often everything is read again whatever the notifications said,
+	// to catch what they cannot tell (a legacy endpoint swapped in place, a lost event).
+	ResyncInterval time.Duration
+	// Debounce is how long nf_tables must be quiet after a change before it is read: a
+	// kube-proxy sync is one transaction, but several may follow each other closely.
+	Debounce time.Duration
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.LegacyPollInterval <= 0:
+		return errors.New("--netfilter.legacy-poll-interval must be positive")
+	case c.LegacyMinReadInterval < 0:
+		return errors.New("--netfilter.legacy-min-read-interval must not be negative")
+	case c.ResyncInterval <= 0:
+		return errors.New("--netfilter.resync-interval must be positive")
+	case c.Debounce < 0:
+		return errors.New("netfilter debounce must not be negative")
+	}
+	return nil
+}
+
+// backends is what the Source reads from; system.go has the kernel's, tests fakes.
+type backends interface {
+	// ipvs reports whether kube-proxy's IPVS mode is in use (its kube-ipvs0 interface).
+	ipvs() bool
+	// legacy reads the iptables-legacy tables: kube-proxy's nat rules by family (absent:
+	// no legacy nat table, or one without KUBE-SERVICES) and the filter table's forward path
+	// (nil without a legacy filter table).
+	legacy() (proxy map[bool]*ruleset.ProxyTable, filter *ruleset.Graph, proxyErr, filterErr error)
+	// legacyFingerprint summarises the legacy tables' sizes; a change means a read is due.
+	legacyFingerprint() (string, error)
+	// nft reads nf_tables: kube-proxy's rules through iptables-nft's nat tables and its
+	// nftables-mode tables, and the forward path of iptables-nft's filter table and of the
+	// native tables.
+	nft() (nftRead, error)
+	// watchNFT follows nf_tables' committed changes until ctx ends. Each value on the
+	// channel is one change; resync is set when events may have been lost (a socket overrun
+	// or a generation gap). The channel is closed when the watch ends.
+	watchNFT(ctx context.Context) (<-chan nftChange, error)
+}
+
+// nftRead is one read of nf_tables.
+type nftRead struct {
+	iptablesNAT  map[bool]*ruleset.ProxyTable // iptables-nft's nat tables with KUBE-SERVICES
+	kubeProxy    map[bool]*ruleset.ProxyTable // nftables mode's kube-proxy tables
+	iptablesFwd  *ruleset.Graph               // iptables-nft's filter table, nil without one
+	nativeFwd    []*ruleset.Graph             // native tables with a forward base chain
+	proxyErr     error                        // kube-proxy's tables could not be read
+	iptablesErr  error                        // iptables-nft's filter table could not be read
+	nativeFwdErr error                        // the native tables could not be read
+}
+
+type nftChange struct{ resync bool }
+
+// Source reads the node's netfilter state and publishes it; see the package comment.
+type Source struct {
+	cfg    Config
+	logger *slog.Logger
+	b      backends
+	now    func() time.Time
+
+	state atomic.Pointer[State]
+
+	mu   sync.Mutex
+	subs []chan struct{}
+	// Owned by Run; published into each State.
+	legacyPart legacyPart
+	nftPart    nftPart
+	seq        uint64
+
+	stats stats
+}
+
+type legacyPart struct {
+	proxy     map[bool]*ruleset.ProxyTable
+	filter    *ruleset.Graph
+	proxyErr  error
+	filterErr error
+	at        time.Time
+}
+
+type nftPart struct {
+	read nftRead
+	err  error
+	at   time.Time
+}
+
+// New builds a Source reading this network namespace's tables; it reads nothing until Run.
+func New(cfg Config, logger *slog.Logger) (*Source, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.ProcPath == "" {
+		cfg.ProcPath = "/proc"
+	}
+	return newSource(cfg, logger, newSystemBackends(cfg.ProcPath)), nil
+}
+
+func newSource(cfg Config, logger *slog.Logger, b backends) *Source {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &Source{cfg: cfg, logger: logger, b: b, now: time.Now}
+}
+
+// State returns the last published state, nil before the first read ends.
+func (s *Source) State() *State { return s.state.Load() }
+
+// Subscribe returns a channel that receives a value (without blocking the Source; values
+// coalesce) after each newly published State.
+func (s *Source) Subscribe() <-chan struct{} {
+	ch := make(chan struct{}, 1)
+	s.mu.Lock()
+	s.subs = append(s.subs, ch)
+	s.mu.Unlock()
+	return ch
+}
+
+// Hint tells the Source that the rules may have changed where no notification reaches it (the
+// legacy tables): kube-proxy reported a sync. The legacy tables are then read at the next poll,
+// no sooner than LegacyMinReadInterval after the last read.
+func (s *Source) Hint() { s.stats.hinted.Store(true) }
+
+// Run reads everything at once, then follows changes until ctx is done.
+func (s *Source) Run(ctx context.Context) {
+	events, err := s.b.watchNFT(ctx)
+	if err != nil {
+		// Without the watch, nf_tables is read at every legacy poll whose generation moved
+		// (the system backends fall back to that) or at each resync.
+		s.logger.Warn("cannot follow nf_tables changes; reading them on a timer instead", "err", err)
+	}
+	s.readLegacy()
+	s.readNFT()
+	s.publish()
+	lastFP, _ := s.b.legacyFingerprint()
+
+	poll := time.NewTicker(s.cfg.LegacyPollInterval)
+	defer poll.Stop()
+	resync := time.NewTicker(s.cfg.ResyncInterval)
+	defer resync.Stop()
+	var debounce *time.Timer
+	var debounceC <-chan time.Time
+	defer func() {
+		if debounce != nil {
+			debounce.Stop()
+		}
+	}()
+	legacyDue := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ch, ok := <-events:
+			if !ok {
+				events = nil
+				if ctx.Err() == nil {
+					s.logger.Warn("the nf_tables watch ended; reading nf_tables on a timer instead")
+				}
+				continue
+			}
+			if ch.resync {
+				s.stats.resyncs.Add(1)
+			}
+			if debounce == nil {
+				debounce = time.NewTimer(s.cfg.Debounce)
+			} else {
+				debounce.Reset(s.cfg.Debounce)
+			}
+			debounceC = debounce.C
+		case <-debounceC:
+			debounceC = nil
+			s.readNFT()
+			s.publish()
+		case <-poll.C:
+			if events == nil {
+				// No watch: poll nf_tables too (its generation keeps the read cheap).
+				s.readNFT()
+			}
+			fp, err := s.b.legacyFingerprint()
+			if err != nil || fp != lastFP || s.stats.hinted.Swap(false) {
+				legacyDue = true
+			}
+			lastFP = fp
+			if legacyDue && s.now().Sub(s.legacyPart.at) >= s.cfg.LegacyMinReadInterval {
+				legacyDue = false
+				s.readLegacy()
+			}
+			if s.changedSincePublish() {
+				s.publish()
+			}
+		case <-resync.C:
+			s.readLegacy()
+			s.readNFT()
+			s.publish()
+		}
+	}
+}
+
+func (s *Source) readLegacy() {
+	start := s.now()
+	proxy, filter, proxyErr, filterErr := s.b.legacy()
+	s.legacyPart = legacyPart{proxy: proxy, filter: filter, proxyErr: proxyErr, filterErr: filterErr, at: s.now()}
+	s.stats.observe(BackendLegacy, s.now().Sub(start), errors.Join(proxyErr, filterErr))
+}
+
+func (s *Source) readNFT() {
+	start := s.now()
+	r, err := s.b.nft()
+	s.nftPart = nftPart{read: r, err: err, at: s.now()}
+	s.stats.observe(BackendNFTables, s.now().Sub(start), errors.Join(err, r.proxyErr, r.iptablesErr, r.nativeFwdErr))
+}
+
+// changedSincePublish reports whether a part was read after the last published state.
+func (s *Source) changedSincePublish() bool {
+	st := s.state.Load()
+	return st == nil || s.legacyPart.at.After(st.At) || s.nftPart.at.After(st.At)
+}
+
+// publish composes the parts into a new State and tells the subscribers.
+func (s *Source) publish() {
+	s.seq++
+	st := compose(s.legacyPart, s.nftPart, s.b.ipvs())
+	st.Seq = s.seq
+	st.At = s.legacyPart.at
+	if s.nftPart.at.After(st.At) {
+		st.At = s.nftPart.at
+	}
+	s.state.Store(st)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, ch := range s.subs {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// compose decides kube-proxy's mode from what each backend holds. kube-proxy removes the other
+// modes' rules when it starts (cmd/kube-proxy/app/server_linux.go: platformCleanup), so more
+// than one is found only where that cleanup failed; iptables mode is looked for first.
+func compose(l legacyPart, n nftPart, ipvs bool) *State {
+	st := &State{Proxy: map[bool]*ruleset.ProxyTable{}}
+	nr := n.read
+	st.Forward = []Forward{
+		{Backend: BackendLegacy, Graphs: graphs(l.filter), Err: l.filterErr},
+		{Backend: BackendIPTablesNFT, Graphs: graphs(nr.iptablesFwd), Err: errors.Join(n.err, nr.iptablesErr)},
+		{Backend: BackendNFTables, Graphs: nr.nativeFwd, Err: errors.Join(n.err, nr.nativeFwdErr)},
+	}
+	st.ProxyErr = errors.Join(l.proxyErr, n.err, nr.proxyErr)
+	if ipvs {
+		st.Mode = ModeIPVS
+		st.Proxy = nil
+		return st
+	}
+	for _, ipv6 := range []bool{false, true} {
+		legacy, viaNFT := l.proxy[ipv6], nr.iptablesNAT[ipv6]
+		switch {
+		case legacy != nil && (viaNFT == nil || len(legacy.Chains) >= len(viaNFT.Chains)):
+			st.Proxy[ipv6] = legacy
+			if !ipv6 || st.Backend == "" {
+				st.Backend = BackendLegacy
+			}
+		case viaNFT != nil:
+			st.Proxy[ipv6] = viaNFT
+			if !ipv6 || st.Backend == "" {
+				st.Backend = BackendIPTablesNFT
+			}
+		}
+	}
+	if len(st.Proxy) > 0 {
+		st.Mode = ModeIPTables
+		return st
+	}
+	for _, ipv6 := range []bool{false, true} {
+		if t := nr.kubeProxy[ipv6]; t != nil {
+			st.Proxy[ipv6] = t
+		}
+	}
+	if len(st.Proxy) > 0 {
+		st.Mode, st.Backend = ModeNFTables, BackendNFTables
+		return st
+	}
+	st.Mode = ModeNone
+	return st
+}
+
+func graphs(g *ruleset.Graph) []*ruleset.Graph {
+	if g == nil {
+		return nil
+	}
+	return []*ruleset.Graph{g}
+}
+
+// errNotLinux is returned by the system backends where netfilter does not exist.
+var errNotLinux = fmt.Errorf("netfilter is only read on Linux")

@@ -1,0 +1,215 @@
+package hostrules
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/proxyhealth/proxyhealth/internal/ruleset"
+)
+
+type fakeBackends struct {
+	mu          sync.Mutex
+	ipvsOn      bool
+	legacyProxy map[bool]*ruleset.ProxyTable
+	legacyErr   error
+	fingerprint string
+	nftRead     nftRead
+	nftErr      error
+	watchErr    error
+	changes     chan nftChange
+	legacyReads int
+	nftReads    int
+}
+
+func (f *fakeBackends) ipvs() bool { f.mu.Lock(); defer f.mu.Unlock(); return f.ipvsOn }
+func (f *fakeBackends) legacy() (map[bool]*ruleset.ProxyTable, *ruleset.Graph, error, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.legacyReads++
+	return f.legacyProxy, nil, f.legacyErr, nil
+}
+func (f *fakeBackends) legacyFingerprint() (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.fingerprint, nil
+}
+func (f *fakeBackends) nft() (nftRead, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.nftReads++
+	return f.nftRead, f.nftErr
+}
+func (f *fakeBackends) watchNFT(ctx context.Context) (<-chan nftChange, error) {
+	if f.watchErr != nil {
+		return nil, f.watchErr
+	}
+	return f.changes, nil
+}
+
+func (f *fakeBackends) counts() (legacy, nft int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.legacyReads, f.nftReads
+}
+
+func table(chains int) *ruleset.ProxyTable {
+	t := &ruleset.ProxyTable{Chains: map[string][]netip.AddrPort{}}
+	for i := range chains {
+		t.Chains["KUBE-SVC-"+string(rune('A'+i))] = nil
+	}
+	return t
+}
+
+func TestCompose(t *testing.T) {
+	cases := []struct {
+		name        string
+		legacy      map[bool]*ruleset.ProxyTable
+		nft         nftRead
+		ipvs        bool
+		wantMode    string
+		wantBackend string
+		wantIPv6    bool
+	}{
+		{name: "nothing", wantMode: ModeNone},
+		{name: "ipvs wins", legacy: map[bool]*ruleset.ProxyTable{false: table(1)}, ipvs: true, wantMode: ModeIPVS},
+		{name: "legacy", legacy: map[bool]*ruleset.ProxyTable{false: table(2)}, wantMode: ModeIPTables, wantBackend: BackendLegacy},
+		{name: "iptables-nft", nft: nftRead{iptablesNAT: map[bool]*ruleset.ProxyTable{false: table(2), true: table(1)}}, wantMode: ModeIPTables, wantBackend: BackendIPTablesNFT, wantIPv6: true},
+		{name: "both iptables backends: the fuller wins", legacy: map[bool]*ruleset.ProxyTable{false: table(1)}, nft: nftRead{iptablesNAT: map[bool]*ruleset.ProxyTable{false: table(3)}}, wantMode: ModeIPTables, wantBackend: BackendIPTablesNFT},
+		{name: "iptables before nftables", legacy: map[bool]*ruleset.ProxyTable{false: table(1)}, nft: nftRead{kubeProxy: map[bool]*ruleset.ProxyTable{false: table(5)}}, wantMode: ModeIPTables, wantBackend: BackendLegacy},
+		{name: "nftables", nft: nftRead{kubeProxy: map[bool]*ruleset.ProxyTable{false: table(5)}}, wantMode: ModeNFTables, wantBackend: BackendNFTables},
+		{name: "nftables IPv6 only", nft: nftRead{kubeProxy: map[bool]*ruleset.ProxyTable{true: table(5)}}, wantMode: ModeNFTables, wantBackend: BackendNFTables, wantIPv6: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			st := compose(legacyPart{proxy: tc.legacy}, nftPart{read: tc.nft}, tc.ipvs)
+			if st.Mode != tc.wantMode || st.Backend != tc.wantBackend {
+				t.Errorf("mode %q backend %q, want %q %q", st.Mode, st.Backend, tc.wantMode, tc.wantBackend)
+			}
+			if got := st.ProxyRules(true) != nil; got != tc.wantIPv6 {
+				t.Errorf("IPv6 rules present = %v, want %v", got, tc.wantIPv6)
+			}
+			if len(st.Forward) != 3 {
+				t.Errorf("forward backends = %d, want 3", len(st.Forward))
+			}
+		})
+	}
+}
+
+func TestComposeErrors(t *testing.T) {
+	legacyErr := errors.New("legacy: operation not permitted")
+	st := compose(legacyPart{proxyErr: legacyErr, filterErr: legacyErr}, nftPart{read: nftRead{kubeProxy: map[bool]*ruleset.ProxyTable{false: table(1)}}}, false)
+	if !errors.Is(st.ProxyErr, legacyErr) || st.Mode != ModeNFTables {
+		t.Errorf("ProxyErr %v mode %q: want the legacy error kept beside the nftables rules", st.ProxyErr, st.Mode)
+	}
+	if !errors.Is(st.Forward[0].Err, legacyErr) || st.Forward[1].Err != nil {
+		t.Errorf("forward errors %v, %v: want only the legacy backend failing", st.Forward[0].Err, st.Forward[1].Err)
+	}
+}
+
+// waitFor polls cond for up to two seconds.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for range 400 {
+		if cond() {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
+
+func TestSourceFollowsChanges(t *testing.T) {
+	fb := &fakeBackends{
+		changes:     make(chan nftChange),
+		nftRead:     nftRead{kubeProxy: map[bool]*ruleset.ProxyTable{false: table(1)}},
+		fingerprint: "a",
+	}
+	cfg := Config{LegacyPollInterval: 10 * time.Millisecond, LegacyMinReadInterval: 0, ResyncInterval: time.Hour, Debounce: 20 * time.Millisecond}
+	s := newSource(cfg, nil, fb)
+	sub := s.Subscribe()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	<-sub
+	st := s.State()
+	if st.Mode != ModeNFTables || st.Seq != 1 {
+		t.Fatalf("first state: mode %q seq %d", st.Mode, st.Seq)
+	}
+	legacy0, nft0 := fb.counts()
+
+	// A burst of nf_tables changes is read once, after the burst.
+	fb.mu.Lock()
+	fb.nftRead = nftRead{kubeProxy: map[bool]*ruleset.ProxyTable{false: table(2)}}
+	fb.mu.Unlock()
+	for range 5 {
+		fb.changes <- nftChange{}
+	}
+	fb.changes <- nftChange{resync: true}
+	<-sub
+	if got := len(s.State().ProxyRules(false).Chains); got != 2 {
+		t.Errorf("after the change: %d chains, want 2", got)
+	}
+	if _, n := fb.counts(); n != nft0+1 {
+		t.Errorf("nf_tables read %d times for one burst, want 1", n-nft0)
+	}
+	if got := s.stats.resyncs.Load(); got != 1 {
+		t.Errorf("resyncs = %d, want 1", got)
+	}
+
+	// Legacy tables: read when their fingerprint moves.
+	fb.mu.Lock()
+	fb.fingerprint = "b"
+	fb.legacyProxy = map[bool]*ruleset.ProxyTable{false: table(3)}
+	fb.mu.Unlock()
+	<-sub
+	waitFor(t, "the legacy read", func() bool { return s.State().Backend == BackendLegacy })
+	l1, _ := fb.counts()
+	if l1 != legacy0+1 {
+		t.Errorf("legacy read %d times after one fingerprint change, want 1", l1-legacy0)
+	}
+	// A hint (kube-proxy synced) forces a legacy read though the fingerprint stands.
+	s.Hint()
+	waitFor(t, "the hinted legacy read", func() bool { l, _ := fb.counts(); return l == l1+1 })
+	// And nothing else reads while nothing changes.
+	time.Sleep(50 * time.Millisecond)
+	if l, n := fb.counts(); l != l1+1 || n != nft0+1 {
+		t.Errorf("reads while idle: legacy %d nft %d, want none", l-l1-1, n-nft0-1)
+	}
+}
+
+func TestSourceLegacyMinReadInterval(t *testing.T) {
+	fb := &fakeBackends{changes: make(chan nftChange), fingerprint: "0"}
+	cfg := Config{LegacyPollInterval: 5 * time.Millisecond, LegacyMinReadInterval: time.Hour, ResyncInterval: time.Hour}
+	s := newSource(cfg, nil, fb)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	waitFor(t, "the first read", func() bool { return s.State() != nil })
+	for i := range 10 {
+		fb.mu.Lock()
+		fb.fingerprint = string(rune('a' + i))
+		fb.mu.Unlock()
+		time.Sleep(10 * time.Millisecond)
+	}
+	if l, _ := fb.counts(); l != 1 {
+		t.Errorf("legacy read %d times within the minimum interval, want only the first", l)
+	}
+}
+
+func TestSourceWithoutWatchPolls(t *testing.T) {
+	fb := &fakeBackends{watchErr: errors.New("operation not permitted")}
+	cfg := Config{LegacyPollInterval: 5 * time.Millisecond, ResyncInterval: time.Hour}
+	s := newSource(cfg, nil, fb)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	waitFor(t, "polled nf_tables reads", func() bool { _, n := fb.counts(); return n >= 3 })
+}
