@@ -60,25 +60,23 @@ func (h *ipHeader) restricts() bool {
 	return h.srcSet || h.dstSet || len(h.in) > 0 || len(h.out) > 0 || h.protoSet || h.frag || h.tos || h.invflags != 0
 }
 
-// ifaceName is the interface as iptables prints it: the name, with '+' when the mask covers
-// only the name's bytes (a prefix match). The mask is what the kernel compares, so a name with
-// an all-zero mask matches every interface and prints as nothing.
+// ifaceName is the interface as iptables prints it. The kernel compares the name's bytes the
+// mask covers: iptables covers the name and its NUL for an exact name, and only the bytes
+// before the '+' for a prefix ("veth+"), which prints with the '+'. A mask that covers nothing
+// matches every interface and prints as nothing.
 func ifaceName(name, mask []byte) []byte {
 	n := cString(name)
-	masked := false
-	for _, b := range mask {
-		if b != 0 {
-			masked = true
-			break
-		}
+	covered := 0
+	for covered < len(mask) && mask[covered] != 0 {
+		covered++
 	}
-	if !masked {
+	switch {
+	case covered == 0:
 		return nil
+	case covered > len(n):
+		return n
 	}
-	if len(n) < len(mask) && mask[len(n)] == 0 {
-		return append(n[:len(n):len(n)], '+')
-	}
-	return n
+	return append(n[:covered:covered], '+')
 }
 
 // maskBits returns the prefix length of a contiguous mask, or -1.
