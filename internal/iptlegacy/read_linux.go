@@ -118,6 +118,10 @@ func readTable(procPath string, ipv6 bool, table string, opts readOptions, decod
 
 var errChanged = errors.New("table changed while read")
 
+// beforeEntries, set by tests only, runs between a read's info and entries calls: where a
+// concurrent replace of the table hurts.
+var beforeEntries func()
+
 // readStable reads the info and then the entries, and the info again: a table replaced in
 // between by one of another size fails the entries call (EAGAIN), and one that moved its
 // chains or changed its entry count shows in the second info. Either way the caller retries.
@@ -125,6 +129,9 @@ func readStable(s *socket, table string, opts readOptions) (Info, *mapping, erro
 	info, err := s.info(table)
 	if err != nil {
 		return Info{}, nil, err
+	}
+	if beforeEntries != nil {
+		beforeEntries()
 	}
 	m, err := s.entries(&info, opts.heapBlob)
 	if errors.Is(err, unix.EAGAIN) {
