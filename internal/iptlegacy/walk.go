@@ -18,8 +18,10 @@ type visitor interface {
 	rule(e entry, num int) error
 }
 
-// releaseEvery is how many bytes of blob walk lets pass before it offers them for release.
-const releaseEvery = 4 << 20
+// releaseEvery is how many bytes of blob walk lets pass before it offers them for release: few
+// madvise calls, and at most this much of the blob resident behind the decoder. (A variable
+// so that tests can release after every entry.)
+var releaseEvery = 4 << 20
 
 // walk splits blob into chains and rules and hands them to v. release, when not nil, is called
 // with a blob offset below which walk and v no longer need the blob, so its pages can be given
@@ -43,9 +45,6 @@ func walk(info *Info, blob []byte, v visitor, release func(upTo int)) error {
 			return err
 		}
 		entries++
-		if ended {
-			return fmt.Errorf("entry at offset %d follows the table's closing ERROR entry", e.off)
-		}
 		name, isHead := e.target().errorName()
 		hook := info.hookAt(e.off)
 		if isHead || hook >= 0 {
