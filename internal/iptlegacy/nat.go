@@ -1,0 +1,222 @@
+package iptlegacy
+
+import (
+	"bytes"
+	"net/netip"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/proxyhealth/proxyhealth/internal/ruleset"
+)
+
+// decodeNAT reduces kube-proxy's nat table to a ProxyTable in one pass over the blob, keeping
+// per rule only what the result needs: which KUBE-SEP chain each service chain rule jumps to
+// (as a blob offset), each KUBE-SEP chain's DNAT destination, and the KUBE-SERVICES rules
+// that jump to a service chain. Jumps name chains by offset and may point forward (KUBE-SVC
+// chains come after KUBE-SERVICES), so they are resolved at the end. hasServices reports the
+// KUBE-SERVICES chain, kube-proxy's mark on the table. release is passed on to walk.
+//
+// The result equals what collectors/rules reads from iptables-save's text: a service chain's
+// endpoints are the first parseable DNAT destination (one address and one port) of each
+// KUBE-SEP chain a rule of it jumps or goes to; service ports are read as
+// internal/iptables.KubeServices reads them.
+func decodeNAT(info *Info, blob []byte, release func(int)) (pt *ruleset.ProxyTable, hasServices bool, err error) {
+	d := natDecoder{l: layoutFor(info.IPv6)}
+	if err := walk(info, blob, &d, release); err != nil {
+		return nil, d.hasServices, err
+	}
+	return d.result(), d.hasServices, nil
+}
+
+type natChainKind uint8
+
+const (
+	natOther natChainKind = iota
+	natServices
+	natService  // KUBE-SVC-*, KUBE-SVL-*
+	natEndpoint // KUBE-SEP-*
+)
+
+type natDecoder struct {
+	l           *entryLayout
+	kind        natChainKind
+	hasServices bool
+
+	svcs  []svcChain // service chains in blob order
+	jumps []svcJump  // their rules' jumps
+	seps  []sepChain // endpoint chains in blob order, so sorted by firstRule
+	disp  []dispatch // KUBE-SERVICES rules that jump somewhere
+}
+
+type svcChain struct {
+	name      string
+	firstRule uint32
+	rules     uint32
+}
+
+type svcJump struct {
+	svc    uint32 // index in svcs
+	target uint32 // blob offset
+}
+
+type sepChain struct {
+	firstRule uint32
+	dest      netip.AddrPort // valid once a DNAT was read
+}
+
+type dispatch struct {
+	svc    ruleset.Service // without Chain
+	target uint32
+}
+
+func (d *natDecoder) chain(name string, builtin bool, firstRule int) error {
+	d.kind = natOther
+	switch {
+	case builtin:
+	case name == "KUBE-SERVICES":
+		d.kind, d.hasServices = natServices, true
+	case strings.HasPrefix(name, "KUBE-SVC-") || strings.HasPrefix(name, "KUBE-SVL-"):
+		d.kind = natService
+		d.svcs = append(d.svcs, svcChain{name: name, firstRule: uint32(firstRule)})
+	case strings.HasPrefix(name, "KUBE-SEP-"):
+		d.kind = natEndpoint
+		d.seps = append(d.seps, sepChain{firstRule: uint32(firstRule)})
+	}
+	return nil
+}
+
+func (d *natDecoder) rule(e entry, _ int) error {
+	switch d.kind {
+	case natService:
+		s := &d.svcs[len(d.svcs)-1]
+		s.rules++
+		if target, ok := jumpTarget(e); ok {
+			d.jumps = append(d.jumps, svcJump{svc: uint32(len(d.svcs) - 1), target: target})
+		}
+	case natEndpoint:
+		sep := &d.seps[len(d.seps)-1]
+		if sep.dest.IsValid() {
+			return nil
+		}
+		if t := e.target(); string(t.name) == "DNAT" {
+			sep.dest, _ = dnatDestination(t, e.l.ipv6)
+		}
+	case natServices:
+		target, ok := jumpTarget(e)
+		if !ok {
+			return nil
+		}
+		svc, ok, err := servicePort(e)
+		if err != nil {
+			return err
+		}
+		if ok {
+			d.disp = append(d.disp, dispatch{svc: svc, target: target})
+		}
+	}
+	return nil
+}
+
+// jumpTarget returns the offset a rule's standard target jumps or goes to. A verdict that
+// names the next entry is no jump: it is how a rule without -j continues.
+func jumpTarget(e entry) (uint32, bool) {
+	v, ok := e.target().standardVerdict()
+	if !ok || v < 0 || int(v) == e.off+len(e.raw) {
+		return 0, false
+	}
+	return uint32(v), true
+}
+
+// result resolves the jumps: each service chain that has rules gets the sorted, distinct
+// destinations of the endpoint chains it jumps to; each dispatch rule whose target is a
+// service chain becomes a Service.
+func (d *natDecoder) result() *ruleset.ProxyTable {
+	pt := &ruleset.ProxyTable{Chains: make(map[string][]netip.AddrPort, len(d.svcs))}
+	eps := make([][]netip.AddrPort, len(d.svcs))
+	for _, j := range d.jumps {
+		if sep, ok := d.sepAt(j.target); ok && sep.dest.IsValid() {
+			eps[j.svc] = append(eps[j.svc], sep.dest)
+		}
+	}
+	for i, s := range d.svcs {
+		if s.rules == 0 {
+			continue // kube-proxy flushes a chain it stops using before deleting it
+		}
+		list := eps[i]
+		slices.SortFunc(list, netip.AddrPort.Compare)
+		pt.Chains[s.name] = slices.Compact(list)
+	}
+	byStart := make(map[uint32]string, len(d.svcs))
+	for _, s := range d.svcs {
+		byStart[s.firstRule] = s.name
+	}
+	for _, dp := range d.disp {
+		if name, ok := byStart[dp.target]; ok {
+			svc := dp.svc
+			svc.Chain = name
+			pt.Services = append(pt.Services, svc)
+		}
+	}
+	return pt
+}
+
+// sepAt finds the endpoint chain whose first rule is at off.
+func (d *natDecoder) sepAt(off uint32) (*sepChain, bool) {
+	i := sort.Search(len(d.seps), func(i int) bool { return d.seps[i].firstRule >= off })
+	if i < len(d.seps) && d.seps[i].firstRule == off {
+		return &d.seps[i], true
+	}
+	return nil, false
+}
+
+// servicePort reads a KUBE-SERVICES rule the way internal/iptables.KubeServices reads its text:
+// the destination address (-d, not negated), protocol (-p tcp|udp|sctp, not negated), the
+// destination port of its tcp, udp or sctp match (one port, not negated) and kube-proxy's
+// "ns/name:port cluster IP" comment. ok is false when address, protocol or port is missing.
+func servicePort(e entry) (_ ruleset.Service, ok bool, _ error) {
+	var svc ruleset.Service
+	h := ipHeaderOf(e)
+	if h.dstSet && h.invflags&invDstIP == 0 {
+		svc.ClusterIP = h.dst
+	}
+	if h.invflags&invProto == 0 {
+		switch h.proto {
+		case uint16(ruleset.ProtoTCP), uint16(ruleset.ProtoUDP), uint16(ruleset.ProtoSCTP):
+			svc.Protocol = uint8(h.proto)
+		}
+	}
+	it := e.matches()
+	for m, ok := it.next(); ok; m, ok = it.next() {
+		switch string(m.name) {
+		case "comment":
+			svc.Namespace, svc.Name, svc.PortName = serviceComment(cString(m.data))
+		case "tcp", "udp", "sctp":
+			if p, ok := destPort(m); ok {
+				svc.Port = p
+			}
+		}
+	}
+	if it.err != nil {
+		return ruleset.Service{}, false, it.err
+	}
+	if !svc.ClusterIP.IsValid() || svc.Protocol == 0 || svc.Port == 0 {
+		return ruleset.Service{}, false, nil
+	}
+	return svc, true, nil
+}
+
+// serviceComment splits kube-proxy's "ns/name:port cluster IP" comment; anything else yields
+// empty strings (as internal/iptables' parseServiceComment).
+func serviceComment(c []byte) (namespace, name, port string) {
+	spn, ok := bytes.CutSuffix(c, []byte(" cluster IP"))
+	if !ok {
+		return "", "", ""
+	}
+	ns, rest, ok := bytes.Cut(spn, []byte("/"))
+	if !ok || len(ns) == 0 || len(rest) == 0 {
+		return "", "", ""
+	}
+	n, p, _ := bytes.Cut(rest, []byte(":"))
+	return string(ns), string(n), string(p)
+}
