@@ -58,3 +58,6 @@ func cstr(b []byte) []byte {
 	}
 	return b
 }
+
+func nativeU32(b []byte) uint32 { return binary.NativeEndian.Uint32(b) }
+func nativeU16(b []byte) uint16 { return binary.NativeEndian.Uint16(b) }
