@@ -73,9 +73,9 @@ func Flush(t T) {
 var nfacctName = regexp.MustCompile(`--nfacct-name +(\S+)`)
 
 // LoadIPTablesSave loads iptables-save text with iptables-nft-restore (ip6tables-nft-restore
-// with ipv6). The nfacct objects its `-m nfacct` matches name are created first, as kube-proxy
+// with ipv6), passing it restoreArgs (e.g. "--noflush" to add to what is loaded). The nfacct objects its `-m nfacct` matches name are created first, as kube-proxy
 // does: the kernel refuses a rule naming one that does not exist.
-func LoadIPTablesSave(t T, text []byte, ipv6 bool) {
+func LoadIPTablesSave(t T, text []byte, ipv6 bool, restoreArgs ...string) {
 	t.Helper()
 	bin := "iptables-nft-restore"
 	if ipv6 {
@@ -89,7 +89,7 @@ func LoadIPTablesSave(t T, text []byte, ipv6 bool) {
 			t.Fatalf("create nfacct object %s: %v", m[1], err)
 		}
 	}
-	run(t, text, bin)
+	run(t, text, bin, restoreArgs...)
 }
 
 // addNFAcct creates a named nfacct counter (NFNL_SUBSYS_ACCT, NFNL_MSG_ACCT_NEW); an existing
