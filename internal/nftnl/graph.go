@@ -1,0 +1,277 @@
+package nftnl
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/proxyhealth/proxyhealth/internal/ruleset"
+)
+
+// ForwardGraphs reads the forward path's rules for the conntrack INVALID drop search
+// (ruleset.Graph.InvalidDropPath): the filter table of iptables-nft ("iptables-nft filter",
+// "ip6tables-nft filter", entry FORWARD), and every native nf_tables table with base chains on
+// the forward hook (named "inet fw", entries those base chains by priority). Only the chains
+// reachable from the entries are read, each with a chain-filtered dump, so kube-proxy's own
+// nftables table (whose filter-forward chain is on the forward hook) costs a few chains, not
+// its thousands of service chains. Tables iptables-nft owns other than filter are left out,
+// as the iptables-save based check does.
+func ForwardGraphs(ctx context.Context) ([]*ruleset.Graph, error) {
+	var gs []*ruleset.Graph
+	err := withSocket(func(q querier) error {
+		var err error
+		gs, err = forwardGraphs(ctx, q)
+		return err
+	})
+	return gs, err
+}
+
+func forwardGraphs(ctx context.Context, q querier) ([]*ruleset.Graph, error) {
+	var out []*ruleset.Graph
+	err := consistently(ctx, q, func() error {
+		out = nil
+		chains, err := dumpBaseChains(ctx, q)
+		if err != nil {
+			return err
+		}
+		for _, t := range forwardTables(chains) {
+			g, err := readGraph(ctx, q, t)
+			if err != nil {
+				return err
+			}
+			if g != nil {
+				out = append(out, g)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read forward path rules: %w", err)
+	}
+	return out, nil
+}
+
+// tableChains is one table with its base chains.
+type tableChains struct {
+	family uint8
+	name   string
+	base   []baseChain
+}
+
+// forwardTables groups base chains by table and keeps the tables with a forward base chain,
+// in a stable order.
+func forwardTables(chains []baseChain) []tableChains {
+	type key struct {
+		family uint8
+		name   string
+	}
+	byTable := map[key]*tableChains{}
+	var order []key
+	for _, c := range chains {
+		k := key{c.family, c.table}
+		t := byTable[k]
+		if t == nil {
+			t = &tableChains{family: c.family, name: c.table}
+			byTable[k] = t
+			order = append(order, k)
+		}
+		t.base = append(t.base, c)
+	}
+	var out []tableChains
+	for _, k := range order {
+		t := byTable[k]
+		if slices.ContainsFunc(t.base, isForward) {
+			out = append(out, *t)
+		}
+	}
+	return out
+}
+
+// iptables' table and built-in chain names: a table of these names in ip, ip6, arp or bridge
+// whose base chains all carry built-in names is iptables-nft's (as internal/nft decides from
+// `nft -j` output), as is any table with an x_tables compatibility expression.
+var (
+	iptablesTables = map[string]bool{"filter": true, "nat": true, "mangle": true, "raw": true, "security": true}
+	iptablesChains = map[string]bool{"PREROUTING": true, "INPUT": true, "FORWARD": true, "OUTPUT": true, "POSTROUTING": true}
+)
+
+func namedLikeIPTables(t tableChains) bool {
+	switch t.family {
+	case unix.NFPROTO_IPV4, unix.NFPROTO_IPV6, unix.NFPROTO_ARP, unix.NFPROTO_BRIDGE:
+	default:
+		return false
+	}
+	if !iptablesTables[t.name] {
+		return false
+	}
+	for _, c := range t.base {
+		if !iptablesChains[c.name] {
+			return false
+		}
+	}
+	return true
+}
+
+// graphReader reads the chains reachable from a table's forward base chains.
+type graphReader struct {
+	in      interp
+	t       tableChains
+	g       *ruleset.Graph
+	queue   []string
+	sawXT   bool
+	pending []pendingSet // set lookups to resolve once the chains are read
+}
+
+// pendingSet is a verdict map or ct state set a rule looks up, resolved from the set's
+// elements.
+type pendingSet struct {
+	chain string
+	rule  int
+	ref   setRef
+	vmap  bool
+}
+
+func readGraph(ctx context.Context, q querier, t tableChains) (*ruleset.Graph, error) {
+	gr := &graphReader{in: interp{family: t.family}, t: t,
+		g: &ruleset.Graph{Name: familyName(t.family) + " " + t.name, Chains: map[string]*ruleset.Chain{}}}
+	fwd := slices.DeleteFunc(slices.Clone(t.base), func(c baseChain) bool { return !isForward(c) })
+	slices.SortStableFunc(fwd, func(a, b baseChain) int { return cmp.Compare(a.priority, b.priority) })
+	for _, c := range fwd {
+		gr.g.Entries = append(gr.g.Entries, c.name)
+		gr.enqueue(c.name)
+	}
+	// Bounded by the table's chains: each is read once.
+	for len(gr.queue) > 0 || len(gr.pending) > 0 {
+		for len(gr.queue) > 0 {
+			name := gr.queue[0]
+			gr.queue = gr.queue[1:]
+			if err := gr.readChain(ctx, q, name); err != nil {
+				return nil, err
+			}
+		}
+		pending := gr.pending
+		gr.pending = nil
+		for _, p := range pending {
+			if err := gr.resolve(ctx, q, p); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if gr.sawXT || namedLikeIPTables(t) {
+		if t.name != "filter" || (t.family != unix.NFPROTO_IPV4 && t.family != unix.NFPROTO_IPV6) {
+			return nil, nil
+		}
+		gr.g.Name = "iptables-nft filter"
+		if t.family == unix.NFPROTO_IPV6 {
+			gr.g.Name = "ip6tables-nft filter"
+		}
+	}
+	return gr.g, nil
+}
+
+func (gr *graphReader) enqueue(chain string) {
+	if _, seen := gr.g.Chains[chain]; seen {
+		return
+	}
+	gr.g.Chains[chain] = &ruleset.Chain{Name: chain}
+	gr.queue = append(gr.queue, chain)
+}
+
+func (gr *graphReader) readChain(ctx context.Context, q querier, name string) error {
+	c := gr.g.Chains[name]
+	err := dumpRules(ctx, q, gr.t.family, gr.t.name, name, func(r *ruleMsg) error {
+		f, err := gr.in.rule(r.exprs)
+		if err != nil {
+			return fmt.Errorf("chain %s handle %d: %w", name, r.handle, err)
+		}
+		gr.sawXT = gr.sawXT || hasXT(r.exprs)
+		rule := ruleset.Rule{Desc: gr.desc(name, r, f), Ct: f.ct, Conditional: f.other}
+		if f.hasVerdict {
+			rule.Verdict = ruleset.Verdict{Kind: f.verdict}
+			if f.verdict == ruleset.Jump || f.verdict == ruleset.Goto {
+				rule.Verdict.Target = string(f.target)
+				gr.enqueue(rule.Verdict.Target)
+			}
+		}
+		c.Rules = append(c.Rules, rule)
+		for _, v := range f.vmaps {
+			gr.pending = append(gr.pending, pendingSet{chain: name, rule: len(c.Rules) - 1, ref: cloneRef(v), vmap: true})
+		}
+		for _, s := range f.setLookups {
+			gr.pending = append(gr.pending, pendingSet{chain: name, rule: len(c.Rules) - 1, ref: cloneRef(s)})
+		}
+		return nil
+	})
+	if isNotExist(err) {
+		return nil // a jump to a chain deleted since: nothing to follow
+	}
+	return err
+}
+
+func cloneRef(r setRef) setRef {
+	r.set = bytes.Clone(r.set)
+	return r
+}
+
+// desc locates a rule: "inet fw forward handle 3", with its comment when it has one (kube-proxy
+// comments its iptables rules).
+func (gr *graphReader) desc(chain string, r *ruleMsg, f *ruleFacts) string {
+	d := familyName(gr.t.family) + " " + gr.t.name + " " + chain + " handle " + strconv.FormatUint(r.handle, 10)
+	comment, ok := ruleComment(r.userdata)
+	if !ok {
+		comment = f.comment
+	}
+	if len(comment) > 0 {
+		d += " " + strconv.Quote(string(comment))
+	}
+	return d
+}
+
+// resolve reads a looked-up set's elements into the rule: a verdict map's entries (and the
+// chains they lead to), or whether a ct state set holds invalid.
+func (gr *graphReader) resolve(ctx context.Context, q querier, p pendingSet) error {
+	rule := &gr.g.Chains[p.chain].Rules[p.rule]
+	hasInvalid := false
+	err := dumpElements(ctx, q, gr.t.family, gr.t.name, string(p.ref.set), func(e *element) error {
+		keyInvalid := p.ref.keyCtState && bytes.Equal(e.key, ctStateInvalid)
+		hasInvalid = hasInvalid || keyInvalid
+		if !p.vmap || !e.hasVerdict || e.intervalEnd {
+			return nil
+		}
+		v := ruleset.Verdict{Kind: e.verdict}
+		if e.verdict == ruleset.Jump || e.verdict == ruleset.Goto {
+			v.Target = string(e.target)
+			gr.enqueue(v.Target)
+		}
+		rule.VMap = append(rule.VMap, ruleset.VMapEntry{KeyIsCtState: p.ref.keyCtState, KeyInvalid: keyInvalid, Verdict: v})
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if !p.vmap {
+		// `ct state @set` (or `!= @set`): as a comparison, evaluated for an INVALID packet.
+		if hasInvalid != p.ref.invert {
+			if rule.Ct != ruleset.CtExcludes {
+				rule.Ct = ruleset.CtInvalid
+			}
+		} else {
+			rule.Ct = ruleset.CtExcludes
+		}
+	}
+	return nil
+}
+
+// hasXT reports an x_tables compatibility expression: iptables-nft's mark on its tables.
+func hasXT(exprs []byte) bool {
+	found := false
+	_ = eachExpr(exprs, func(name, _ []byte) {
+		found = found || string(name) == "match" || string(name) == "target"
+	})
+	return found
+}

@@ -1,0 +1,184 @@
+package nftnl
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/proxyhealth/proxyhealth/internal/ruleset"
+)
+
+func nfproto(ipv6 bool) uint8 {
+	if ipv6 {
+		return unix.NFPROTO_IPV6
+	}
+	return unix.NFPROTO_IPV4
+}
+
+// ReadIPTablesNAT reads kube-proxy's iptables-mode rules that iptables-nft wrote into table
+// `ip nat` (`ip6 nat` with ipv6). It returns nil, nil when the table or its KUBE-SERVICES
+// chain (kube-proxy's mark on it) does not exist.
+func ReadIPTablesNAT(ctx context.Context, ipv6 bool) (*ruleset.ProxyTable, error) {
+	var pt *ruleset.ProxyTable
+	err := withSocket(func(q querier) error {
+		var err error
+		pt, err = readIPTablesNAT(ctx, q, nfproto(ipv6))
+		return err
+	})
+	return pt, err
+}
+
+func readIPTablesNAT(ctx context.Context, q querier, family uint8) (*ruleset.ProxyTable, error) {
+	var pt *ruleset.ProxyTable
+	err := consistently(ctx, q, func() error {
+		ok, err := exists(ctx, q, family, "nat", "KUBE-SERVICES")
+		if err != nil || !ok {
+			pt = nil
+			return err
+		}
+		nr := newNATReader(family)
+		if err := dumpRules(ctx, q, family, "nat", "", nr.rule); err != nil {
+			return err
+		}
+		pt = nr.result()
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read %s nat table: %w", familyName(family), err)
+	}
+	return pt, nil
+}
+
+// natReader keeps, while the nat table streams by, only what the ProxyTable needs: each
+// service chain's endpoint chain jumps (as indexes into one list of endpoint chain names, so a
+// name is held once however many chains jump to it), each endpoint chain's DNAT destination,
+// and the dispatch rules of KUBE-SERVICES.
+type natReader struct {
+	in       interp
+	sepIndex map[string]int32
+	sepDNAT  []netip.AddrPort // by sepIndex; invalid until the chain's DNAT rule is seen
+	jumps    map[string][]int32
+	services []ruleset.Service
+}
+
+func newNATReader(family uint8) *natReader {
+	return &natReader{in: interp{family: family}, sepIndex: map[string]int32{}, jumps: map[string][]int32{}}
+}
+
+var (
+	prefixSVC      = []byte("KUBE-SVC-")
+	prefixSVL      = []byte("KUBE-SVL-")
+	prefixSEP      = []byte("KUBE-SEP-")
+	chainServices  = []byte("KUBE-SERVICES")
+	prefixKubeS    = []byte("KUBE-S")
+	serviceComment = []byte(" cluster IP")
+)
+
+func isSvcChain(name []byte) bool {
+	return bytes.HasPrefix(name, prefixSVC) || bytes.HasPrefix(name, prefixSVL)
+}
+
+// sep returns the index of endpoint chain name, adding it.
+func (nr *natReader) sep(name []byte) int32 {
+	if i, ok := nr.sepIndex[string(name)]; ok {
+		return i
+	}
+	i := int32(len(nr.sepDNAT))
+	nr.sepIndex[string(name)] = i
+	nr.sepDNAT = append(nr.sepDNAT, netip.AddrPort{})
+	return i
+}
+
+func (nr *natReader) rule(r *ruleMsg) error {
+	if !bytes.HasPrefix(r.chain, prefixKubeS) {
+		return nil // KUBE-MARK-MASQ, KUBE-POSTROUTING, KUBE-NODEPORTS, KUBE-EXT-*, ...
+	}
+	svc := isSvcChain(r.chain)
+	sep := bytes.HasPrefix(r.chain, prefixSEP)
+	services := bytes.Equal(r.chain, chainServices)
+	if !svc && !sep && !services {
+		return nil
+	}
+	f, err := nr.in.rule(r.exprs)
+	if err != nil {
+		return fmt.Errorf("chain %s handle %d: %w", r.chain, r.handle, err)
+	}
+	switch {
+	case svc:
+		js, ok := nr.jumps[string(r.chain)]
+		if !ok {
+			js = []int32{} // a chain with rules is listed even when none jumps to an endpoint
+		}
+		if (f.verdict == ruleset.Jump || f.verdict == ruleset.Goto) && bytes.HasPrefix(f.target, prefixSEP) {
+			js = append(js, nr.sep(f.target))
+		}
+		nr.jumps[string(r.chain)] = js
+	case sep:
+		if f.hasDNAT {
+			i := nr.sep(r.chain)
+			if !nr.sepDNAT[i].IsValid() {
+				nr.sepDNAT[i] = f.dnat
+			}
+		}
+	case services:
+		nr.service(r, f)
+	}
+	return nil
+}
+
+// service records a KUBE-SERVICES rule that dispatches a cluster IP service port:
+// `-d VIP/32 -p PROTO -m PROTO --dport PORT -j KUBE-SVC-...|KUBE-SVL-...`.
+func (nr *natReader) service(r *ruleMsg, f *ruleFacts) {
+	if f.verdict != ruleset.Jump && f.verdict != ruleset.Goto || !isSvcChain(f.target) {
+		return
+	}
+	if f.otherDispatch || !f.daddr.IsValid() || !f.hasProto || !f.hasDport || f.dport == 0 {
+		return
+	}
+	s := ruleset.Service{ClusterIP: f.daddr, Port: f.dport, Protocol: f.proto, Chain: string(f.target)}
+	comment, ok := ruleComment(r.userdata)
+	if !ok {
+		comment = f.comment
+	}
+	if bytes.HasSuffix(comment, serviceComment) {
+		s.Namespace, s.Name, s.PortName = parseServiceComment(string(comment))
+	}
+	nr.services = append(nr.services, s)
+}
+
+func (nr *natReader) result() *ruleset.ProxyTable {
+	pt := &ruleset.ProxyTable{Chains: make(map[string][]netip.AddrPort, len(nr.jumps)), Services: nr.services}
+	for chain, js := range nr.jumps {
+		eps := make([]netip.AddrPort, 0, len(js))
+		for _, i := range js {
+			if ap := nr.sepDNAT[i]; ap.IsValid() {
+				eps = append(eps, ap)
+			}
+		}
+		slices.SortFunc(eps, netip.AddrPort.Compare)
+		pt.Chains[chain] = slices.Compact(eps)
+	}
+	return pt
+}
+
+func familyName(family uint8) string {
+	switch family {
+	case unix.NFPROTO_IPV4:
+		return "ip"
+	case unix.NFPROTO_IPV6:
+		return "ip6"
+	case unix.NFPROTO_INET:
+		return "inet"
+	case unix.NFPROTO_ARP:
+		return "arp"
+	case unix.NFPROTO_BRIDGE:
+		return "bridge"
+	case unix.NFPROTO_NETDEV:
+		return "netdev"
+	}
+	return fmt.Sprintf("family%d", family)
+}

@@ -1,0 +1,175 @@
+package nftnl
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/mdlayher/socket"
+	"golang.org/x/sys/unix"
+)
+
+// ErrPermission is returned (wrapped) when the kernel refuses nf_tables requests: nfnetlink
+// answers every request, reads included, with EPERM unless the socket was opened with
+// CAP_NET_ADMIN in the network namespace's user namespace.
+var ErrPermission = errors.New("nf_tables netlink needs CAP_NET_ADMIN")
+
+// message is one nf_tables netlink message of a reply: its nf_tables message type
+// (NFT_MSG_NEWRULE, ...), the nfgenmsg family, and its attributes.
+type message struct {
+	typ    uint16
+	family uint8
+	attrs  []byte
+}
+
+// request is one nf_tables GET request. A dump (NLM_F_DUMP) ends with NLMSG_DONE; a plain get
+// is sent with NLM_F_ACK and ends with its acknowledgement.
+type request struct {
+	typ    uint16 // NFT_MSG_GET*
+	family uint8
+	dump   bool
+	attrs  []byte
+}
+
+// querier runs requests and hands every message of the reply to fn as it arrives; fn must not
+// keep m.attrs, which the next read overwrites. The socket implements it; tests replay
+// recorded replies.
+type querier interface {
+	query(ctx context.Context, req request, fn func(m message) error) error
+}
+
+const (
+	nlmsgHdrLen  = unix.SizeofNlMsghdr
+	nfgenHdrLen  = 4
+	recvBufBytes = 64 << 10 // the kernel fills a dump buffer up to 32 KiB per read
+)
+
+// nlSocket is a NETLINK_NETFILTER socket; reads and writes honour the context.
+type nlSocket struct {
+	c   *socket.Conn
+	seq uint32
+	buf []byte
+}
+
+// dial opens a netfilter netlink socket in the calling process's network namespace.
+func dial() (*nlSocket, error) {
+	c, err := socket.Socket(unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_NETFILTER, "nftnl", nil)
+	if err != nil {
+		return nil, fmt.Errorf("open netfilter netlink socket: %w", err)
+	}
+	if err := c.Bind(&unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("bind netfilter netlink socket: %w", err)
+	}
+	return &nlSocket{c: c, buf: make([]byte, recvBufBytes)}, nil
+}
+
+func (s *nlSocket) Close() error { return s.c.Close() }
+
+// encodeRequest frames req as a netlink message with sequence number seq.
+func encodeRequest(req request, seq uint32) []byte {
+	b := make([]byte, nlmsgHdrLen+nfgenHdrLen, nlmsgHdrLen+nfgenHdrLen+len(req.attrs))
+	flags := uint16(unix.NLM_F_REQUEST)
+	if req.dump {
+		flags |= unix.NLM_F_DUMP
+	} else {
+		flags |= unix.NLM_F_ACK
+	}
+	b = append(b, req.attrs...)
+	binary.NativeEndian.PutUint32(b[0:4], uint32(len(b)))
+	binary.NativeEndian.PutUint16(b[4:6], unix.NFNL_SUBSYS_NFTABLES<<8|req.typ)
+	binary.NativeEndian.PutUint16(b[6:8], flags)
+	binary.NativeEndian.PutUint32(b[8:12], seq)
+	b[16] = req.family
+	b[17] = unix.NFNETLINK_V0
+	return b
+}
+
+func (s *nlSocket) query(ctx context.Context, req request, fn func(m message) error) error {
+	s.seq++
+	if err := s.c.Sendto(ctx, encodeRequest(req, s.seq), 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return fmt.Errorf("send nf_tables request: %w", err)
+	}
+	// Bounded by the kernel: every reply ends with NLMSG_DONE, an error or an ack.
+	for {
+		n, _, err := s.c.Recvfrom(ctx, s.buf, unix.MSG_TRUNC)
+		if err != nil {
+			return fmt.Errorf("receive nf_tables reply: %w", err)
+		}
+		if n > len(s.buf) {
+			return fmt.Errorf("receive nf_tables reply: %d byte datagram truncated to %d", n, len(s.buf))
+		}
+		done, err := splitMessages(s.buf[:n], s.seq, fn)
+		if err != nil || done {
+			return err
+		}
+	}
+}
+
+// splitMessages hands the nf_tables messages of one datagram that answer sequence number seq
+// to fn. done reports the end of the reply (NLMSG_DONE, or an acknowledgement); a netlink error
+// comes back as an error, EPERM as ErrPermission.
+func splitMessages(b []byte, seq uint32, fn func(m message) error) (done bool, err error) {
+	for len(b) >= nlmsgHdrLen {
+		l := int(binary.NativeEndian.Uint32(b[0:4]))
+		if l < nlmsgHdrLen || l > len(b) {
+			return false, fmt.Errorf("netlink message length %d out of range (%d left)", l, len(b))
+		}
+		typ := binary.NativeEndian.Uint16(b[4:6])
+		flags := binary.NativeEndian.Uint16(b[6:8])
+		mseq := binary.NativeEndian.Uint32(b[8:12])
+		payload := b[nlmsgHdrLen:l]
+		b = b[min(nlmAlign(l), len(b)):]
+		if mseq != seq {
+			continue // a late reply to an earlier request of this socket
+		}
+		switch typ {
+		case unix.NLMSG_DONE:
+			return true, nil
+		case unix.NLMSG_ERROR:
+			if len(payload) < 4 {
+				return false, errors.New("short netlink error message")
+			}
+			errno := -int32(binary.NativeEndian.Uint32(payload[0:4]))
+			if errno == 0 {
+				return true, nil
+			}
+			return false, errnoError(unix.Errno(errno))
+		case unix.NLMSG_NOOP, unix.NLMSG_OVERRUN:
+			continue
+		}
+		if flags&unix.NLM_F_DUMP_INTR != 0 {
+			return false, errInterrupted
+		}
+		if typ>>8 != unix.NFNL_SUBSYS_NFTABLES || len(payload) < nfgenHdrLen {
+			continue
+		}
+		if err := fn(message{typ: typ & 0xff, family: payload[0], attrs: payload[nfgenHdrLen:]}); err != nil {
+			return false, err
+		}
+	}
+	return false, nil
+}
+
+func nlmAlign(n int) int { return (n + unix.NLMSG_ALIGNTO - 1) &^ (unix.NLMSG_ALIGNTO - 1) }
+
+// errnoError maps the kernel's answer to an error that says what it means here.
+func errnoError(errno unix.Errno) error {
+	switch errno {
+	case unix.EPERM, unix.EACCES:
+		return fmt.Errorf("%w: %w", ErrPermission, errno)
+	}
+	// ENOENT (a table or chain that does not exist) matches os.ErrNotExist through Errno.Is.
+	return fmt.Errorf("nf_tables: %w", errno)
+}
+
+// withSocket runs fn with a new socket and closes it.
+func withSocket(fn func(q querier) error) error {
+	s, err := dial()
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	return fn(s)
+}

@@ -1,0 +1,114 @@
+package nftnl
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// The kernel tests record every request and reply of their reads into testdata/*.replay.json
+// when run with -update; the plain tests replay them, so the decoding of real kernel messages
+// is tested without root.
+var update = flag.Bool("update", false, "rewrite testdata/*.replay.json from the kernel tests")
+
+type recordedMsg struct {
+	Type   uint16 `json:"type"`
+	Family uint8  `json:"family"`
+	Attrs  []byte `json:"attrs"`
+}
+
+type recordedReply struct {
+	Msgs  []recordedMsg `json:"msgs"`
+	Errno int           `json:"errno,omitempty"`
+}
+
+type recording map[string]recordedReply
+
+func requestKey(req request) string {
+	return fmt.Sprintf("%d/%d/%v/%x", req.typ, req.family, req.dump, req.attrs)
+}
+
+// recorder passes requests to the kernel and keeps the replies.
+type recorder struct {
+	q   querier
+	rec recording
+}
+
+func (r *recorder) query(ctx context.Context, req request, fn func(m message) error) error {
+	var reply recordedReply
+	err := r.q.query(ctx, req, func(m message) error {
+		reply.Msgs = append(reply.Msgs, recordedMsg{m.typ, m.family, bytes.Clone(m.attrs)})
+		return fn(m)
+	})
+	var errno unix.Errno
+	if errors.As(err, &errno) {
+		reply.Errno = int(errno)
+	}
+	r.rec[requestKey(req)] = reply
+	return err
+}
+
+func (r *recorder) save(t *testing.T, path string) {
+	t.Helper()
+	b, err := json.MarshalIndent(r.rec, "", " ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// replayer answers requests from a recording.
+type replayer struct{ rec recording }
+
+func loadReplay(t testing.TB, path string) *replayer {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec recording
+	if err := json.Unmarshal(b, &rec); err != nil {
+		t.Fatal(err)
+	}
+	return &replayer{rec: rec}
+}
+
+func (r *replayer) query(_ context.Context, req request, fn func(m message) error) error {
+	reply, ok := r.rec[requestKey(req)]
+	if !ok {
+		return fmt.Errorf("replay: no recorded reply to %s", requestKey(req))
+	}
+	for _, m := range reply.Msgs {
+		if err := fn(message{m.Type, m.Family, m.Attrs}); err != nil {
+			return err
+		}
+	}
+	if reply.Errno != 0 {
+		return errnoError(unix.Errno(reply.Errno))
+	}
+	return nil
+}
+
+// kernelQuerier returns a socket querier that records into rec when -update is set.
+func kernelQuerier(t *testing.T) (querier, func(path string)) {
+	t.Helper()
+	s, err := dial()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if !*update {
+		return s, func(string) {}
+	}
+	r := &recorder{q: s, rec: recording{}}
+	return r, func(path string) { r.save(t, path) }
+}

@@ -1,0 +1,265 @@
+package nftnl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/mdlayher/socket"
+	"golang.org/x/sys/unix"
+)
+
+// Table names one nf_tables table.
+type Table struct {
+	Family uint8 // NFPROTO_IPV4, NFPROTO_IPV6, NFPROTO_INET, ...
+	Name   string
+}
+
+func (t Table) String() string { return familyName(t.Family) + " " + t.Name }
+
+// Change is one committed ruleset generation that touched a table of interest, or a loss of
+// events after which everything must be re-read.
+type Change struct {
+	// Generation is the generation the commit produced (0 for a Resync after an overrun,
+	// where it is not known).
+	Generation uint32
+	// Tables are the tables of interest the commit added, changed or deleted something in.
+	Tables []Table
+	// Resync is set when events were lost: the socket overran (ENOBUFS) or a generation was
+	// skipped. The caller must re-read every table it follows.
+	Resync bool
+	Reason string // "overrun" or "generation gap" with Resync
+}
+
+// Watcher follows the nftables multicast group (NFNLGRP_NFTABLES). The kernel sends every
+// object a commit added or deleted, then NFT_MSG_NEWGEN with the new generation; Watch keeps
+// only each message's table and family, so a commit that rewrites kube-proxy's whole nat table
+// (hundreds of thousands of rule messages) costs no decoding. Its own socket rather than
+// google/nftables' Monitor: that one decodes every rule of every event, leaves the table of an
+// element change unknown, and its goroutine blocks on an unbuffered send once nobody reads.
+type Watcher struct {
+	// C delivers changes; it is closed when the watch ends (ctx cancelled, or a socket error
+	// other than an overrun, see Err).
+	C <-chan Change
+
+	overruns, gaps atomic.Uint64
+	done           chan struct{}
+	err            error
+}
+
+// Overruns counts receive buffer overruns (ENOBUFS): events the kernel dropped.
+func (w *Watcher) Overruns() uint64 { return w.overruns.Load() }
+
+// Gaps counts generations that arrived out of sequence: a commit whose events were lost.
+func (w *Watcher) Gaps() uint64 { return w.gaps.Load() }
+
+// Done is closed once the watch's goroutine has returned and its socket is closed.
+func (w *Watcher) Done() <-chan struct{} { return w.done }
+
+// Err is why the watch ended, after Done is closed: nil when ctx was cancelled.
+func (w *Watcher) Err() error {
+	<-w.done
+	return w.err
+}
+
+// watchRecvBuffer is the socket's receive buffer: large enough that kube-proxy's usual partial
+// syncs fit between two reads, not so large that a full resync of a big table is held in
+// kernel memory (that overruns, and the caller re-reads once).
+// It is a variable so the tests can provoke an overrun.
+var watchRecvBuffer = 8 << 20
+
+// Watch subscribes to nf_tables change events of this network namespace. interest selects the
+// tables whose changes are reported (nil: all). Commits that touch no table of interest are
+// not reported. The watch stops, closing C and then Done, when ctx is cancelled.
+func Watch(ctx context.Context, interest func(Table) bool) (*Watcher, error) {
+	c, err := socket.Socket(unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_NETFILTER, "nftnl-watch", nil)
+	if err != nil {
+		return nil, fmt.Errorf("open netfilter netlink socket: %w", err)
+	}
+	setup := func() error {
+		if err := c.Bind(&unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+			return fmt.Errorf("bind: %w", err)
+		}
+		if err := c.SetsockoptInt(unix.SOL_NETLINK, unix.NETLINK_ADD_MEMBERSHIP, unix.NFNLGRP_NFTABLES); err != nil {
+			if errors.Is(err, unix.EPERM) {
+				return fmt.Errorf("join the nftables group: %w: %w", ErrPermission, err)
+			}
+			return fmt.Errorf("join the nftables group: %w", err)
+		}
+		// SO_RCVBUFFORCE passes the rmem_max limit with CAP_NET_ADMIN, which reading nf_tables
+		// needs anyway; without it the plain limit applies.
+		if err := c.SetsockoptInt(unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, watchRecvBuffer); err != nil {
+			_ = c.SetReadBuffer(watchRecvBuffer)
+		}
+		return nil
+	}
+	if err := setup(); err != nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("watch nf_tables: %w", err)
+	}
+	ch := make(chan Change, 16)
+	w := &Watcher{C: ch, done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		defer close(ch)
+		defer c.Close()
+		w.err = w.run(ctx, c, ch, interest)
+	}()
+	return w, nil
+}
+
+// run reads events until ctx is cancelled; a receive blocked in the kernel returns then, as
+// the socket is in the runtime's poller.
+func (w *Watcher) run(ctx context.Context, c *socket.Conn, ch chan<- Change, interest func(Table) bool) error {
+	buf := make([]byte, recvBufBytes)
+	var acc changeAccumulator
+	acc.interest = interest
+	send := func(chg Change) bool {
+		select {
+		case ch <- chg:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	for {
+		n, _, err := c.Recvfrom(ctx, buf, 0)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, unix.ENOBUFS):
+			w.overruns.Add(1)
+			acc.reset()
+			if !send(Change{Resync: true, Reason: "overrun"}) {
+				return nil
+			}
+			continue
+		case err != nil:
+			return fmt.Errorf("receive nf_tables events: %w", err)
+		}
+		for _, chg := range acc.datagram(buf[:n]) {
+			if chg.Reason == "generation gap" {
+				w.gaps.Add(1)
+			}
+			if !send(chg) {
+				return nil
+			}
+		}
+	}
+}
+
+// changeAccumulator turns the event stream into Changes: it collects the tables of one
+// commit's messages until the commit's NEWGEN, and checks that generations follow each other.
+type changeAccumulator struct {
+	interest func(Table) bool
+	touched  []Table
+	skipped  Table // the last table found of no interest
+	lastGen  uint32
+	haveGen  bool
+}
+
+func (a *changeAccumulator) reset() {
+	a.touched, a.haveGen = nil, false
+}
+
+// datagram handles one received datagram of event messages.
+func (a *changeAccumulator) datagram(b []byte) []Change {
+	var out []Change
+	// Events carry sequence number 0 (or the committer's); splitMessages is for replies, so
+	// the messages are walked here.
+	for len(b) >= nlmsgHdrLen {
+		l := int(nativeU32(b[0:4]))
+		if l < nlmsgHdrLen || l > len(b) {
+			break
+		}
+		typ := nativeU16(b[4:6])
+		payload := b[nlmsgHdrLen:l]
+		b = b[min(nlmAlign(l), len(b)):]
+		if typ>>8 != unix.NFNL_SUBSYS_NFTABLES || len(payload) < nfgenHdrLen {
+			continue
+		}
+		if chg, ok := a.event(message{typ: typ & 0xff, family: payload[0], attrs: payload[nfgenHdrLen:]}); ok {
+			out = append(out, chg)
+		}
+	}
+	return out
+}
+
+// event handles one event message; it returns a Change at the end of a commit that touched a
+// table of interest, or at a generation gap.
+func (a *changeAccumulator) event(m message) (Change, bool) {
+	if m.typ == unix.NFT_MSG_NEWGEN {
+		gen, ok := genID(m.attrs)
+		if !ok {
+			return Change{}, false
+		}
+		chg := Change{Generation: gen, Tables: a.touched}
+		a.touched = nil
+		gap := a.haveGen && gen != nextGen(a.lastGen)
+		a.lastGen, a.haveGen = gen, true
+		if gap {
+			chg.Resync, chg.Reason = true, "generation gap"
+			return chg, true
+		}
+		return chg, len(chg.Tables) > 0
+	}
+	name, ok := eventTable(m)
+	if !ok {
+		return Change{}, false
+	}
+	// A commit is mostly many messages about one table: compare before making a string.
+	for _, t := range a.touched {
+		if t.Family == m.family && t.Name == string(name) {
+			return Change{}, false
+		}
+	}
+	if a.skipped.Family == m.family && a.skipped.Name == string(name) {
+		return Change{}, false
+	}
+	table := Table{Family: m.family, Name: string(name)}
+	if a.interest != nil && !a.interest(table) {
+		a.skipped = table
+		return Change{}, false
+	}
+	a.touched = append(a.touched, table)
+	return Change{}, false
+}
+
+// nextGen is the generation after g: the kernel increments it per commit, skipping 0.
+func nextGen(g uint32) uint32 {
+	if g+1 == 0 {
+		return 1
+	}
+	return g + 1
+}
+
+func genID(b []byte) (uint32, bool) {
+	a := newAttrs(b)
+	for a.next() {
+		if a.typ == unix.NFTA_GEN_ID {
+			return a.u32()
+		}
+	}
+	return 0, false
+}
+
+// eventTable returns the name of the table an event message is about: every nf_tables object message
+// (table, chain, rule, set, element list, object, flowtable) names it in attribute 1.
+func eventTable(m message) ([]byte, bool) {
+	switch m.typ {
+	case unix.NFT_MSG_NEWTABLE, unix.NFT_MSG_DELTABLE, unix.NFT_MSG_NEWCHAIN, unix.NFT_MSG_DELCHAIN,
+		unix.NFT_MSG_NEWRULE, unix.NFT_MSG_DELRULE, unix.NFT_MSG_NEWSET, unix.NFT_MSG_DELSET,
+		unix.NFT_MSG_NEWSETELEM, unix.NFT_MSG_DELSETELEM, unix.NFT_MSG_NEWOBJ, unix.NFT_MSG_DELOBJ,
+		unix.NFT_MSG_NEWFLOWTABLE, unix.NFT_MSG_DELFLOWTABLE:
+	default:
+		return nil, false
+	}
+	a := newAttrs(m.attrs)
+	for a.next() {
+		if a.typ == 1 { // NFTA_TABLE_NAME, NFTA_CHAIN_TABLE, NFTA_RULE_TABLE, NFTA_SET_TABLE, ...
+			return a.str(), true
+		}
+	}
+	return nil, false
+}

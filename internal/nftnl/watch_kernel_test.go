@@ -1,0 +1,113 @@
+package nftnl
+
+import (
+	"context"
+	"os/exec"
+	"slices"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/proxyhealth/proxyhealth/internal/nftnl/nftnltest"
+)
+
+func iptablesNFT(t *testing.T, args ...string) {
+	t.Helper()
+	if out, err := exec.Command("iptables-nft", args...).CombinedOutput(); err != nil {
+		t.Fatalf("iptables-nft %v: %v: %s", args, err, out)
+	}
+}
+
+// next waits (bounded) for the next change.
+func next(t *testing.T, w *Watcher) (Change, bool) {
+	t.Helper()
+	select {
+	case c, ok := <-w.C:
+		return c, ok
+	case <-time.After(5 * time.Second):
+		t.Fatal("no change within 5s")
+	}
+	return Change{}, false
+}
+
+func stopped(t *testing.T, cancel context.CancelFunc, w *Watcher) {
+	t.Helper()
+	cancel()
+	select {
+	case <-w.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the watch goroutine did not stop within 5s of cancel")
+	}
+	for range w.C { // closed: drains what was buffered and ends
+	}
+	if err := w.Err(); err != nil {
+		t.Errorf("Err() after cancel = %v, want nil", err)
+	}
+}
+
+func TestKernelWatch(t *testing.T) {
+	needNetns(t)
+	nftnltest.Flush(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	natV4 := Table{Family: unix.NFPROTO_IPV4, Name: "nat"}
+	w, err := Watch(ctx, func(tb Table) bool { return tb == natV4 })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopped(t, cancel, w)
+
+	gen0, err := Generation(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	iptablesNFT(t, "-t", "filter", "-N", "OTHER") // not of interest: no change reported
+	iptablesNFT(t, "-t", "nat", "-N", "KUBE-SERVICES")
+	c, _ := next(t, w)
+	if c.Resync || !slices.Equal(c.Tables, []Table{natV4}) || c.Generation != gen0+2 {
+		t.Errorf("change %+v, want ip nat at generation %d", c, gen0+2)
+	}
+	iptablesNFT(t, "-t", "nat", "-A", "KUBE-SERVICES", "-d", "10.96.0.10/32", "-p", "udp", "-m", "udp", "--dport", "53", "-j", "ACCEPT")
+	if c, _ := next(t, w); c.Generation != gen0+3 || c.Resync {
+		t.Errorf("change %+v, want generation %d", c, gen0+3)
+	}
+	if w.Gaps() != 0 || w.Overruns() != 0 {
+		t.Errorf("gaps %d overruns %d, want none", w.Gaps(), w.Overruns())
+	}
+}
+
+// A receive buffer too small for a commit's events overruns: the watch reports a Resync,
+// counts it, and goes on.
+func TestKernelWatchOverrun(t *testing.T) {
+	needNetns(t)
+	nftnltest.Flush(t)
+	saved := watchRecvBuffer
+	watchRecvBuffer = 4096
+	defer func() { watchRecvBuffer = saved }()
+	ctx, cancel := context.WithCancel(context.Background())
+	w, err := Watch(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopped(t, cancel, w)
+	nftnltest.LoadIPTablesSave(t, readFile(t, natCapture), false) // ~150 rules' events at once
+	resync := false
+	for i := 0; i < 50 && !resync; i++ {
+		c, ok := next(t, w)
+		if !ok {
+			t.Fatalf("watch ended: %v", w.Err())
+		}
+		resync = c.Resync
+	}
+	if !resync || w.Overruns() == 0 {
+		t.Fatalf("no overrun reported (overruns %d)", w.Overruns())
+	}
+	// It goes on: the next commit is reported (perhaps with a gap, its predecessor lost).
+	iptablesNFT(t, "-t", "nat", "-N", "AFTER-OVERRUN")
+	for i := 0; i < 50; i++ {
+		if c, _ := next(t, w); !c.Resync && len(c.Tables) > 0 {
+			return
+		}
+	}
+	t.Error("no change after the overrun")
+}
