@@ -3,14 +3,24 @@ package hostrules
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
+	"strings"
 
+	"github.com/proxyhealth/proxyhealth/internal/iptlegacy"
+	"github.com/proxyhealth/proxyhealth/internal/nftnl"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
 
-// systemBackends reads this network namespace's tables.
+// systemBackends reads this network namespace's tables: the legacy ones through
+// internal/iptlegacy, nf_tables through internal/nftnl.
 type systemBackends struct {
 	procPath string
+
+	// nf_tables' generation at the last read, and that read: without a watch, a poll whose
+	// generation has not moved reuses it (one round trip instead of a read).
+	lastGen  uint32
+	lastRead *nftRead
 }
 
 func newSystemBackends(procPath string) *systemBackends { return &systemBackends{procPath: procPath} }
@@ -22,16 +32,103 @@ func (b *systemBackends) ipvs() bool {
 	return err == nil
 }
 
-var errNotYet = errors.New("not implemented yet")
-
 func (b *systemBackends) legacy() (map[bool]*ruleset.ProxyTable, *ruleset.Graph, error, error) {
-	return nil, nil, errNotYet, errNotYet
+	proxy := map[bool]*ruleset.ProxyTable{}
+	var proxyErrs []error
+	for _, ipv6 := range []bool{false, true} {
+		t, err := iptlegacy.ReadNAT(b.procPath, ipv6)
+		if err != nil {
+			proxyErrs = append(proxyErrs, err)
+			continue
+		}
+		if t != nil {
+			proxy[ipv6] = t
+		}
+	}
+	// kube-proxy's INVALID drop is in the IPv4 filter table; IPv6 forwarding has its own
+	// (ip6tables) and is not asked about, as before.
+	filter, filterErr := iptlegacy.ReadFilter(b.procPath, false)
+	return proxy, filter, errors.Join(proxyErrs...), filterErr
 }
 
-func (b *systemBackends) legacyFingerprint() (string, error) { return "", errNotYet }
+// legacyFingerprint is every legacy table's size summary (iptlegacy.Info): a table created,
+// removed, grown or shrunk changes it.
+func (b *systemBackends) legacyFingerprint() (string, error) {
+	var sb strings.Builder
+	var errs []error
+	for _, ipv6 := range []bool{false, true} {
+		for _, table := range []string{"nat", "filter"} {
+			info, err := iptlegacy.ReadInfo(b.procPath, ipv6, table)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			fmt.Fprintf(&sb, "%v;", info)
+		}
+	}
+	return sb.String(), errors.Join(errs...)
+}
 
-func (b *systemBackends) nft() (nftRead, error) { return nftRead{}, errNotYet }
+func (b *systemBackends) nft() (nftRead, error) {
+	ctx := context.Background()
+	gen, genErr := nftnl.Generation(ctx)
+	if genErr == nil && b.lastRead != nil && gen == b.lastGen {
+		return *b.lastRead, nil
+	}
+	var r nftRead
+	var errs []error
+	r.iptablesNAT, r.kubeProxy = map[bool]*ruleset.ProxyTable{}, map[bool]*ruleset.ProxyTable{}
+	for _, ipv6 := range []bool{false, true} {
+		t, err := nftnl.ReadIPTablesNAT(ctx, ipv6)
+		if err != nil {
+			errs = append(errs, err)
+		} else if t != nil {
+			r.iptablesNAT[ipv6] = t
+		}
+		t, err = nftnl.ReadKubeProxyNFT(ctx, ipv6)
+		if err != nil {
+			errs = append(errs, err)
+		} else if t != nil {
+			r.kubeProxy[ipv6] = t
+		}
+	}
+	r.proxyErr = errors.Join(errs...)
+	graphs, err := nftnl.ForwardGraphs(ctx)
+	if err != nil {
+		r.iptablesErr, r.nativeFwdErr = err, err
+	}
+	for _, g := range graphs {
+		if strings.Contains(g.Name, "tables-nft ") { // "iptables-nft filter", "ip6tables-nft filter"
+			if !strings.HasPrefix(g.Name, "ip6") {
+				r.iptablesFwd = g
+			}
+			continue
+		}
+		r.nativeFwd = append(r.nativeFwd, g)
+	}
+	if genErr == nil && r.proxyErr == nil && err == nil {
+		b.lastGen, b.lastRead = gen, &r
+	} else {
+		b.lastRead = nil
+	}
+	return r, nil
+}
 
 func (b *systemBackends) watchNFT(ctx context.Context) (<-chan nftChange, error) {
-	return nil, errNotYet
+	w, err := nftnl.Watch(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan nftChange)
+	go func() {
+		defer close(out)
+		for ch := range w.C {
+			select {
+			case out <- nftChange{resync: ch.Resync}:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out, nil
 }
