@@ -268,10 +268,10 @@ func Node() *Dashboard {
 		"How long the last drift check took, and how long ago it ran. A check older than a few intervals means the exporter's background check is stuck; a long duration, a very large ruleset.",
 		q{m("proxyhealth_rules_check_duration_seconds"), "duration"},
 		q{`time() - ` + m("proxyhealth_rules_last_check_timestamp_seconds"), "since the last check"})
-	d.timeseries(6, "Drift check errors and reused reads", "cps",
-		"Per second: drift checks that could not read the rules or the API view (see the exporter's log), and checks that reused the last read because the nftables ruleset had not changed (normal).",
+	d.timeseries(6, "Drift check errors and rules reads", "cps",
+		"Per second: drift checks that could not read the rules or the API view (see the exporter's log), and reads of the node's netfilter tables by source (nf_tables is read when a change is committed, iptables-legacy when its size moved or kube-proxy synced; a steady high rate on a quiet node is churn elsewhere).",
 		q{rate(m("proxyhealth_rules_check_errors_total")), "errors"},
-		q{rate(m("proxyhealth_rules_reads_reused_total")), "reused reads"})
+		q{`sum by (source) (` + rate(m("proxyhealth_netfilter_reads_total")) + `)`, "reads {{source}}"})
 
 	d.row("kube-proxy")
 	d.timeseries(8, "kube-proxy list/watch errors by resource", "cps",
