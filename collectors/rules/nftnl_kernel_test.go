@@ -18,7 +18,7 @@ import (
 // in the captures themselves.
 
 func TestNFTNLMatchesIPTablesTextReader(t *testing.T) {
-	if os.Getenv(inNetnsEnv) != "1" {
+	if !nftnltest.InNetns() {
 		t.Skip("needs root and unshare(1) to run in a network namespace of its own")
 	}
 	text, err := os.ReadFile("testdata/kube-proxy-v1.36.3/iptables-save-nat.txt")
@@ -49,7 +49,7 @@ func TestNFTNLMatchesIPTablesTextReader(t *testing.T) {
 }
 
 func TestNFTNLMatchesNFTablesTextReader(t *testing.T) {
-	if os.Getenv(inNetnsEnv) != "1" {
+	if !nftnltest.InNetns() {
 		t.Skip("needs root and unshare(1) to run in a network namespace of its own")
 	}
 	doc, err := os.ReadFile("testdata/kube-proxy-v1.36.3-nftables/nft-list-table-ip-kube-proxy.json")
@@ -81,4 +81,11 @@ func TestNFTNLMatchesNFTablesTextReader(t *testing.T) {
 			t.Errorf("service %+v: chain unknown to the text reader", s)
 		}
 	}
+}
+
+// TestMain re-runs the package's tests inside a network namespace of their own when it can
+// (root and unshare(1)), so the kernel tests change rules only there.
+func TestMain(m *testing.M) {
+	nftnltest.ReexecInNetns()
+	os.Exit(m.Run())
 }

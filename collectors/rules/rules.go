@@ -154,10 +154,11 @@ func (c *Collector) check() time.Time {
 	}
 	snap := c.cfg.View.Snapshot()
 	st := c.cfg.Rules.State()
+	if st == nil {
+		return time.Time{} // not read yet: nothing to say, and nothing wrong
+	}
 	var res checkResult
 	switch {
-	case st == nil:
-		res = checkResult{at: start, err: errors.New("kube-proxy's rules have not been read yet")}
 	case st.ProxyErr != nil && len(st.Proxy) == 0:
 		res = checkResult{at: start, err: fmt.Errorf("read kube-proxy's rules: %w", st.ProxyErr)}
 	case st.Mode == hostrules.ModeIPTables || st.Mode == hostrules.ModeNFTables:
@@ -172,9 +173,7 @@ func (c *Collector) check() time.Time {
 		res = checkResult{at: start, mode: st.Mode, fresh: snap.Fresh}
 	}
 	res.duration = c.now().Sub(start)
-	if st != nil {
-		c.noteMode(st)
-	}
+	c.noteMode(st)
 	c.publish(&res)
 	if res.unconfirmed {
 		// A difference came of age, but the view was last heard from before that: ask it
