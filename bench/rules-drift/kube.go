@@ -79,7 +79,7 @@ type kubeResult struct {
 }
 
 // proc is one process started in the namespace; `ip netns exec` execs it, so the pid is its
-// own.
+// own. With no namespace, args runs as it is (cgroup.wrap enters the namespace itself).
 type proc struct {
 	name string
 	cmd  *exec.Cmd
@@ -93,7 +93,11 @@ func startProc(ns, dir, name string, args ...string) (*proc, error) {
 	if err != nil {
 		return nil, err
 	}
-	p.cmd = exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...)
+	if ns == "" {
+		p.cmd = exec.Command(args[0], args[1:]...)
+	} else {
+		p.cmd = exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...)
+	}
 	p.cmd.Stdout, p.cmd.Stderr = f, f
 	// No Pdeathsig: it fires when the OS thread that started the child exits, and nsDialer
 	// makes the runtime discard threads. What outlives this program is killed with the
@@ -337,22 +341,9 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 	}
 	res.KubeProxyArg = strings.Join(kpArgs[2:], " ")
 	res.KubeProxyIPTables = cfg.kubeProxyIPTables
-	// kube-proxy runs the iptables binaries on its PATH; a directory of links chooses the
-	// backend, as the iptables-wrapper of kube-proxy's image does on a node.
-	shim := filepath.Join(dir, "iptables-"+cfg.kubeProxyIPTables)
-	if err := os.MkdirAll(shim, 0o755); err != nil {
+	shim, err := iptablesShim(dir, cfg.kubeProxyIPTables)
+	if err != nil {
 		return res, err
-	}
-	for _, fam := range []string{"iptables", "ip6tables"} {
-		for _, suffix := range []string{"", "-save", "-restore"} {
-			target, err := exec.LookPath(fam + "-" + cfg.kubeProxyIPTables + suffix)
-			if err != nil {
-				return res, err
-			}
-			if err := os.Symlink(target, filepath.Join(shim, fam+suffix)); err != nil {
-				return res, err
-			}
-		}
 	}
 	logf("starting kube-proxy (iptables %s backend)", cfg.kubeProxyIPTables)
 	t0 = time.Now()
@@ -427,6 +418,29 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 	logf("exporter after %d checks: VmRSS %.1f MiB, VmHWM %.1f MiB; kube-proxy VmRSS %.1f MiB, VmHWM %.1f MiB",
 		len(seen), mib(res.Exporter.RSSKiB), mib(res.Exporter.HWMKiB), mib(res.KubeProxy.RSSKiB), mib(res.KubeProxy.HWMKiB))
 	return res, nil
+}
+
+// iptablesShim makes dir/iptables-<backend>, a directory of links named iptables,
+// iptables-save, iptables-restore (and ip6tables-*) to the backend's (legacy or nft) binaries.
+// kube-proxy runs the iptables binaries on its PATH: with this directory first on it, it
+// writes with that backend, as the iptables-wrapper of kube-proxy's image chooses on a node.
+func iptablesShim(dir, backend string) (string, error) {
+	shim := filepath.Join(dir, "iptables-"+backend)
+	if err := os.MkdirAll(shim, 0o755); err != nil {
+		return "", err
+	}
+	for _, fam := range []string{"iptables", "ip6tables"} {
+		for _, suffix := range []string{"", "-save", "-restore"} {
+			target, err := exec.LookPath(fam + "-" + backend + suffix)
+			if err != nil {
+				return "", err
+			}
+			if err := os.Symlink(target, filepath.Join(shim, fam+suffix)); err != nil {
+				return "", err
+			}
+		}
+	}
+	return shim, nil
 }
 
 // controlPlane is etcd and kube-apiserver running in one namespace, and an admin client of
