@@ -60,10 +60,11 @@ dashboards:
 e2e:
 	$(GO) test -tags e2e -count=1 -v ./test/e2e/
 
-# The conntrack event and rules drift benchmarks at smoke size: prove the harnesses, assert no
-# figures.
+# The conntrack event and rules drift benchmarks at smoke size, and the node-cost benchmark's
+# smoke for the iptables-legacy mode (about a minute): prove the harnesses, assert no figures.
 bench-smoke:
 	$(GO) run ./bench/conntrack-events --smoke
 	$(GO) run ./bench/rules-drift --smoke
+	$(GO) run ./bench/rules-drift node-cost --mode iptables-legacy --smoke
 
 test: vet unit kube alerts dashboards deploy-check e2e bench-smoke

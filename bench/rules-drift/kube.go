@@ -79,7 +79,7 @@ type kubeResult struct {
 }
 
 // proc is one process started in the namespace; `ip netns exec` execs it, so the pid is its
-// own.
+// own. With no namespace, args runs as it is (cgroup.wrap enters the namespace itself).
 type proc struct {
 	name string
 	cmd  *exec.Cmd
@@ -93,7 +93,11 @@ func startProc(ns, dir, name string, args ...string) (*proc, error) {
 	if err != nil {
 		return nil, err
 	}
-	p.cmd = exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...)
+	if ns == "" {
+		p.cmd = exec.Command(args[0], args[1:]...)
+	} else {
+		p.cmd = exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...)
+	}
 	p.cmd.Stdout, p.cmd.Stderr = f, f
 	// No Pdeathsig: it fires when the OS thread that started the child exits, and nsDialer
 	// makes the runtime discard threads. What outlives this program is killed with the
@@ -198,7 +202,7 @@ func randomToken() string {
 
 // writeCredentials writes the token file (one admin in system:masters, used by the loader,
 // the exporter and kube-proxy alike), the service-account key pair and the kubeconfig.
-func writeCredentials(dir, token string) (kubeconfig string, err error) {
+func writeCredentials(dir, token, server string) (kubeconfig string, err error) {
 	write := func(name, content string, mode os.FileMode) (string, error) {
 		p := filepath.Join(dir, name)
 		return p, os.WriteFile(p, []byte(content), mode)
@@ -220,7 +224,7 @@ func writeCredentials(dir, token string) (kubeconfig string, err error) {
 	if _, err := write("sa.pub", string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub})), 0o644); err != nil {
 		return "", err
 	}
-	return write("admin.kubeconfig", kubelab.KubeconfigYAML(apiserverAddr, "admin", token), 0o600)
+	return write("admin.kubeconfig", kubelab.KubeconfigYAML(server, "admin", token), 0o600)
 }
 
 // runKube starts etcd and kube-apiserver in a namespace of its own, loads the services, and
@@ -264,7 +268,7 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 		return res, err
 	}
 	token := randomToken()
-	kubeconfig, err := writeCredentials(dir, token)
+	kubeconfig, err := writeCredentials(dir, token, apiserverAddr)
 	if err != nil {
 		return res, err
 	}
@@ -278,83 +282,18 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 
 	logf("starting etcd and kube-apiserver %s in %s", bins.Version, ns)
 	t0 := time.Now()
-	etcd, err := start("etcd", bins.Etcd,
-		"--name", "bench",
-		"--data-dir", filepath.Join(etcdDir, "data"),
-		"--listen-client-urls", "http://"+etcdClientAddr,
-		"--advertise-client-urls", "http://"+etcdClientAddr,
-		"--listen-peer-urls", "http://"+etcdPeerAddr,
-		"--initial-advertise-peer-urls", "http://"+etcdPeerAddr,
-		"--initial-cluster", "bench=http://"+etcdPeerAddr,
-		"--snapshot-count", "100000",
-		"--quota-backend-bytes", strconv.Itoa(8<<30),
-		"--log-level", "warn",
-		"--logger", "zap",
-	)
+	cp, err := startControlPlane(ctx, ns, start, bins, dir, etcdDir, token, "127.0.0.1", nodeIP)
 	if err != nil {
 		return res, err
 	}
-	apiserver, err := start("kube-apiserver", bins.APIServer,
-		"--etcd-servers", "http://"+etcdClientAddr,
-		"--bind-address", "127.0.0.1",
-		"--secure-port", strings.Split(apiserverAddr, ":")[1],
-		"--advertise-address", nodeIP,
-		"--cert-dir", filepath.Join(dir, "apiserver-certs"),
-		"--token-auth-file", filepath.Join(dir, "tokens.csv"),
-		"--service-account-key-file", filepath.Join(dir, "sa.pub"),
-		"--service-account-signing-key-file", filepath.Join(dir, "sa.key"),
-		"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
-		"--authorization-mode", "RBAC",
-		"--service-cluster-ip-range", serviceCIDR,
-		"--enable-priority-and-fairness=false",
-		"--max-requests-inflight", "800",
-		"--max-mutating-requests-inflight", "400",
-		"--disable-admission-plugins", "ServiceAccount,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy,MutatingAdmissionPolicy,ResourceQuota,LimitRanger,StorageObjectInUseProtection,PersistentVolumeClaimResize,RuntimeClass,DefaultIngressClass",
-		"--profiling=false",
-		"--v", "1",
-	)
-	if err != nil {
-		return res, err
-	}
-	client, err := kubernetes.NewForConfig(&rest.Config{
-		Host:            "https://" + apiserverAddr,
-		BearerToken:     token,
-		TLSClientConfig: rest.TLSClientConfig{Insecure: true},
-		Dial:            netnsdial.Dialer(ns),
-		QPS:             -1, // no client-side rate limit: the workers are the limit
-		Timeout:         30 * time.Second,
-		WarningHandler:  rest.NoWarnings{},
-	})
-	if err != nil {
-		return res, err
-	}
-	err = waitFor(ctx, 120*time.Second, "kube-apiserver /readyz", func() (bool, string, error) {
-		if etcd.exited() || apiserver.exited() {
-			return false, "", fmt.Errorf("etcd or kube-apiserver exited:\n%s\n%s", etcd.tail(), apiserver.tail())
-		}
-		c, cancel := context.WithTimeout(ctx, 2*time.Second)
-		defer cancel()
-		body, err := client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(c)
-		return err == nil, fmt.Sprintf("%v: %s", err, body), nil
-	})
-	if err != nil {
-		return res, err
-	}
-	err = waitFor(ctx, 60*time.Second, "namespace default", func() (bool, string, error) {
-		_, err := client.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{})
-		return err == nil, fmt.Sprint(err), nil
-	})
-	if err != nil {
-		return res, err
-	}
-	if err := createNode(ctx, client); err != nil {
-		return res, err
-	}
+	etcd, apiserver, client := cp.etcd, cp.apiserver, cp.client
 	res.ControlPlaneUp = time.Since(t0)
 
 	logf("creating %d Services and their EndpointSlices (%d endpoints each) with %d workers", cfg.services, cfg.endpoints, cfg.workers)
 	t0 = time.Now()
-	if err := load(ctx, client, cfg, res); err != nil {
+	ls, err := load(ctx, client, cfg.services, cfg.endpoints, cfg.workers)
+	res.Services, res.Slices, res.Endpoints, res.LoadRetries = ls.Services, ls.Slices, ls.Endpoints, ls.Retries
+	if err != nil {
 		return res, err
 	}
 	res.Load = time.Since(t0)
@@ -402,22 +341,9 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 	}
 	res.KubeProxyArg = strings.Join(kpArgs[2:], " ")
 	res.KubeProxyIPTables = cfg.kubeProxyIPTables
-	// kube-proxy runs the iptables binaries on its PATH; a directory of links chooses the
-	// backend, as the iptables-wrapper of kube-proxy's image does on a node.
-	shim := filepath.Join(dir, "iptables-"+cfg.kubeProxyIPTables)
-	if err := os.MkdirAll(shim, 0o755); err != nil {
+	shim, err := iptablesShim(dir, cfg.kubeProxyIPTables)
+	if err != nil {
 		return res, err
-	}
-	for _, fam := range []string{"iptables", "ip6tables"} {
-		for _, suffix := range []string{"", "-save", "-restore"} {
-			target, err := exec.LookPath(fam + "-" + cfg.kubeProxyIPTables + suffix)
-			if err != nil {
-				return res, err
-			}
-			if err := os.Symlink(target, filepath.Join(shim, fam+suffix)); err != nil {
-				return res, err
-			}
-		}
 	}
 	logf("starting kube-proxy (iptables %s backend)", cfg.kubeProxyIPTables)
 	t0 = time.Now()
@@ -494,6 +420,115 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 	return res, nil
 }
 
+// iptablesShim makes dir/iptables-<backend>, a directory of links named iptables,
+// iptables-save, iptables-restore (and ip6tables-*) to the backend's (legacy or nft) binaries.
+// kube-proxy runs the iptables binaries on its PATH: with this directory first on it, it
+// writes with that backend, as the iptables-wrapper of kube-proxy's image chooses on a node.
+func iptablesShim(dir, backend string) (string, error) {
+	shim := filepath.Join(dir, "iptables-"+backend)
+	if err := os.MkdirAll(shim, 0o755); err != nil {
+		return "", err
+	}
+	for _, fam := range []string{"iptables", "ip6tables"} {
+		for _, suffix := range []string{"", "-save", "-restore"} {
+			target, err := exec.LookPath(fam + "-" + backend + suffix)
+			if err != nil {
+				return "", err
+			}
+			if err := os.Symlink(target, filepath.Join(shim, fam+suffix)); err != nil {
+				return "", err
+			}
+		}
+	}
+	return shim, nil
+}
+
+// controlPlane is etcd and kube-apiserver running in one namespace, and an admin client of
+// that apiserver.
+type controlPlane struct {
+	etcd, apiserver *proc
+	client          kubernetes.Interface
+}
+
+// startControlPlane starts etcd (data under etcdDir) and kube-apiserver (credentials from
+// writeCredentials in dir) with start, which runs them in namespace ns; the apiserver listens
+// on bind, port 6443, and advertises advertise. It waits until the apiserver is ready and the
+// default namespace exists, then creates the Node.
+func startControlPlane(ctx context.Context, ns string, start func(name string, args ...string) (*proc, error),
+	bins kubelab.Binaries, dir, etcdDir, token, bind, advertise string) (*controlPlane, error) {
+	etcd, err := start("etcd", bins.Etcd,
+		"--name", "bench",
+		"--data-dir", filepath.Join(etcdDir, "data"),
+		"--listen-client-urls", "http://"+etcdClientAddr,
+		"--advertise-client-urls", "http://"+etcdClientAddr,
+		"--listen-peer-urls", "http://"+etcdPeerAddr,
+		"--initial-advertise-peer-urls", "http://"+etcdPeerAddr,
+		"--initial-cluster", "bench=http://"+etcdPeerAddr,
+		"--snapshot-count", "100000",
+		"--quota-backend-bytes", strconv.Itoa(8<<30),
+		"--log-level", "warn",
+		"--logger", "zap",
+	)
+	if err != nil {
+		return nil, err
+	}
+	apiserver, err := start("kube-apiserver", bins.APIServer,
+		"--etcd-servers", "http://"+etcdClientAddr,
+		"--bind-address", bind,
+		"--secure-port", strings.Split(apiserverAddr, ":")[1],
+		"--advertise-address", advertise,
+		"--cert-dir", filepath.Join(dir, "apiserver-certs"),
+		"--token-auth-file", filepath.Join(dir, "tokens.csv"),
+		"--service-account-key-file", filepath.Join(dir, "sa.pub"),
+		"--service-account-signing-key-file", filepath.Join(dir, "sa.key"),
+		"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
+		"--authorization-mode", "RBAC",
+		"--service-cluster-ip-range", serviceCIDR,
+		"--enable-priority-and-fairness=false",
+		"--max-requests-inflight", "800",
+		"--max-mutating-requests-inflight", "400",
+		"--disable-admission-plugins", "ServiceAccount,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy,MutatingAdmissionPolicy,ResourceQuota,LimitRanger,StorageObjectInUseProtection,PersistentVolumeClaimResize,RuntimeClass,DefaultIngressClass",
+		"--profiling=false",
+		"--v", "1",
+	)
+	if err != nil {
+		return nil, err
+	}
+	client, err := kubernetes.NewForConfig(&rest.Config{
+		Host:            "https://" + apiserverAddr,
+		BearerToken:     token,
+		TLSClientConfig: rest.TLSClientConfig{Insecure: true},
+		Dial:            netnsdial.Dialer(ns),
+		QPS:             -1, // no client-side rate limit: the workers are the limit
+		Timeout:         30 * time.Second,
+		WarningHandler:  rest.NoWarnings{},
+	})
+	if err != nil {
+		return nil, err
+	}
+	cp := &controlPlane{etcd: etcd, apiserver: apiserver, client: client}
+	err = waitFor(ctx, 120*time.Second, "kube-apiserver /readyz", func() (bool, string, error) {
+		if etcd.exited() || apiserver.exited() {
+			return false, "", fmt.Errorf("etcd or kube-apiserver exited:\n%s\n%s", etcd.tail(), apiserver.tail())
+		}
+		c, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		body, err := client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(c)
+		return err == nil, fmt.Sprintf("%v: %s", err, body), nil
+	})
+	if err != nil {
+		return cp, err
+	}
+	err = waitFor(ctx, 60*time.Second, "namespace default", func() (bool, string, error) {
+		_, err := client.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, fmt.Sprint(err), nil
+	})
+	if err != nil {
+		return cp, err
+	}
+	return cp, createNode(ctx, client)
+}
+
 func maxMem(a, b memSample) memSample {
 	return memSample{max(a.RSSKiB, b.RSSKiB), max(a.HWMKiB, b.HWMKiB)}
 }
@@ -523,13 +558,20 @@ func createNode(ctx context.Context, client kubernetes.Interface) error {
 	return nil
 }
 
-// load creates the namespaces, then each Service and its EndpointSlice, with cfg.workers
-// parallel clients; a failed call is retried a few times.
-func load(ctx context.Context, client kubernetes.Interface, cfg config, res *kubeResult) error {
-	for i := range min(svcNamespaces, cfg.services) {
+// loadStats counts what load created.
+type loadStats struct {
+	Services, Slices, Endpoints int
+	Retries                     int64 // failed calls tried again
+}
+
+// load creates the namespaces, then each of services Services and its EndpointSlice of
+// endpoints ready endpoints, with workers parallel clients; a failed call is retried a few
+// times.
+func load(ctx context.Context, client kubernetes.Interface, services, endpoints, workers int) (st loadStats, err error) {
+	for i := range min(svcNamespaces, services) {
 		_, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: svcNamespace(i)}}, metav1.CreateOptions{})
 		if err != nil {
-			return fmt.Errorf("creating namespace: %w", err)
+			return st, fmt.Errorf("creating namespace: %w", err)
 		}
 	}
 	retry := func(what string, f func() error) error {
@@ -541,7 +583,7 @@ func load(ctx context.Context, client kubernetes.Interface, cfg config, res *kub
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			atomic.AddInt64(&res.LoadRetries, 1)
+			atomic.AddInt64(&st.Retries, 1)
 			time.Sleep(time.Duration(attempt+1) * 200 * time.Millisecond)
 		}
 		return fmt.Errorf("%s: %w", what, err)
@@ -551,13 +593,13 @@ func load(ctx context.Context, client kubernetes.Interface, cfg config, res *kub
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	var svcs, slices, eps int64
-	for range cfg.workers {
+	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for {
 				s := int(atomic.AddInt64(&next, 1))
-				if s >= cfg.services || ctx.Err() != nil {
+				if s >= services || ctx.Err() != nil {
 					return
 				}
 				ns, name := svcNamespace(s), svcName(s)
@@ -573,7 +615,7 @@ func load(ctx context.Context, client kubernetes.Interface, cfg config, res *kub
 						}},
 					},
 				}
-				slice := endpointSlice(s, cfg.endpoints)
+				slice := endpointSlice(s, endpoints)
 				err := retry("creating service "+ns+"/"+name, func() error {
 					_, err := client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
 					if err != nil && strings.Contains(err.Error(), "already exists") {
@@ -608,11 +650,11 @@ func load(ctx context.Context, client kubernetes.Interface, cfg config, res *kub
 		}()
 	}
 	wg.Wait()
-	res.Services, res.Slices, res.Endpoints = int(svcs), int(slices), int(eps)
+	st.Services, st.Slices, st.Endpoints = int(svcs), int(slices), int(eps)
 	if firstErr != nil {
-		return firstErr
+		return st, firstErr
 	}
-	return ctx.Err()
+	return st, ctx.Err()
 }
 
 func endpointSlice(s, endpoints int) *discoveryv1.EndpointSlice {

@@ -11,7 +11,7 @@
 //	                                         conntrack marks every one INVALID
 //	fault-proxy <listen> --to <addr> --control <addr>
 //	                                         TCP proxy that black-holes and heals on command
-//	                                         (faultproxy.go)
+//	                                         (test/kubelab's FaultProxy)
 package main
 
 import (
@@ -28,6 +28,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/proxyhealth/proxyhealth/test/kubelab"
 )
 
 func main() {
@@ -68,6 +70,26 @@ func main() {
 		fmt.Fprintf(os.Stderr, "labtool %s: %v\n", cmd, err)
 		os.Exit(1)
 	}
+}
+
+// runFaultProxy serves a kubelab.FaultProxy from listen to upstream, commanded over HTTP on
+// control; "ready" on stdout says both listen.
+func runFaultProxy(listen, upstream, control string) error {
+	ln, err := net.Listen("tcp4", listen)
+	if err != nil {
+		return err
+	}
+	ctl, err := net.Listen("tcp4", control)
+	if err != nil {
+		return err
+	}
+	p := kubelab.NewFaultProxy(upstream, nil)
+	p.Logf = func(format string, args ...any) { fmt.Printf(format+"\n", args...) }
+	errc := make(chan error, 2)
+	go func() { errc <- http.Serve(ctl, p.Handler()) }()
+	go func() { errc <- p.Serve(ln) }()
+	fmt.Printf("ready %s -> %s, control on %s\n", listen, upstream, control)
+	return <-errc
 }
 
 func usage() {

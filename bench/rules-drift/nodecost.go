@@ -1,0 +1,1105 @@
+//go:build linux
+
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
+	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
+	"github.com/proxyhealth/proxyhealth/test/kubelab"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+)
+
+// The node-cost benchmark (README.md, "node-cost"): the exporter's cost as a whole process
+// tree next to a real kube-proxy on one "node" (a network namespace), both in cgroups of their
+// own, against a control plane in another namespace joined by a veth pair:
+//
+//	control plane ns: etcd 127.0.0.1:2379, kube-apiserver 0.0.0.0:6443, veth 172.18.0.1/24
+//	node ns:          veth 172.18.0.2/24 (the Node's InternalIP), kube-proxy (metrics
+//	                  127.0.0.1:10249, healthz :10256), the exporter (127.0.0.1:9869), and the
+//	                  fault proxy's listener 127.0.0.1:6444 -> 172.18.0.1:6443, served by this
+//	                  program, which only kube-proxy's API connection goes through
+const (
+	ncCPAddr       = "172.18.0.1"
+	ncAPIServer    = ncCPAddr + ":6443"
+	ncFaultProxy   = "127.0.0.1:6444"
+	ncVethCP       = "ph-nc-cp"
+	ncVethNode     = "ph-nc-node"
+	ncIdleScrape   = 15 * time.Second // a Prometheus-like scrape while idle
+	ncChurnScrape  = time.Second      // proxyhealth_rules_services_drifted every second under churn
+	ncLatencyPoll  = 250 * time.Millisecond
+	ncMaxFreshAddr = 1<<23 - 1 // fresh endpoint addresses come from 10.128.0.0/9
+)
+
+var ncModes = []string{"iptables-legacy", "iptables-nft", "nftables"}
+
+// ncDefaultServices is each mode's full size: kube-proxy's iptables mode with the nft backend
+// does not finish its first sync of 10,000 x 10 in 15 minutes on a small machine (DESIGN.md).
+var ncDefaultServices = map[string]int{"iptables-legacy": 10000, "iptables-nft": 3000, "nftables": 10000}
+
+type ncConfig struct {
+	modes           []string
+	services        int // 0: the mode's default
+	endpoints       int
+	smoke           bool
+	out, repo       string
+	workers         int
+	idle, churn     time.Duration
+	rates           []int
+	grace           time.Duration // 0: the exporter's default
+	exporterArgs    []string
+	latencyTimeout  time.Duration
+	healTimeout     time.Duration
+	kubeProxySyncTO time.Duration
+	lockWait        time.Duration
+	keepTmp         bool
+}
+
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, " ") }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+func runNodeCost(args []string) int {
+	fs := flag.NewFlagSet("rules-drift node-cost", flag.ContinueOnError)
+	var cfg ncConfig
+	var mode, rates string
+	var extra multiFlag
+	fs.StringVar(&mode, "mode", "all", "kube-proxy mode: iptables-legacy, iptables-nft, nftables, or all (in that order)")
+	fs.IntVar(&cfg.services, "services", 0, "ClusterIP services (one TCP port each); 0: 10000, but 3000 for iptables-nft")
+	fs.IntVar(&cfg.endpoints, "endpoints", 10, "endpoints per service")
+	fs.BoolVar(&cfg.smoke, "smoke", false, "200 services x 3 endpoints, phases of a few seconds, a 5 s grace period; fails only if the harness breaks")
+	fs.StringVar(&cfg.out, "out", "", "also write the markdown report to this file")
+	fs.StringVar(&cfg.repo, "repo", "", "proxyhealth repository root (default: found upwards from the working directory)")
+	fs.IntVar(&cfg.workers, "workers", 16, "parallel API clients creating Services and EndpointSlices")
+	fs.DurationVar(&cfg.idle, "idle", 60*time.Second, "idle phase")
+	fs.DurationVar(&cfg.churn, "churn", 120*time.Second, "each churn phase")
+	fs.StringVar(&rates, "rates", "1,10", "churn phases: endpoint changes a second, comma-separated")
+	fs.DurationVar(&cfg.grace, "grace-period", 0, "pass --rules.grace-period to the exporter (0: its default, read from its --help)")
+	fs.Var(&extra, "exporter-arg", "one more exporter flag (repeatable), e.g. --exporter-arg=--no-collector.conntrack")
+	fs.DurationVar(&cfg.latencyTimeout, "latency-timeout", 5*time.Minute, "how long past the grace period to wait for the drift series")
+	fs.DurationVar(&cfg.healTimeout, "heal-timeout", 3*time.Minute, "how long to wait for the drift to clear once kube-proxy's connection is healed")
+	fs.DurationVar(&cfg.kubeProxySyncTO, "kube-proxy-sync-timeout", 20*time.Minute, "limit on kube-proxy's first sync")
+	fs.DurationVar(&cfg.lockWait, "lock-wait", 0, "wait up to this long for another benchmark to release /run/ph-bench.lock (0: fail at once)")
+	fs.BoolVar(&cfg.keepTmp, "keep-tmp", false, "keep the temporary directory (process logs)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	cfg.exporterArgs = extra
+	switch mode {
+	case "all":
+		cfg.modes = ncModes
+	case "iptables-legacy", "iptables-nft", "nftables":
+		cfg.modes = []string{mode}
+	default:
+		fmt.Fprintln(os.Stderr, "--mode must be iptables-legacy, iptables-nft, nftables or all")
+		return 2
+	}
+	for _, r := range strings.Split(rates, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(r))
+		if err != nil || n < 1 || n > 1000 {
+			fmt.Fprintln(os.Stderr, "--rates must be integers in [1, 1000]")
+			return 2
+		}
+		cfg.rates = append(cfg.rates, n)
+	}
+	if cfg.smoke {
+		cfg.services, cfg.endpoints = 200, 3
+		cfg.idle, cfg.churn = 5*time.Second, 5*time.Second
+		if cfg.grace == 0 {
+			cfg.grace = 5 * time.Second
+		}
+		cfg.latencyTimeout, cfg.healTimeout = min(cfg.latencyTimeout, time.Minute), min(cfg.healTimeout, time.Minute)
+	}
+	switch {
+	case cfg.services < 0 || cfg.services > 60000:
+		fmt.Fprintln(os.Stderr, "--services must be in [0, 60000] (ClusterIPs come from one /16)")
+		return 2
+	case cfg.endpoints < 1 || max(cfg.services, 10000)*cfg.endpoints > 4_000_000:
+		fmt.Fprintln(os.Stderr, "--endpoints must be at least 1, and services x endpoints at most 4,000,000")
+		return 2
+	case cfg.idle <= 0 || cfg.churn <= 0:
+		fmt.Fprintln(os.Stderr, "--idle and --churn must be positive")
+		return 2
+	}
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "node-cost must run as root (network namespaces, cgroups)")
+		return 2
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+	go func() {
+		if s, ok := <-sigs; ok {
+			logf("%v: stopping and cleaning up", s)
+			cancel()
+		}
+	}()
+	rep, err := nodeCost(ctx, cfg, append([]string{"go run ./bench/rules-drift node-cost"}, args...))
+	if rep != nil {
+		text := rep.render()
+		fmt.Print(text)
+		if cfg.out != "" {
+			if werr := os.WriteFile(cfg.out, []byte(text), 0o644); werr != nil {
+				fmt.Fprintln(os.Stderr, werr)
+				return 1
+			}
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "rules-drift node-cost: %v\n", err)
+		if ctx.Err() != nil {
+			return 130
+		}
+		return 1
+	}
+	return 0
+}
+
+// ncReport is one node-cost run.
+type ncReport struct {
+	cfg                          ncConfig
+	Date, Kernel, CPU, Cmdline   string
+	Cores                        int
+	Commit, KubeVersion          string
+	IPTablesVersion, NFTVersion  string
+	Grace                        time.Duration
+	GraceFromDefault             bool
+	ExporterArgs                 []string
+	ForkWatch                    string // "" when the proc connector works, else why not
+	Modes                        []*ncMode
+	ExporterBuild, ExporterFlags string
+}
+
+// ncMode is one mode's run.
+type ncMode struct {
+	Mode                string
+	Services, Endpoints int
+	Load                time.Duration
+	LoadStats           loadStats
+	ControlPlaneUp      time.Duration
+	KubeProxySynced     time.Duration // from the start of both
+	KubeProxyChains     int
+	ExporterChecked     time.Duration
+	Phases              []*ncPhase
+	Latency             *ncLatency
+	KubeProxyArgs       string
+	Took                time.Duration
+	Err                 string
+	Notes               []string
+}
+
+// ncPhase is what one phase cost each process tree.
+type ncPhase struct {
+	Name                  string
+	Wall                  time.Duration
+	ExpCPU, KPCPU         float64 // % of one core
+	ExpPeak, KPPeak       uint64  // bytes, memory.max_usage_in_bytes over the phase
+	ExpChildren           int     // processes the exporter tree created (proc connector)
+	ExpChildCmds          string
+	ExpPolled             int // distinct child pids seen in the exporter's cgroup.procs
+	KPChildren            int
+	KPChildCmds           string
+	MaxDrifted            float64 // proxyhealth_rules_services_drifted, max over the phase's scrapes
+	Scrapes, ScrapeErrors int
+	Rate                  int // endpoint changes a second asked for; 0 for other phases
+	Changes, ChangeErrors int // applied and failed changes
+	ChangesMissed         int // ticks skipped because the writers were behind
+	Load1                 [2]float64
+	AllPhases             bool // the "start-up through churn" summary row
+}
+
+// ncLatency is the drift scenario.
+type ncLatency struct {
+	Service           string // namespace/name
+	Grace             time.Duration
+	KubeProxyCaughtUp bool
+	ProxyBefore       string // fault proxy state when black-holed
+	Seen              bool
+	Latency           time.Duration // API change to the drift series in a scrape
+	Waited            time.Duration
+	Cleared           bool
+	ClearedAfter      time.Duration // heal to proxyhealth_rules_services_drifted 0
+	ChangedEndpoint   string        // the new address
+}
+
+// lockWithin takes the benchmark lock, trying again every 5 s for up to wait.
+func lockWithin(ctx context.Context, wait time.Duration) (func(), error) {
+	deadline := time.Now().Add(wait)
+	for logged := false; ; logged = true {
+		unlock, err := benchns.Lock()
+		if err == nil || !time.Now().Before(deadline) {
+			return unlock, err
+		}
+		if !logged {
+			logf("%v; waiting up to %s", err, wait)
+		}
+		if err := sleepCtx(ctx, 5*time.Second); err != nil {
+			return nil, err
+		}
+	}
+}
+
+func nodeCost(ctx context.Context, cfg ncConfig, argv []string) (*ncReport, error) {
+	unlock, err := lockWithin(ctx, cfg.lockWait)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	for _, ns := range benchns.List(nsPrefix) {
+		fmt.Fprintf(os.Stderr, "removing leftover namespace %s\n", ns)
+		if err := benchns.Delete(nsPrefix, ns); err != nil {
+			return nil, err
+		}
+	}
+	if err := removeLeftoverCgroups(); err != nil {
+		return nil, err
+	}
+	if cfg.repo == "" {
+		if cfg.repo, err = findRepo(); err != nil {
+			return nil, err
+		}
+	}
+	bins, err := kubelab.FindBinaries(cfg.repo)
+	if err != nil {
+		return nil, err
+	}
+	tmp, err := os.MkdirTemp("", "ph-bench-nc-")
+	if err != nil {
+		return nil, err
+	}
+	if cfg.keepTmp {
+		fmt.Fprintf(os.Stderr, "keeping %s\n", tmp)
+	} else {
+		defer os.RemoveAll(tmp)
+	}
+	rep := &ncReport{
+		cfg:         cfg,
+		Date:        time.Now().UTC().Format(time.RFC3339),
+		Kernel:      strings.TrimSpace(readFile("/proc/sys/kernel/osrelease")),
+		CPU:         benchns.CPUModel(),
+		Cores:       benchns.NumCPU(),
+		Cmdline:     strings.Join(argv, " "),
+		Commit:      gitDescribe(cfg.repo),
+		KubeVersion: bins.Version,
+	}
+	if out, err := run(ctx, nil, "iptables-legacy", "--version"); err == nil {
+		rep.IPTablesVersion = strings.TrimSpace(out)
+	}
+	if out, err := run(ctx, nil, "nft", "--version"); err == nil {
+		rep.NFTVersion = strings.TrimSpace(out)
+	}
+
+	logf("building proxyhealth from %s", cfg.repo)
+	exporterBin := filepath.Join(tmp, "proxyhealth")
+	build := exec.CommandContext(ctx, "go", "build", "-o", exporterBin, ".")
+	build.Dir = cfg.repo
+	if out, err := build.CombinedOutput(); err != nil {
+		return rep, fmt.Errorf("go build: %w: %s", err, out)
+	}
+	rep.ExporterBuild = "go build -o proxyhealth . (at " + rep.Commit + ")"
+	help, _ := exec.CommandContext(ctx, exporterBin, "--help").CombinedOutput()
+	rep.ExporterFlags = string(help)
+	rep.Grace = cfg.grace
+	if rep.Grace == 0 {
+		m := regexp.MustCompile(`--rules\.grace-period=(\S+)`).FindSubmatch(help)
+		if m == nil {
+			return rep, errors.New("the exporter's --help shows no --rules.grace-period default; pass --grace-period")
+		}
+		if rep.Grace, err = time.ParseDuration(string(m[1])); err != nil {
+			return rep, fmt.Errorf("the exporter's --rules.grace-period default %q: %w", m[1], err)
+		}
+		rep.GraceFromDefault = true
+	} else {
+		if !strings.Contains(string(help), "--rules.grace-period=") {
+			return rep, errors.New("the exporter has no --rules.grace-period flag")
+		}
+		rep.ExporterArgs = append(rep.ExporterArgs, "--rules.grace-period="+rep.Grace.String())
+	}
+	if cfg.smoke && strings.Contains(string(help), "--rules.check-interval=") {
+		// At smoke size only: a drift check every 2 s keeps the latency scenario short.
+		rep.ExporterArgs = append(rep.ExporterArgs, "--rules.check-interval=2s")
+	}
+	rep.ExporterArgs = append(rep.ExporterArgs, cfg.exporterArgs...)
+
+	fw, err := newForkWatch()
+	if err != nil {
+		rep.ForkWatch = err.Error()
+		logf("no process events (%v): counting children by polling the cgroups only", err)
+	} else {
+		defer fw.close()
+	}
+
+	var errs []error
+	for _, mode := range cfg.modes {
+		if ctx.Err() != nil {
+			break
+		}
+		m := &ncMode{Mode: mode, Services: cfg.services, Endpoints: cfg.endpoints}
+		if m.Services == 0 {
+			m.Services = ncDefaultServices[mode]
+		}
+		rep.Modes = append(rep.Modes, m)
+		t0 := time.Now()
+		logf("== node-cost %s: %d services x %d endpoints", mode, m.Services, m.Endpoints)
+		err := runNodeCostMode(ctx, cfg, rep, m, bins, exporterBin, tmp, fw)
+		m.Took = time.Since(t0)
+		if err != nil {
+			m.Err = err.Error()
+			logf("%s failed after %s: %v", mode, m.Took.Round(time.Second), err)
+			errs = append(errs, fmt.Errorf("%s: %w", mode, err))
+			continue
+		}
+		logf("%s done in %s", mode, m.Took.Round(time.Second))
+	}
+	if err := ctx.Err(); err != nil {
+		errs = append(errs, err)
+	}
+	return rep, errors.Join(errs...)
+}
+
+// ncRun is one mode's running parts.
+type ncRun struct {
+	cfg            ncConfig
+	m              *ncMode
+	nodeNS, cpNS   string
+	client         kubernetes.Interface
+	expCG, kpCG    *cgroup
+	exporter, kp   *proc
+	fw             *forkWatch
+	fp             *kubelab.FaultProxy
+	expHTTP        *http.Client // keeps its connection: a scrape is not a new flow each time
+	kpHTTP         *http.Client
+	nextChange     atomic.Int64
+	polled         childPoll
+	countRulesArgs []string
+	countRulesSub  string
+}
+
+func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode, bins kubelab.Binaries, exporterBin, tmp string, fw *forkWatch) (err error) {
+	dir := filepath.Join(tmp, m.Mode)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	etcdDir, err := os.MkdirTemp("/dev/shm", "ph-bench-nc-etcd-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(etcdDir)
+
+	r := &ncRun{cfg: cfg, m: m, fw: fw, cpNS: newNSName("nc-cp"), nodeNS: newNSName("nc-node")}
+	var procs []*proc
+	var cgroups []*cgroup
+	// Cleanup, whatever happened: processes (kube-proxy and the exporter first), the fault
+	// proxy, cgroups, namespaces. Each step is bounded.
+	defer func() {
+		for i := len(procs) - 1; i >= 0; i-- {
+			procs[i].stop()
+		}
+		if r.fp != nil {
+			r.fp.Reset()
+		}
+		for _, cg := range cgroups {
+			if cerr := cg.remove(); cerr != nil && err == nil {
+				err = cerr
+			}
+		}
+		for _, ns := range []string{r.nodeNS, r.cpNS} {
+			if derr := benchns.Delete(nsPrefix, ns); derr != nil && err == nil {
+				err = derr
+			}
+		}
+	}()
+	for _, ns := range []string{r.cpNS, r.nodeNS} {
+		if err := addNS(ctx, ns); err != nil {
+			return err
+		}
+	}
+	// The veth pair is made inside the control plane's namespace and its peer moved straight
+	// into the node's: the root namespace never holds either end.
+	for _, c := range [][]string{
+		{"ip", "-n", r.cpNS, "link", "add", ncVethCP, "type", "veth", "peer", "name", ncVethNode, "netns", r.nodeNS},
+		{"ip", "-n", r.cpNS, "addr", "add", ncCPAddr + "/24", "dev", ncVethCP},
+		{"ip", "-n", r.nodeNS, "addr", "add", nodeIP + "/24", "dev", ncVethNode},
+		{"ip", "-n", r.cpNS, "link", "set", ncVethCP, "up"},
+		{"ip", "-n", r.nodeNS, "link", "set", ncVethNode, "up"},
+	} {
+		if _, err := run(ctx, nil, c[0], c[1:]...); err != nil {
+			return err
+		}
+	}
+	token := randomToken()
+	// The token file and service-account keys the apiserver reads (its admin kubeconfig is
+	// not used: the exporter and kube-proxy get their own below).
+	if _, err := writeCredentials(dir, token, apiserverAddr); err != nil {
+		return err
+	}
+	exporterKubeconfig := filepath.Join(dir, "exporter.kubeconfig")
+	kpKubeconfig := filepath.Join(dir, "kube-proxy.kubeconfig")
+	if err := os.WriteFile(exporterKubeconfig, []byte(kubelab.KubeconfigYAML(ncAPIServer, "admin", token)), 0o600); err != nil {
+		return err
+	}
+	if err := os.WriteFile(kpKubeconfig, []byte(kubelab.KubeconfigYAML(ncFaultProxy, "admin", token)), 0o600); err != nil {
+		return err
+	}
+
+	logf("starting etcd and kube-apiserver %s in %s", bins.Version, r.cpNS)
+	t0 := time.Now()
+	cp, err := startControlPlane(ctx, r.cpNS, func(name string, args ...string) (*proc, error) {
+		p, err := startProc(r.cpNS, dir, name, args...)
+		if err == nil {
+			procs = append(procs, p)
+		}
+		return p, err
+	}, bins, dir, etcdDir, token, "0.0.0.0", ncCPAddr)
+	if err != nil {
+		return err
+	}
+	r.client = cp.client
+	m.ControlPlaneUp = time.Since(t0)
+
+	logf("creating %d Services and their EndpointSlices (%d endpoints each) with %d workers", m.Services, m.Endpoints, cfg.workers)
+	t0 = time.Now()
+	m.LoadStats, err = load(ctx, r.client, m.Services, m.Endpoints, cfg.workers)
+	if err != nil {
+		return err
+	}
+	m.Load = time.Since(t0)
+	logf("loaded in %s", m.Load.Round(time.Millisecond))
+
+	// The fault proxy: only kube-proxy's API connection goes through it.
+	ln, err := netnsdial.Listen(r.nodeNS, "tcp4", ncFaultProxy)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	r.fp = kubelab.NewFaultProxy(ncAPIServer, netnsdial.Dialer(r.nodeNS))
+	r.fp.Logf = func(format string, args ...any) { logf("fault proxy: "+format, args...) }
+	go func() { _ = r.fp.Serve(ln) }()
+
+	r.expHTTP = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: netnsdial.Dialer(r.nodeNS), MaxIdleConnsPerHost: 1}}
+	r.kpHTTP = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: netnsdial.Dialer(r.nodeNS), MaxIdleConnsPerHost: 1}}
+	defer r.expHTTP.CloseIdleConnections()
+	defer r.kpHTTP.CloseIdleConnections()
+
+	if r.expCG, err = newCgroup("exporter"); err != nil {
+		return err
+	}
+	cgroups = append(cgroups, r.expCG)
+	if r.kpCG, err = newCgroup("kube-proxy"); err != nil {
+		return err
+	}
+	cgroups = append(cgroups, r.kpCG)
+
+	// kube-proxy's command line, per mode.
+	kpMode, env := "iptables", []string{}
+	switch m.Mode {
+	case "iptables-legacy", "iptables-nft":
+		backend := strings.TrimPrefix(m.Mode, "iptables-")
+		shim, err := iptablesShim(dir, backend)
+		if err != nil {
+			return err
+		}
+		env = append(env, "PATH="+shim+":"+os.Getenv("PATH"))
+		r.countRulesArgs, r.countRulesSub = []string{"iptables-" + backend + "-save", "-t", "nat"}, "\n:KUBE-SVC-"
+	case "nftables":
+		kpMode = "nftables"
+		r.countRulesArgs, r.countRulesSub = []string{"nft", "list", "table", "ip", "kube-proxy"}, "chain service-"
+	}
+	kpArgs := []string{
+		"--kubeconfig", kpKubeconfig,
+		"--hostname-override", nodeName,
+		"--proxy-mode", kpMode,
+		"--cluster-cidr", clusterCIDR,
+		"--conntrack-max-per-core=0", // nf_conntrack_max cannot be set in a non-root namespace
+		"--conntrack-tcp-timeout-established=0",
+		"--conntrack-tcp-timeout-close-wait=0",
+		"--metrics-bind-address", kubeProxyMetrics,
+		"--healthz-bind-address", kubeProxyHealthz,
+		"--v", "1",
+	}
+	m.KubeProxyArgs = strings.Join(kpArgs[2:], " ")
+	if len(env) > 0 {
+		m.KubeProxyArgs = "PATH=<links to iptables-" + strings.TrimPrefix(m.Mode, "iptables-") + "-*>:$PATH " + m.KubeProxyArgs
+	}
+	kpLog := filepath.Join(dir, "kube-proxy.log")
+	expArgs := append([]string{
+		"--kubeconfig=" + exporterKubeconfig,
+		"--node-name=" + nodeName,
+		"--web.listen-address=" + exporterAddr,
+		"--kubeproxy.log-path=" + kpLog,
+	}, rep.ExporterArgs...)
+
+	startIn := func(cg *cgroup, name string, argv ...string) (*proc, error) {
+		p, err := startProc("", dir, name, cg.wrap(r.nodeNS, argv...)...)
+		if err == nil {
+			procs = append(procs, p)
+			if r.fw != nil {
+				r.fw.watch(name, p.cmd.Process.Pid)
+			}
+		}
+		return p, err
+	}
+
+	// Phase 1: start-up, both at once, until kube-proxy's first full sync is in the rules and
+	// the exporter has checked every service against them.
+	stopPoll := r.polled.start(map[string]*cgroup{"proxyhealth": r.expCG, "kube-proxy": r.kpCG})
+	defer stopPoll()
+	meter := r.newMeter()
+	meter.begin()
+	logf("starting proxyhealth and kube-proxy (%s) in %s", m.Mode, r.nodeNS)
+	tStart := time.Now()
+	if r.exporter, err = startIn(r.expCG, "proxyhealth", append([]string{exporterBin}, expArgs...)...); err != nil {
+		return err
+	}
+	r.polled.setRoot("proxyhealth", r.exporter.cmd.Process.Pid)
+	if r.kp, err = startIn(r.kpCG, "kube-proxy", append(append([]string{"env"}, env...), append([]string{bins.Proxy}, kpArgs...)...)...); err != nil {
+		return err
+	}
+	r.polled.setRoot("kube-proxy", r.kp.cmd.Process.Pid)
+	startup := &ncPhase{Name: "start-up"}
+	if err := r.startup(ctx, tStart, kpLog, startup); err != nil {
+		meter.end(startup)
+		m.Phases = append(m.Phases, startup)
+		return err
+	}
+	meter.end(startup)
+	m.Phases = append(m.Phases, startup)
+	logf("start-up: kube-proxy synced %d service chains after %s, exporter checked after %s",
+		m.KubeProxyChains, m.KubeProxySynced.Round(time.Millisecond), m.ExporterChecked.Round(time.Millisecond))
+
+	// Phase 2: idle.
+	idle := &ncPhase{Name: "idle"}
+	logf("idle for %s", cfg.idle)
+	meter.begin()
+	err = r.watchDrift(ctx, ncIdleScrape, idle, func(ctx context.Context) error {
+		return sleepCtx(ctx, cfg.idle)
+	})
+	meter.end(idle)
+	m.Phases = append(m.Phases, idle)
+	if err != nil {
+		return err
+	}
+	r.logPhase(idle)
+
+	// Phase 3: churn at each rate.
+	for _, rate := range cfg.rates {
+		ph := &ncPhase{Name: fmt.Sprintf("churn %d/s", rate), Rate: rate}
+		logf("churn at %d endpoint changes a second for %s", rate, cfg.churn)
+		meter.begin()
+		err = r.watchDrift(ctx, ncChurnScrape, ph, func(ctx context.Context) error {
+			return r.churn(ctx, rate, cfg.churn, ph)
+		})
+		meter.end(ph)
+		m.Phases = append(m.Phases, ph)
+		if err != nil {
+			return err
+		}
+		r.logPhase(ph)
+	}
+	all := &ncPhase{Name: "start-up through churn", AllPhases: true}
+	for _, ph := range m.Phases {
+		all.Wall += ph.Wall
+		all.ExpPeak, all.KPPeak = max(all.ExpPeak, ph.ExpPeak), max(all.KPPeak, ph.KPPeak)
+		all.ExpChildren += ph.ExpChildren
+		all.ExpPolled += ph.ExpPolled
+		all.KPChildren += ph.KPChildren
+		all.MaxDrifted = max(all.MaxDrifted, ph.MaxDrifted)
+		all.Scrapes += ph.Scrapes
+		all.ScrapeErrors += ph.ScrapeErrors
+	}
+	m.Phases = append(m.Phases, all)
+
+	// Phase 4: the drift scenario.
+	lat := &ncPhase{Name: "drift scenario"}
+	meter.begin()
+	m.Latency, err = r.latency(ctx, rep.Grace, lat)
+	meter.end(lat)
+	m.Phases = append(m.Phases, lat)
+	return err
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+func (r *ncRun) logPhase(ph *ncPhase) {
+	logf("%s: proxyhealth %.1f%% of a core, peak %.0f MiB, %d children; kube-proxy %.1f%%, peak %.0f MiB; max drifted %.0f; %d changes",
+		ph.Name, ph.ExpCPU, bytesMiB(ph.ExpPeak), ph.ExpChildren, ph.KPCPU, bytesMiB(ph.KPPeak), ph.MaxDrifted, ph.Changes)
+}
+
+func bytesMiB(b uint64) float64 { return float64(b) / (1 << 20) }
+
+func (r *ncRun) get(c *http.Client, url string) (string, error) {
+	resp, err := c.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return string(b), fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return string(b), err
+}
+
+func (r *ncRun) scrapeExporter() (string, error) {
+	return r.get(r.expHTTP, "http://"+exporterAddr+"/metrics")
+}
+
+func (r *ncRun) kubeProxyMetrics() (string, error) {
+	return r.get(r.kpHTTP, "http://"+kubeProxyMetrics+"/metrics")
+}
+
+func (r *ncRun) checkAlive() error {
+	if r.exporter.exited() {
+		return fmt.Errorf("proxyhealth exited:\n%s", r.exporter.tail())
+	}
+	if r.kp.exited() {
+		return fmt.Errorf("kube-proxy exited:\n%s", r.kp.tail())
+	}
+	return nil
+}
+
+// startup waits for kube-proxy's first full sync (its sync timestamp set and a service chain
+// for every Service in the rules), then for an exporter check after it that covered every
+// Service.
+func (r *ncRun) startup(ctx context.Context, t0 time.Time, kpLog string, ph *ncPhase) error {
+	m := r.m
+	var countedAt float64 // kube-proxy sync timestamp whose rules were counted last
+	var syncedAt float64
+	err := waitFor(ctx, r.cfg.kubeProxySyncTO, "kube-proxy's first full sync", func() (bool, string, error) {
+		if err := r.checkAlive(); err != nil {
+			return false, "", err
+		}
+		body, err := r.kubeProxyMetrics()
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		last, _ := metric(body, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
+		if last <= 0 {
+			return false, "no sync yet", nil
+		}
+		if last == countedAt {
+			return false, fmt.Sprintf("%d service chains at the last sync", m.KubeProxyChains), nil
+		}
+		out, err := run(ctx, nil, "ip", append([]string{"netns", "exec", r.nodeNS}, r.countRulesArgs...)...)
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		countedAt = last
+		m.KubeProxyChains = strings.Count(out, r.countRulesSub)
+		if m.KubeProxyChains >= m.Services {
+			syncedAt = last
+			return true, "", nil
+		}
+		return false, fmt.Sprintf("%d service chains", m.KubeProxyChains), nil
+	})
+	if err != nil {
+		return err
+	}
+	m.KubeProxySynced = time.Unix(0, int64(syncedAt*1e9)).Sub(t0)
+	err = waitFor(ctx, 10*time.Minute, "an exporter check of every Service after kube-proxy's sync", func() (bool, string, error) {
+		if err := r.checkAlive(); err != nil {
+			return false, "", err
+		}
+		body, err := r.scrapeExporter()
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		ph.Scrapes++
+		d, _ := metric(body, "proxyhealth_rules_services_drifted")
+		ph.MaxDrifted = max(ph.MaxDrifted, d)
+		checked, _ := metric(body, "proxyhealth_rules_services_checked")
+		at, _ := metric(body, "proxyhealth_rules_last_check_timestamp_seconds")
+		if checked >= float64(m.Services) && at >= syncedAt {
+			return true, "", nil
+		}
+		return false, fmt.Sprintf("checked %v at %v, kube-proxy synced at %v", checked, at, syncedAt), nil
+	})
+	if err != nil {
+		return err
+	}
+	m.ExporterChecked = time.Since(t0)
+	return nil
+}
+
+// watchDrift runs f while scraping the exporter every interval for
+// proxyhealth_rules_services_drifted, keeping the largest value in ph.
+func (r *ncRun) watchDrift(ctx context.Context, interval time.Duration, ph *ncPhase, f func(context.Context) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var mu sync.Mutex
+	done := make(chan struct{})
+	scrape := func() {
+		body, err := r.scrapeExporter()
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			ph.ScrapeErrors++
+			return
+		}
+		ph.Scrapes++
+		d, _ := metric(body, "proxyhealth_rules_services_drifted")
+		ph.MaxDrifted = max(ph.MaxDrifted, d)
+	}
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			scrape()
+		}
+	}()
+	err := f(ctx)
+	cancel()
+	<-done
+	if err == nil {
+		scrape() // one at the end, so that a phase shorter than interval has one too
+		err = r.checkAlive()
+	}
+	return err
+}
+
+// freshEndpointIP is the k-th replacement endpoint address: after every address load gave out.
+func (r *ncRun) freshEndpointIP(k int) string {
+	n := 1 + r.m.Services*r.m.Endpoints + k
+	n = 1 + (n-1)%ncMaxFreshAddr
+	return fmt.Sprintf("10.%d.%d.%d", 128+n>>16, byte(n>>8), byte(n))
+}
+
+// change makes the next endpoint change: one endpoint address of one EndpointSlice replaced
+// by a new one, rotating over the services (and, each round, over the endpoints).
+func (r *ncRun) change(ctx context.Context) (svc int, newIP string, err error) {
+	k := int(r.nextChange.Add(1) - 1)
+	s := k % r.m.Services
+	e := (k / r.m.Services) % r.m.Endpoints
+	newIP = r.freshEndpointIP(k)
+	patch := fmt.Sprintf(`[{"op":"replace","path":"/endpoints/%d/addresses/0","value":%q}]`, e, newIP)
+	c, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	_, err = r.client.DiscoveryV1().EndpointSlices(svcNamespace(s)).Patch(c, svcName(s)+"-bench", types.JSONPatchType, []byte(patch), metav1.PatchOptions{})
+	return s, newIP, err
+}
+
+// churn makes rate endpoint changes a second for d, from a few writers fed by a ticker; a tick
+// that finds every writer busy is counted as missed rather than queued.
+func (r *ncRun) churn(ctx context.Context, rate int, d time.Duration, ph *ncPhase) error {
+	jobs := make(chan struct{})
+	var wg sync.WaitGroup
+	var applied, failed atomic.Int64
+	writers := min(max(2, rate/2), 32)
+	for range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range jobs {
+				if _, _, err := r.change(ctx); err != nil {
+					if ctx.Err() == nil {
+						failed.Add(1)
+					}
+				} else {
+					applied.Add(1)
+				}
+			}
+		}()
+	}
+	tick := time.NewTicker(time.Second / time.Duration(rate))
+	end := time.NewTimer(d)
+	var err error
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			err = ctx.Err()
+			break loop
+		case <-end.C:
+			break loop
+		case <-tick.C:
+			select {
+			case jobs <- struct{}{}:
+			default:
+				ph.ChangesMissed++
+			}
+		}
+	}
+	tick.Stop()
+	end.Stop()
+	close(jobs)
+	wg.Wait()
+	ph.Changes, ph.ChangeErrors = int(applied.Load()), int(failed.Load())
+	if err == nil && ph.ChangeErrors > 0 && ph.Changes == 0 {
+		err = fmt.Errorf("every endpoint change failed (%d)", ph.ChangeErrors)
+	}
+	return err
+}
+
+// latency is the drift scenario: kube-proxy's API connection black-holed, then one endpoint
+// change in the API; the time until the exporter's per-service drift series for that service
+// appears. Then the connection is healed and the drift must clear.
+func (r *ncRun) latency(ctx context.Context, grace time.Duration, ph *ncPhase) (*ncLatency, error) {
+	lat := &ncLatency{Grace: grace}
+	// kube-proxy first applies everything queued, so that only the change below is drift.
+	lat.KubeProxyCaughtUp = waitFor(ctx, 2*time.Minute, "kube-proxy to apply every queued change", func() (bool, string, error) {
+		if err := r.checkAlive(); err != nil {
+			return false, "", err
+		}
+		body, err := r.kubeProxyMetrics()
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		last, _ := metric(body, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
+		queued, _ := metric(body, "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds")
+		return queued <= last, fmt.Sprintf("last sync %v, last queued %v", last, queued), nil
+	}) == nil
+	if err := ctx.Err(); err != nil {
+		return lat, err
+	}
+	if !lat.KubeProxyCaughtUp {
+		r.m.Notes = append(r.m.Notes, "kube-proxy still had queued changes when its connection was black-holed")
+	}
+	lat.ProxyBefore = r.fp.State()
+	r.fp.Blackhole()
+	logf("kube-proxy's API connection black-holed (%s)", lat.ProxyBefore)
+	s, newIP, err := r.change(ctx)
+	if err != nil {
+		r.fp.Heal()
+		return lat, fmt.Errorf("the drift scenario's endpoint change: %w", err)
+	}
+	changed := time.Now()
+	ph.Changes = 1
+	lat.Service = svcNamespace(s) + "/" + svcName(s)
+	lat.ChangedEndpoint = newIP
+	logf("changed an endpoint of %s to %s; waiting for proxyhealth_service_drift_endpoints (grace %s)", lat.Service, newIP, grace)
+	want := []string{`service_namespace="` + svcNamespace(s) + `"`, `service_name="` + svcName(s) + `"`}
+	limit := grace + r.cfg.latencyTimeout
+	for time.Since(changed) < limit {
+		if err := sleepCtx(ctx, ncLatencyPoll); err != nil {
+			r.fp.Heal()
+			return lat, err
+		}
+		if err := r.checkAlive(); err != nil {
+			r.fp.Heal()
+			return lat, err
+		}
+		body, err := r.scrapeExporter()
+		if err != nil {
+			ph.ScrapeErrors++
+			continue
+		}
+		ph.Scrapes++
+		d, _ := metric(body, "proxyhealth_rules_services_drifted")
+		ph.MaxDrifted = max(ph.MaxDrifted, d)
+		if hasSeries(body, "proxyhealth_service_drift_endpoints", want) {
+			lat.Seen, lat.Latency = true, time.Since(changed)
+			break
+		}
+	}
+	lat.Waited = time.Since(changed)
+	if lat.Seen {
+		logf("drift series after %s (grace %s: %+.1f s)", lat.Latency.Round(time.Millisecond), grace, (lat.Latency - grace).Seconds())
+	} else {
+		logf("no drift series for %s within %s", lat.Service, limit)
+	}
+
+	r.fp.Heal()
+	healed := time.Now()
+	logf("healed (%s); waiting for the drift to clear", r.fp.State())
+	for time.Since(healed) < r.cfg.healTimeout {
+		if err := sleepCtx(ctx, time.Second); err != nil {
+			return lat, err
+		}
+		body, err := r.scrapeExporter()
+		if err != nil {
+			ph.ScrapeErrors++
+			continue
+		}
+		ph.Scrapes++
+		d, ok := metric(body, "proxyhealth_rules_services_drifted")
+		ph.MaxDrifted = max(ph.MaxDrifted, d)
+		if ok && d == 0 && !hasSeries(body, "proxyhealth_service_drift_endpoints", want) {
+			lat.Cleared, lat.ClearedAfter = true, time.Since(healed)
+			break
+		}
+	}
+	return lat, r.checkAlive()
+}
+
+// hasSeries says whether the exposition has a sample of name whose labels include every one
+// of want (`label="value"`).
+func hasSeries(body, name string, want []string) bool {
+	for _, line := range strings.Split(body, "\n") {
+		rest, ok := strings.CutPrefix(line, name+"{")
+		if !ok {
+			continue
+		}
+		all := true
+		for _, w := range want {
+			if !strings.Contains(rest, w) {
+				all = false
+				break
+			}
+		}
+		if all {
+			return true
+		}
+	}
+	return false
+}
+
+// meter reads both cgroups at a phase's start and end.
+type meter struct {
+	r            *ncRun
+	t0           time.Time
+	exp0, kp0    uint64
+	load0        float64
+	resetFailed  bool
+	resetFailErr error
+}
+
+func (r *ncRun) newMeter() *meter { return &meter{r: r} }
+
+func loadavg1() float64 {
+	f := strings.Fields(readFile("/proc/loadavg"))
+	if len(f) == 0 {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(f[0], 64)
+	return v
+}
+
+func (mt *meter) begin() {
+	r := mt.r
+	for _, cg := range []*cgroup{r.expCG, r.kpCG} {
+		if err := cg.resetMax(); err != nil && !mt.resetFailed {
+			mt.resetFailed = true
+			r.m.Notes = append(r.m.Notes, fmt.Sprintf("memory.max_usage_in_bytes could not be reset (%v): each phase's peak is the peak so far", err))
+		}
+	}
+	if r.fw != nil {
+		r.fw.take("proxyhealth")
+		r.fw.take("kube-proxy")
+	}
+	r.polled.take("proxyhealth")
+	r.polled.take("kube-proxy")
+	mt.exp0, _ = r.expCG.cpuNS()
+	mt.kp0, _ = r.kpCG.cpuNS()
+	mt.load0 = loadavg1()
+	mt.t0 = time.Now()
+}
+
+func (mt *meter) end(ph *ncPhase) {
+	r := mt.r
+	wall := time.Since(mt.t0)
+	exp, _ := r.expCG.cpuNS()
+	kp, _ := r.kpCG.cpuNS()
+	ph.Wall = wall
+	ph.ExpCPU = float64(exp-mt.exp0) / float64(wall.Nanoseconds()) * 100
+	ph.KPCPU = float64(kp-mt.kp0) / float64(wall.Nanoseconds()) * 100
+	ph.ExpPeak, _ = r.expCG.maxUsage()
+	ph.KPPeak, _ = r.kpCG.maxUsage()
+	if r.fw != nil {
+		ph.ExpChildren, ph.ExpChildCmds = r.fw.take("proxyhealth")
+		ph.KPChildren, ph.KPChildCmds = r.fw.take("kube-proxy")
+	}
+	ph.ExpPolled = r.polled.take("proxyhealth")
+	kpPolled := r.polled.take("kube-proxy")
+	if r.fw == nil {
+		ph.ExpChildren, ph.KPChildren = ph.ExpPolled, kpPolled
+	}
+	ph.Load1 = [2]float64{mt.load0, loadavg1()}
+}
+
+// childPoll reads the measured cgroups' process lists every 100 ms and remembers the pids
+// other than each root: the children alive at some poll. It is the fallback when process
+// events are not available, and a cross-check when they are.
+type childPoll struct {
+	mu    sync.Mutex
+	roots map[string]int
+	seen  map[string]map[int]bool
+}
+
+func (c *childPoll) start(groups map[string]*cgroup) (stop func()) {
+	c.mu.Lock()
+	c.roots, c.seen = map[string]int{}, map[string]map[int]bool{}
+	for g := range groups {
+		c.seen[g] = map[int]bool{}
+	}
+	c.mu.Unlock()
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+			for g, cg := range groups {
+				pids := cg.procs()
+				c.mu.Lock()
+				root, ok := c.roots[g]
+				for _, pid := range pids {
+					if ok && pid != root {
+						c.seen[g][pid] = true
+					}
+				}
+				c.mu.Unlock()
+			}
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() { close(done); <-stopped })
+	}
+}
+
+func (c *childPoll) setRoot(group string, pid int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.roots[group] = pid
+}
+
+func (c *childPoll) take(group string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := len(c.seen[group])
+	c.seen[group] = map[int]bool{}
+	return n
+}
