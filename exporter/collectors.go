@@ -144,6 +144,13 @@ func registrations(app *kingpin.Application, paths *Paths) ([]registration, *api
 			}),
 		register(app, kubeproxy.Name, "kube-proxy's list/watch failures from its log (needs read access to the host's /var/log), and its metrics and health endpoints.",
 			func(l *slog.Logger) (phcollectors.Collector, error) {
+				// kube-proxy's syncs tell the netfilter reader when the legacy tables, which
+				// the kernel does not announce, may have changed.
+				kubeproxyCfg.OnSync = func() {
+					if host.source != nil {
+						host.source.Hint()
+					}
+				}
 				return kubeproxy.New(kubeproxyCfg, l)
 			}),
 	}, api, host

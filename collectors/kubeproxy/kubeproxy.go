@@ -39,14 +39,18 @@ var DefaultLogPaths = []string{
 
 // Config configures the collector.
 type Config struct {
-	LogPaths         []string // files or globs
-	LogPollInterval  time.Duration
-	LogRescan        time.Duration // how often the globs are expanded again
-	LogMaxLineBytes  int
-	MetricsURL       string
-	HealthURL        string
-	PollInterval     time.Duration
-	RequestTimeout   time.Duration
+	LogPaths        []string // files or globs
+	LogPollInterval time.Duration
+	LogRescan       time.Duration // how often the globs are expanded again
+	LogMaxLineBytes int
+	MetricsURL      string
+	HealthURL       string
+	PollInterval    time.Duration
+	RequestTimeout  time.Duration
+	// OnSync, when set, is called after a poll finds that kube-proxy applied a sync since the
+	// last poll: the exporter's netfilter reader then reads the legacy tables, whose changes
+	// the kernel does not announce.
+	OnSync           func()
 	logPathsFromFlag []string
 }
 
@@ -195,8 +199,12 @@ func (c *Collector) pollOnce(ctx context.Context) {
 	}
 	c.note(&res)
 	c.mu.Lock()
+	prev := c.probe
 	c.probe = &res
 	c.mu.Unlock()
+	if c.cfg.OnSync != nil && res.hasLastSync && prev != nil && prev.hasLastSync && !res.lastSync.Equal(prev.lastSync) {
+		c.cfg.OnSync()
+	}
 }
 
 // note logs once, and again on a change, whether kube-proxy answers and what it says.
