@@ -29,6 +29,13 @@ type Config struct {
 	GracePeriod    time.Duration
 	MaxSeries      int
 	CommandTimeout time.Duration
+
+	// Read replaces how kube-proxy's mode and rules are found and read (iptables-save, nft:
+	// see read.go): it returns the mode and, in iptables and nftables mode, the rules of IPv4
+	// and, when wantIPv6, IPv6. nil reads the node's.
+	Read func(ctx context.Context, wantIPv6 bool) (Programmed, error)
+	// Now is the clock checks are timed by; nil means time.Now.
+	Now func() time.Time
 }
 
 // AddFlags registers the collector's flags on app.
@@ -77,13 +84,17 @@ func New(cfg Config, logger *slog.Logger) (*Collector, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Collector{
+	c := &Collector{
 		cfg:    cfg,
 		logger: logger,
 		reader: newReader(cfg.ProcPath, cfg.CommandTimeout),
 		engine: newDriftEngine(cfg.GracePeriod),
 		now:    time.Now,
-	}, nil
+	}
+	if cfg.Now != nil {
+		c.now = cfg.Now
+	}
+	return c, nil
 }
 
 // Run checks at once and then every CheckInterval until ctx is done.
@@ -110,7 +121,7 @@ func (c *Collector) check(ctx context.Context) {
 		return
 	}
 	snap := c.cfg.View.Snapshot()
-	rr, err := c.reader.read(ctx, wantsIPv6(snap))
+	rr, err := c.readRules(ctx, wantsIPv6(snap))
 	if ctx.Err() != nil {
 		return // shutting down
 	}
