@@ -45,6 +45,12 @@ type Config struct {
 	Run CommandRunner
 	// LookPath finds a command; nil means exec.LookPath.
 	LookPath func(string) (string, error)
+	// ForwardDrop replaces the rules check's reading (Run and LookPath above): it tells, per
+	// backend, whether a conntrack INVALID drop is reachable from the forward path. nil reads
+	// the node's.
+	ForwardDrop func(ctx context.Context) []Backend
+	// Now is the clock checks are timed by; nil means time.Now.
+	Now func() time.Time
 }
 
 // AddFlags adds the collector's flags to app.
@@ -113,7 +119,11 @@ func New(cfg Config, logger *slog.Logger) (*Collector, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Collector{cfg: cfg, logger: logger, now: time.Now}, nil
+	c := &Collector{cfg: cfg, logger: logger, now: time.Now}
+	if cfg.Now != nil {
+		c.now = cfg.Now
+	}
+	return c, nil
 }
 
 // Run checks the rules at once and then every RulesCheckInterval until ctx is done.
@@ -132,7 +142,12 @@ func (c *Collector) Run(ctx context.Context) {
 
 // CheckRules runs one rules check now and publishes its result for Update.
 func (c *Collector) CheckRules(ctx context.Context) {
-	res := checkRules(ctx, c.cfg.ProcPath, c.cfg.Run, c.cfg.LookPath, c.cfg.CommandTimeout, c.now)
+	var res *rulesResult
+	if c.cfg.ForwardDrop != nil {
+		res = fromBackends(c.cfg.ForwardDrop(ctx), c.now())
+	} else {
+		res = checkRules(ctx, c.cfg.ProcPath, c.cfg.Run, c.cfg.LookPath, c.cfg.CommandTimeout, c.now)
+	}
 	if ctx.Err() != nil {
 		return // shutting down: the failures are ours, not the node's
 	}

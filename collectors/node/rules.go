@@ -76,6 +76,30 @@ type backendResult struct {
 	path    []string
 }
 
+// Backend is what one source of forward-path rules told the INVALID-drop check; see
+// Config.ForwardDrop.
+type Backend struct {
+	// Name is the backend as the collector's errors name it: "iptables-legacy", "iptables-nft",
+	// "iptables" (an iptables build with one backend) or "nftables".
+	Name string
+	// Missing is set when the backend is not in use here (its binary is not installed).
+	Missing bool
+	// Err says why its rules could not be read.
+	Err error
+	// DropPath is the rules from the forward path to a conntrack INVALID drop; empty when none
+	// is reachable.
+	DropPath []string
+}
+
+// fromBackends is a check whose backends were read by Config.ForwardDrop, finished at at.
+func fromBackends(bs []Backend, at time.Time) *rulesResult {
+	res := &rulesResult{at: at}
+	for _, b := range bs {
+		res.backends = append(res.backends, backendResult{name: b.Name, missing: b.Missing, err: b.Err, found: len(b.DropPath) > 0, path: b.DropPath})
+	}
+	return res
+}
+
 // rulesResult is one background check.
 type rulesResult struct {
 	at       time.Time
