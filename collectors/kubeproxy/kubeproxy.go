@@ -48,6 +48,10 @@ type Config struct {
 	PollInterval     time.Duration
 	RequestTimeout   time.Duration
 	logPathsFromFlag []string
+
+	// Now is the clock kube-proxy's sync times and undated log lines are measured by; nil
+	// means time.Now.
+	Now func() time.Time
 }
 
 // AddFlags adds the collector's flags to app.
@@ -123,12 +127,16 @@ func New(cfg Config, logger *slog.Logger) (*Collector, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Collector{
+	c := &Collector{
 		cfg:    cfg,
 		logger: logger,
 		prober: newProber(cfg.MetricsURL, cfg.HealthURL, cfg.RequestTimeout),
 		now:    time.Now,
-	}, nil
+	}
+	if cfg.Now != nil {
+		c.now = cfg.Now
+	}
+	return c, nil
 }
 
 // Run follows the logs and polls kube-proxy until ctx is done.
