@@ -15,6 +15,7 @@ import (
 	ticonntrack "github.com/ti-mo/conntrack"
 
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
+	"github.com/proxyhealth/proxyhealth/internal/fixture"
 )
 
 // fakeKernel serves fixed statistics, one table entry and one stream of events.
@@ -145,5 +146,40 @@ proxyhealth_conntrack_open_unreplied_flows{protocol="tcp",reason="same_bridge",s
 `
 	if err := testutil.CollectAndCompare(updater{c}, strings.NewReader(want), names...); err != nil {
 		t.Error(err)
+	}
+}
+
+// The fixture encoder tests and the exporter's golden scrape write conntrack-tools' text as
+// netlink messages; they decode to what the kernel's messages for those flows decode to.
+func TestFixtureMessagesDecode(t *testing.T) {
+	msgs, err := fixture.ConntrackMessages(strings.NewReader(`# a table entry, then events
+tcp      6 431999 ESTABLISHED src=10.244.1.2 dst=10.96.0.10 sport=40000 dport=80 src=10.244.1.3 dst=10.244.1.2 sport=8080 dport=40000 [ASSURED] mark=0 use=1 id=7
+    [NEW] tcp      6 120 SYN_SENT src=10.244.1.2 dst=10.96.0.10 sport=40000 dport=80 [UNREPLIED] src=10.244.1.3 dst=10.244.1.2 sport=8080 dport=40000 id=7
+ [UPDATE] udp      17 30 src=fd00::2 dst=fd00::2 sport=5 dport=6 src=fd00::2 dst=fd00::2 sport=6 dport=5 id=8
+[DESTROY] tcp      6 src=10.244.1.2 dst=10.96.0.10 sport=40000 dport=80 [UNREPLIED] src=10.244.1.3 dst=10.244.1.2 sport=8080 dport=40000 id=7
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	orig, reply := dnatTuples(40000)
+	six := netip.MustParseAddr("fd00::2")
+	want := []flowEvent{
+		{typ: eventUpdate, id: 7, status: statusSeenReply | statusDstNAT, hasStatus: true, orig: orig, reply: reply},
+		{typ: eventNew, id: 7, status: statusDstNAT, hasStatus: true, orig: orig, reply: reply},
+		{typ: eventUpdate, id: 8, status: statusSeenReply, hasStatus: true,
+			orig: tuple{src: six, dst: six, srcPort: 5, dstPort: 6, proto: 17}, reply: tuple{src: six, dst: six, srcPort: 6, dstPort: 5, proto: 17}},
+		{typ: eventDestroy, id: 7, status: statusDstNAT, hasStatus: true, orig: orig, reply: reply},
+	}
+	if len(msgs) != len(want) {
+		t.Fatalf("%d messages, want %d", len(msgs), len(want))
+	}
+	for i, m := range msgs {
+		var ev flowEvent
+		if err := decodeFlowMessage(m, &ev); err != nil || ev != want[i] {
+			t.Errorf("message %d: %+v (%v), want %+v", i, ev, err, want[i])
+		}
+	}
+	if _, err := fixture.ConntrackMessages(strings.NewReader("[NEW] tcp 6 src=10.0.0.1 dst=10.0.0.2\n")); err == nil {
+		t.Error("a line without a reply tuple was accepted")
 	}
 }
