@@ -89,9 +89,10 @@ func deleteEndpoint(t *testing.T, eps []discoveryv1.Endpoint, ip string) []disco
 	return out
 }
 
-// programmedRules is what kube-proxy programmed on the node: the real v1.36.3 nat table, read
-// by the same parser as internal/iptables' (the rules collector's tests hold it to the
-// collector's own reader), in iptables mode with the iptables-nft backend.
+// programmedRules is what kube-proxy programmed on the node: the real v1.36.3 nat table, in
+// iptables mode with the iptables-nft backend, read with internal/iptables' parser
+// (fixture.IPTablesProxyTable; collectors/rules' TestFixtureTableIsTheReaders holds that to the
+// collector's own streaming reader of the same capture).
 func programmedRules(t *testing.T) func(context.Context, bool) (rules.Programmed, error) {
 	t.Helper()
 	f, err := os.Open(rulesCaptureDir + "iptables-save-nat.txt")
