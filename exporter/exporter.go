@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"net/http/pprof"
 	"os"
@@ -17,9 +16,6 @@ import (
 
 	"github.com/alecthomas/kingpin/v2"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	versioncollector "github.com/prometheus/client_golang/prometheus/collectors/version"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/common/promslog"
 	promslogflag "github.com/prometheus/common/promslog/flag"
 	"github.com/prometheus/common/version"
@@ -82,17 +78,10 @@ func Main(args []string) int {
 	}
 	set := newCollectorSet(built, logger)
 
-	registry := prometheus.NewRegistry()
-	registry.MustRegister(versioncollector.NewCollector("proxyhealth"), set)
+	registry := newRegistry(set, !*exporterOwn)
 	if host.source != nil {
 		go host.source.Run(ctx)
 		registry.MustRegister(host.source)
-	}
-	if !*exporterOwn {
-		registry.MustRegister(
-			collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-			collectors.NewGoCollector(),
-		)
 	}
 
 	// One collection shortly after start-up (background work has had its first try by then),
@@ -106,12 +95,7 @@ func Main(args []string) int {
 	}()
 
 	mux := http.NewServeMux()
-	mux.Handle(*telemetryPath, promhttp.HandlerFor(registry, promhttp.HandlerOpts{
-		ErrorLog:            slog.NewLogLogger(logger.Handler(), slog.LevelError),
-		ErrorHandling:       promhttp.ContinueOnError,
-		MaxRequestsInFlight: *maxRequests,
-		Registry:            registry,
-	}))
+	mux.Handle(*telemetryPath, metricsHandler(registry, logger, *maxRequests))
 	// Profiles, as the landing page links them; behind the same web config (TLS, auth).
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)

@@ -2,11 +2,15 @@ package exporter
 
 import (
 	"log/slog"
+	"net/http"
 	"sort"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	promcollectors "github.com/prometheus/client_golang/prometheus/collectors"
+	versioncollector "github.com/prometheus/client_golang/prometheus/collectors/version"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/proxyhealth/proxyhealth/collectors"
 )
@@ -25,6 +29,31 @@ var (
 		[]string{"collector"}, nil,
 	)
 )
+
+// newRegistry registers what a scrape serves: the build info, the collectors' set and, when
+// exporterMetrics (no --web.disable-exporter-metrics), the process and Go runtime metrics.
+func newRegistry(set prometheus.Collector, exporterMetrics bool) *prometheus.Registry {
+	registry := prometheus.NewRegistry()
+	registry.MustRegister(versioncollector.NewCollector(namespace), set)
+	if exporterMetrics {
+		registry.MustRegister(
+			promcollectors.NewProcessCollector(promcollectors.ProcessCollectorOpts{}),
+			promcollectors.NewGoCollector(),
+		)
+	}
+	return registry
+}
+
+// metricsHandler serves registry on the telemetry path: a collector's error is logged and the
+// rest of the scrape still served.
+func metricsHandler(registry *prometheus.Registry, logger *slog.Logger, maxRequests int) http.Handler {
+	return promhttp.HandlerFor(registry, promhttp.HandlerOpts{
+		ErrorLog:            slog.NewLogLogger(logger.Handler(), slog.LevelError),
+		ErrorHandling:       promhttp.ContinueOnError,
+		MaxRequestsInFlight: maxRequests,
+		Registry:            registry,
+	})
+}
 
 // CollectorStatus is what the landing page and the log tell about one collector.
 type CollectorStatus struct {

@@ -40,6 +40,12 @@ type Config struct {
 	SocketBufferBytes      int
 	ServiceRefreshInterval time.Duration
 	ResyncMinInterval      time.Duration
+
+	// Kernel replaces the kernel's conntrack netlink and rtnetlink; nil reads this network
+	// namespace's (see Kernel).
+	Kernel Kernel
+	// Now is the clock flows are timed by; nil means time.Now.
+	Now func() time.Time
 }
 
 // AddFlags registers the collector's flags on app.
@@ -84,6 +90,8 @@ type Collector struct {
 	stats      func() (tableStats, error)
 	openEvents func(bufBytes int) (eventSource, error)
 	dump       func(fn func(*flowEvent)) error
+	loadNet    func() (*localNet, error)
+	now        func() time.Time
 
 	events        [eventDestroy + 1]atomic.Uint64
 	receiveErrors atomic.Uint64
@@ -112,9 +120,17 @@ func New(cfg Config, logger *slog.Logger) (*Collector, error) {
 		stats:      readStats,
 		openEvents: func(n int) (eventSource, error) { return openEventSocket(n) },
 		dump:       dumpTable,
+		loadNet:    loadLocalNet,
+		now:        time.Now,
 		// Start-up flows end within conntrack's timeouts (2 minutes for an unanswered SYN);
 		// checking them every 10s keeps the open gauge within that of the truth.
 		silentCheckInterval: 10 * time.Second,
+	}
+	if cfg.Kernel != nil {
+		c.useKernel(cfg.Kernel)
+	}
+	if cfg.Now != nil {
+		c.now = cfg.Now
 	}
 	c.view.Store(&attributionView{services: emptyServiceMap{}, net: &localNet{}})
 	return c, nil
@@ -240,7 +256,7 @@ func (c *Collector) resync(newAreSilent bool) error {
 	if err != nil {
 		return err
 	}
-	c.tracker.resync(dump, time.Now().UnixNano(), newAreSilent)
+	c.tracker.resync(dump, c.now().UnixNano(), newAreSilent)
 	c.resyncs.Add(1)
 	return nil
 }
@@ -286,7 +302,7 @@ func (c *Collector) consume(ctx context.Context, sock eventSource) error {
 			return nil
 		}
 		c.events[ev.typ].Add(1)
-		c.tracker.handle(&ev, time.Now().UnixNano(), c.view.Load())
+		c.tracker.handle(&ev, c.now().UnixNano(), c.view.Load())
 		if sinceCheck++; sinceCheck >= 4096 {
 			sinceCheck = 0
 			checkDrops()
@@ -337,7 +353,7 @@ func (c *Collector) refreshViewLoop(ctx context.Context) {
 	)
 	reload := func() {
 		var err error
-		if ln, err = loadLocalNet(); err != nil {
+		if ln, err = c.loadNet(); err != nil {
 			if err.Error() != lastNetErr {
 				c.logger.Warn("cannot read the node's bridges and routes; endpoints will be classed remote", "err", err)
 			}
@@ -467,7 +483,7 @@ func (c *Collector) Update(ch chan<- prometheus.Metric) error {
 
 	view := c.view.Load()
 	ch <- prometheus.MustNewConstMetric(servicesKnownDesc, prometheus.GaugeValue, float64(view.services.Len()))
-	snap := c.tracker.snapshot(time.Now().Add(-c.cfg.UnrepliedAfter).UnixNano(), view)
+	snap := c.tracker.snapshot(c.now().Add(-c.cfg.UnrepliedAfter).UnixNano(), view)
 	ch <- prometheus.MustNewConstMetric(trackedDesc, prometheus.GaugeValue, float64(snap.tracked))
 	ch <- prometheus.MustNewConstMetric(untrackedDesc, prometheus.CounterValue, float64(snap.untracked))
 	for _, s := range snap.unreplied {

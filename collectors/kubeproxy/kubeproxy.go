@@ -52,6 +52,10 @@ type Config struct {
 	// the kernel does not announce.
 	OnSync           func()
 	logPathsFromFlag []string
+
+	// Now is the clock kube-proxy's sync times and undated log lines are measured by; nil
+	// means time.Now.
+	Now func() time.Time
 }
 
 // AddFlags adds the collector's flags to app.
@@ -127,12 +131,16 @@ func New(cfg Config, logger *slog.Logger) (*Collector, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Collector{
+	c := &Collector{
 		cfg:    cfg,
 		logger: logger,
 		prober: newProber(cfg.MetricsURL, cfg.HealthURL, cfg.RequestTimeout),
 		now:    time.Now,
-	}, nil
+	}
+	if cfg.Now != nil {
+		c.now = cfg.Now
+	}
+	return c, nil
 }
 
 // Run follows the logs and polls kube-proxy until ctx is done.

@@ -71,11 +71,11 @@ func newTestCollector(t *testing.T, base string, now time.Time) *Collector {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	cfg.Now = func() time.Time { return now }
 	c, err := New(cfg, promslog.NewNopLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.now = func() time.Time { return now }
 	return c
 }
 

@@ -44,6 +44,8 @@ type Config struct {
 	// API change many times a second, and one comparison of 10,000 service ports costs about
 	// 15 ms. Zero means one second; tests shorten it.
 	MinCheckGap time.Duration
+	// Now is the clock; nil is time.Now. Tests fix it.
+	Now func() time.Time
 }
 
 // AddFlags registers the collector's flags on app.
@@ -94,11 +96,14 @@ func New(cfg Config, logger *slog.Logger) (*Collector, error) {
 	if cfg.MinCheckGap <= 0 {
 		cfg.MinCheckGap = time.Second
 	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	return &Collector{
 		cfg:    cfg,
 		logger: logger,
 		engine: newDriftEngine(cfg.GracePeriod),
-		now:    time.Now,
+		now:    cfg.Now,
 	}, nil
 }
 

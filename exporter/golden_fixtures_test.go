@@ -1,0 +1,292 @@
+package exporter
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	ticonntrack "github.com/ti-mo/conntrack"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/proxyhealth/proxyhealth/collectors/conntrack"
+	"github.com/proxyhealth/proxyhealth/internal/cluster"
+	"github.com/proxyhealth/proxyhealth/internal/fixture"
+	"github.com/proxyhealth/proxyhealth/internal/hostrules"
+	"github.com/proxyhealth/proxyhealth/internal/ruleset"
+)
+
+// The fixtures the golden scrape reads instead of a node, a kernel and an API server. Captures
+// are read where they already are, beside the tests of the collector they belong to.
+const (
+	procFixture      = "../collectors/node/testdata/proc-full"
+	nodeRulesDir     = "../collectors/node/testdata/"
+	rulesCaptureDir  = "../collectors/rules/testdata/kube-proxy-v1.36.3/"
+	kubeProxyDataDir = "../collectors/kubeproxy/testdata/"
+)
+
+// fixedClock is every collector's clock: it stands still until the test moves it.
+type fixedClock struct{ ns atomic.Int64 }
+
+func (c *fixedClock) set(t time.Time) { c.ns.Store(t.UnixNano()) }
+func (c *fixedClock) now() time.Time  { return time.Unix(0, c.ns.Load()).UTC() }
+
+// goldenAPIView is the exporter's API view: the API objects kube-proxy v1.36.3 programmed the
+// captured rules from, changed since by what kube-proxy missed while its watches were dead
+// (incident 3): lab/backend's pod 10.244.3.3 was deleted and two pods were added, and
+// kube-dns's pod on node-b, 10.244.3.30, was deleted. The view is synced and heard from the
+// API server 5 s before the scrape.
+func goldenAPIView(t *testing.T, heard time.Time) fixture.View {
+	t.Helper()
+	objs, err := fixture.ReadAPIObjects(rulesCaptureDir + "api-objects.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := 0
+	for i := range objs.EndpointSlices {
+		s := &objs.EndpointSlices[i]
+		switch s.Namespace + "/" + s.Labels[discoveryv1.LabelServiceName] {
+		case "lab/backend":
+			s.Endpoints = deleteEndpoint(t, s.Endpoints, "10.244.3.3")
+			for _, ip := range []string{"10.244.3.14", "10.244.3.15"} {
+				ep := *s.Endpoints[0].DeepCopy()
+				ep.Addresses = []string{ip}
+				s.Endpoints = append(s.Endpoints, ep)
+			}
+			changed++
+		case "kube-system/kube-dns":
+			s.Endpoints = deleteEndpoint(t, s.Endpoints, "10.244.3.30")
+			changed++
+		}
+	}
+	if changed != 2 {
+		t.Fatalf("changed %d EndpointSlices of the capture, want lab/backend's and kube-dns's", changed)
+	}
+	return fixture.View{Snap: &cluster.Snapshot{Ports: objs.Ports(), Synced: true, Fresh: true, LastHeard: heard, Generation: 1}}
+}
+
+func deleteEndpoint(t *testing.T, eps []discoveryv1.Endpoint, ip string) []discoveryv1.Endpoint {
+	t.Helper()
+	out := slices.DeleteFunc(eps, func(e discoveryv1.Endpoint) bool { return slices.Contains(e.Addresses, ip) })
+	if len(out) != len(eps)-1 {
+		t.Fatalf("endpoint %s not in the capture", ip)
+	}
+	return out
+}
+
+// goldenRules is the node's netfilter state as internal/hostrules would have read it once.
+type goldenRules struct{ st *hostrules.State }
+
+func (g goldenRules) State() *hostrules.State    { return g.st }
+func (g goldenRules) Subscribe() <-chan struct{} { return make(chan struct{}) }
+
+// nodeRules is the node's netfilter state, read at at: kube-proxy's real v1.36.3 nat table in
+// iptables mode with the iptables-nft backend (fixture.IPTablesProxyTable; collectors/rules'
+// TestFixtureTableIsTheReaders holds that to the drift check's own reader of the capture), and
+// the forward path: kube-proxy's filter table in iptables-nft (its KUBE-FORWARD drop, with
+// nfacct), an empty legacy filter table, and no native nftables forward chain.
+func nodeRules(t *testing.T, at time.Time) goldenRules {
+	t.Helper()
+	read := func(file string) io.Reader {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return bytes.NewReader(b)
+	}
+	table, err := fixture.IPTablesProxyTable(read(rulesCaptureDir + "iptables-save-nat.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	legacy, err := fixture.IPTablesForwardGraph(read(nodeRulesDir+"iptables-legacy-save-empty.txt"), "iptables-legacy filter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	viaNFT, err := fixture.IPTablesForwardGraph(read(nodeRulesDir+"iptables-nft-save-kube-proxy.txt"), "iptables-nft filter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if legacy.InvalidDropPath() != nil || viaNFT.InvalidDropPath() == nil {
+		t.Fatal("INVALID drop paths: want only kube-proxy's, in iptables-nft")
+	}
+	return goldenRules{&hostrules.State{At: at, Seq: 1, Mode: hostrules.ModeIPTables, Backend: hostrules.BackendIPTablesNFT,
+		Proxy: map[bool]*ruleset.ProxyTable{false: table},
+		Forward: []hostrules.Forward{
+			{Backend: hostrules.BackendLegacy, Graphs: []*ruleset.Graph{legacy}},
+			{Backend: hostrules.BackendIPTablesNFT, Graphs: []*ruleset.Graph{viaNFT}},
+			{Backend: hostrules.BackendNFTables},
+		}}}
+}
+
+// kubeProxy serves kube-proxy's endpoints on loopback as they answered in the lab while its API
+// connection was dead: its metrics (last sync before the failure) and a healthy /livez.
+func kubeProxy(t *testing.T) *httptest.Server {
+	t.Helper()
+	metrics, err := os.ReadFile(kubeProxyDataDir + "kube-proxy-v1.36.3-metrics-stale.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		w.Write(metrics)
+	})
+	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "ok") })
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// kubeProxyLog is a kube-proxy pod log under a fixture /var/log/pods: pattern is its
+// --kubeproxy.log-path glob. The file starts empty; write appends the real reflector failures
+// (cri.log: kube-proxy v1.36.3's watches failing, as the container runtime writes them).
+func kubeProxyLog(t *testing.T) (pattern string, write func() (lines int)) {
+	t.Helper()
+	root := t.TempDir()
+	dir := filepath.Join(root, "var/log/pods/kube-system_kube-proxy-x7k2p_6f1c2a80-2a35-4c52-9d7e-3f1f4bd3c1a0/kube-proxy")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "0.log")
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lines, err := os.ReadFile(kubeProxyDataDir + "cri.log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(root, "var/log/pods/kube-system_kube-proxy-*/kube-proxy/*.log"), func() int {
+		f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if _, err := f.Write(lines); err != nil {
+			t.Fatal(err)
+		}
+		return bytes.Count(lines, []byte("\n"))
+	}
+}
+
+// conntrackKernel is the kernel as the conntrack collector sees it: the per-CPU statistics, the
+// table and the events of testdata/conntrack-*.txt, and the node's network: eth0 172.18.0.2 and
+// the pod bridge cni0 10.244.1.1/24 (the prefixes conntrack's localNet reads from them). The
+// events wait until release is called.
+type conntrackKernel struct {
+	stats  []ticonntrack.Stats
+	global ticonntrack.StatsGlobal
+	table  [][]byte
+	events *eventStream
+}
+
+func newConntrackKernel(t *testing.T) *conntrackKernel {
+	t.Helper()
+	open := func(file string) *os.File {
+		f, err := os.Open(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		return f
+	}
+	k := &conntrackKernel{events: &eventStream{release: make(chan struct{}), delivered: make(chan struct{}), closed: make(chan struct{})}}
+	var err error
+	if k.stats, err = fixture.ConntrackStats(open("testdata/conntrack-stats.txt")); err != nil {
+		t.Fatal(err)
+	}
+	if k.table, err = fixture.ConntrackMessages(open("testdata/conntrack-table.txt")); err != nil {
+		t.Fatal(err)
+	}
+	if k.events.msgs, err = fixture.ConntrackMessages(open("testdata/conntrack-events.txt")); err != nil {
+		t.Fatal(err)
+	}
+	limit, err := os.ReadFile(procFixture + "/sys/net/netfilter/nf_conntrack_max")
+	if err != nil {
+		t.Fatal(err)
+	}
+	max, err := strconv.ParseUint(strings.TrimSpace(string(limit)), 10, 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.global = ticonntrack.StatsGlobal{Entries: uint32(len(k.table)), MaxEntries: uint32(max)}
+	return k
+}
+
+func (k *conntrackKernel) Stats() ([]ticonntrack.Stats, ticonntrack.StatsGlobal, error) {
+	return k.stats, k.global, nil
+}
+
+func (k *conntrackKernel) Subscribe(int) (conntrack.EventStream, error) {
+	if !k.events.subscribed.CompareAndSwap(false, true) {
+		return nil, errors.New("the fixture serves one subscription")
+	}
+	return k.events, nil
+}
+
+func (k *conntrackKernel) Dump(fn func([]byte) error) error {
+	for _, m := range k.table {
+		if err := fn(m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (k *conntrackKernel) LocalNetwork() (bridges, local []netip.Prefix, err error) {
+	cni0 := netip.MustParsePrefix("10.244.1.0/24")
+	return []netip.Prefix{cni0}, []netip.Prefix{
+		netip.MustParsePrefix("172.18.0.2/32"), netip.MustParsePrefix("10.244.1.1/32"), cni0,
+	}, nil
+}
+
+// release lets the events flow and waits until every one has been handled.
+func (k *conntrackKernel) release(t *testing.T) {
+	t.Helper()
+	close(k.events.release)
+	select {
+	case <-k.events.delivered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the conntrack events were not received")
+	}
+}
+
+// eventStream delivers its messages once released, and then waits for Close.
+type eventStream struct {
+	msgs       [][]byte
+	subscribed atomic.Bool
+	release    chan struct{}
+	delivered  chan struct{}
+	closed     chan struct{}
+	once       sync.Once
+}
+
+func (s *eventStream) Receive(fn func([]byte) error) error {
+	select {
+	case <-s.release:
+	case <-s.closed:
+		return errors.New("closed")
+	}
+	for _, m := range s.msgs {
+		if err := fn(m); err != nil {
+			return err
+		}
+	}
+	close(s.delivered)
+	<-s.closed
+	return errors.New("closed")
+}
+
+func (s *eventStream) Drops() (uint32, error) { return 0, nil }
+func (s *eventStream) Close() error           { s.once.Do(func() { close(s.closed) }); return nil }

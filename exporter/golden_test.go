@@ -1,0 +1,348 @@
+package exporter
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alecthomas/kingpin/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/prometheus/common/promslog"
+
+	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
+	"github.com/proxyhealth/proxyhealth/collectors/conntrack"
+	"github.com/proxyhealth/proxyhealth/collectors/kubeproxy"
+	"github.com/proxyhealth/proxyhealth/collectors/node"
+	"github.com/proxyhealth/proxyhealth/collectors/rules"
+)
+
+var update = flag.Bool("update", false, "rewrite "+goldenScrape+" from this run (go test ./exporter -run Golden -update)")
+
+// goldenScrape is one whole scrape of the exporter, every collector enabled with default flags
+// but for those TestGoldenScrape sets, run on fixtures. It freezes the exposition: metric
+// names, types, help texts, labels and values.
+const goldenScrape = "testdata/golden-scrape.txt"
+
+// The golden scrape's two instants. At checkedAt the collectors start: the node's rules check
+// runs, the first drift check sees the API's endpoints differ from kube-proxy's rules, and the
+// conntrack events arrive. The scrape is at scrapedAt, 90 s later: past the drift grace period
+// (60 s) and --conntrack.unreplied-after (3 s). kube-proxy's log and metrics are from
+// 2026-11-21 21:00:40-48 UTC, when its watches failed.
+var (
+	checkedAt = time.Date(2026, 11, 21, 21, 3, 30, 0, time.UTC)
+	scrapedAt = checkedAt.Add(90 * time.Second)
+)
+
+// TestGoldenScrape runs every collector (conntrack, node, rules, kubeproxy) and the exporter's
+// own series together on fixtures alone (no root, no netlink, no network beyond loopback, no
+// API server), scrapes the metrics handler once and compares the whole exposition with
+// testdata/golden-scrape.txt; the README's metrics table is then held to that file. The node
+// is in incident 3: kube-proxy's watches died, the API moved on, its rules did not; and flows
+// to a deleted pod, to local endpoints and to no Service go unreplied.
+//
+// After an intended change of the exposition, rewrite the file with
+//
+//	go test ./exporter -run Golden -update
+//
+// and review its diff: every line of it is a change users see.
+func TestGoldenScrape(t *testing.T) {
+	clock := &fixedClock{}
+	clock.set(checkedAt)
+	view := goldenAPIView(t, scrapedAt.Add(-5*time.Second))
+	kernel := newConntrackKernel(t)
+	kp := kubeProxy(t)
+	logPattern, writeLog := kubeProxyLog(t)
+
+	app := kingpin.New("proxyhealth", "")
+	paths := addPathFlags(app)
+	var (
+		conntrackCfg conntrack.Config
+		nodeCfg      node.Config
+		rulesCfg     rules.Config
+		kubeproxyCfg kubeproxy.Config
+	)
+	conntrackCfg.AddFlags(app)
+	nodeCfg.AddFlags(app)
+	rulesCfg.AddFlags(app)
+	kubeproxyCfg.AddFlags(app)
+	if _, err := app.Parse([]string{
+		"--path.procfs=" + procFixture,
+		// Two label sets per series: the conntrack events make three, and the third shows
+		// in the *_unlisted series.
+		"--conntrack.max-service-series=2",
+		// The drift check repeats at once; each check at one instant of the fixed clock
+		// finds the same, and the test waits for one at the scrape's instant.
+		"--rules.check-interval=10ms",
+		"--kubeproxy.log-path=" + logPattern,
+		"--kubeproxy.log-poll-interval=10ms",
+		"--kubeproxy.metrics-url=" + kp.URL + "/metrics",
+		"--kubeproxy.health-url=" + kp.URL + "/livez",
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// The node's netfilter state, read once at checkedAt, shared as the exporter shares it.
+	host := nodeRules(t, checkedAt)
+	conntrackCfg.ProcPath, conntrackCfg.API, conntrackCfg.Rules, conntrackCfg.Kernel, conntrackCfg.Now = paths.ProcFS, view, host, kernel, clock.now
+	nodeCfg.ProcPath, nodeCfg.Rules = paths.ProcFS, host
+	rulesCfg.View, rulesCfg.Rules, rulesCfg.Now, rulesCfg.MinCheckGap = view, host, clock.now, 10*time.Millisecond
+	kubeproxyCfg.Now = clock.now
+
+	logger := promslog.NewNopLogger()
+	built := map[string]phcollectors.Collector{}
+	var err error
+	if built["conntrack"], err = conntrack.New(conntrackCfg, logger); err != nil {
+		t.Fatal(err)
+	}
+	if built[node.Name], err = node.New(nodeCfg, logger); err != nil {
+		t.Fatal(err)
+	}
+	if built["rules"], err = rules.New(rulesCfg, logger); err != nil {
+		t.Fatal(err)
+	}
+	if built[kubeproxy.Name], err = kubeproxy.New(kubeproxyCfg, logger); err != nil {
+		t.Fatal(err)
+	}
+	registry := newRegistry(newCollectorSet(built, logger), true)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, c := range built {
+		if r, ok := c.(phcollectors.Runner); ok {
+			wg.Go(func() { r.Run(ctx) })
+		}
+	}
+	t.Cleanup(func() { cancel(); wg.Wait() })
+
+	// At checkedAt: the background work's first results.
+	waitFor(t, "the node's INVALID-drop check", built[node.Name], "proxyhealth_node_rules_last_check_timestamp_seconds", unixSeconds(checkedAt))
+	waitFor(t, "the first drift check", built["rules"], "proxyhealth_rules_last_check_timestamp_seconds", unixSeconds(checkedAt))
+	// Events are attributed with the Service map of their time: let them flow once it is
+	// loaded from the API view, as it is a second after start on a node.
+	waitFor(t, "conntrack's Service map", built["conntrack"], "proxyhealth_conntrack_service_ports_known", float64(len(view.Snap.Ports)))
+	kernel.release(t)
+	// kube-proxy's log is read from its end when the exporter starts: the failures are
+	// written once it follows the file.
+	waitFor(t, "kube-proxy's log followed", built[kubeproxy.Name], "proxyhealth_kubeproxy_log_files_followed", 1)
+	lines := writeLog()
+	waitFor(t, "kube-proxy's log read", built[kubeproxy.Name], "proxyhealth_kubeproxy_log_lines_total", float64(lines))
+	waitFor(t, "kube-proxy polled", built[kubeproxy.Name], "proxyhealth_kubeproxy_up", 1)
+
+	// At scrapedAt: a drift check past the grace period, then the scrape.
+	clock.set(scrapedAt)
+	waitFor(t, "a drift check past the grace period", built["rules"], "proxyhealth_rules_last_check_timestamp_seconds", unixSeconds(scrapedAt))
+	srv := httptest.NewServer(metricsHandler(registry, logger, 1))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("scrape: %s, %v", resp.Status, err)
+	}
+	got := normalise(body)
+
+	if *update {
+		if err := os.WriteFile(goldenScrape, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("wrote %s", goldenScrape)
+	}
+	want, err := os.ReadFile(goldenScrape)
+	if err != nil {
+		t.Fatalf("%v (create it with -update)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("the scrape differs from %s (if intended: go test ./exporter -run Golden -update, and review the diff):\n%s", goldenScrape, lineDiff(want, got))
+	}
+	checkReadmeAgainst(t, want)
+}
+
+// normalise makes a scrape comparable between runs and machines. It changes only what no
+// fixture or clock can fix, and keeps every family and label name:
+//
+//   - go_* and process_* (the exporter's own runtime, served unless
+//     --web.disable-exporter-metrics): memory, goroutines, CPU and file descriptors of the test
+//     process, and a set of families that changes with the Go release. They are dropped.
+//   - proxyhealth_collector_duration_seconds: the wall time each collector's Update took. Its
+//     values are set to 0.
+//   - proxyhealth_build_info: its label values describe the build that runs the test (version
+//     and revision are empty in a test binary; goversion, goos, goarch, tags follow the
+//     toolchain and flags). They are set to "normalised".
+func normalise(scrape []byte) []byte {
+	var out bytes.Buffer
+	for _, line := range strings.SplitAfter(string(scrape), "\n") {
+		name, sample := familyOf(line)
+		switch {
+		case strings.HasPrefix(name, "go_"), strings.HasPrefix(name, "process_"):
+			continue
+		case sample && name == "proxyhealth_collector_duration_seconds":
+			line = line[:strings.LastIndexByte(line, ' ')+1] + "0\n"
+		case sample && name == "proxyhealth_build_info":
+			line = labelValue.ReplaceAllString(line, `="normalised"`)
+		}
+		out.WriteString(line)
+	}
+	return out.Bytes()
+}
+
+var labelValue = regexp.MustCompile(`="[^"]*"`)
+
+// familyOf returns the metric name of an exposition line ("# HELP name ...", "# TYPE name ...",
+// "name{labels} value") and whether it is a sample.
+func familyOf(line string) (name string, sample bool) {
+	if rest, ok := strings.CutPrefix(line, "# "); ok {
+		f := strings.Fields(rest)
+		if len(f) >= 2 {
+			return f[1], false
+		}
+		return "", false
+	}
+	end := strings.IndexAny(line, "{ ")
+	if end < 0 {
+		return "", false
+	}
+	return line[:end], true
+}
+
+// checkReadmeAgainst holds the README's metrics table to the golden scrape: every proxyhealth_
+// family of the scrape is documented there with its type and label names (any other family is
+// at least named in the README), and every documented metric is in the scrape: the fixtures
+// produce each one, none is excused.
+func checkReadmeAgainst(t *testing.T, scrape []byte) {
+	t.Helper()
+	docs := readmeMetrics(t)
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(bytes.NewReader(scrape))
+	if err != nil {
+		t.Fatalf("%s: %v", goldenScrape, err)
+	}
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, fam := range families {
+		if !strings.HasPrefix(name, "proxyhealth_") {
+			// The table lists proxyhealth's own metrics; the handler's are named in its text.
+			if !bytes.Contains(readme, []byte("`"+name+"`")) {
+				t.Errorf("%s is in %s but the README does not name it", name, goldenScrape)
+			}
+			continue
+		}
+		doc, ok := docs[name]
+		if !ok {
+			t.Errorf("%s is in %s but not in the README's metrics table", name, goldenScrape)
+			continue
+		}
+		typ := strings.ToLower(fam.GetType().String())
+		for _, m := range fam.GetMetric() {
+			if got := typ + " {" + strings.Join(labelNames(m), ",") + "}"; got != doc.Signature() {
+				t.Errorf("%s: %s in %s, %s in the README", name, got, goldenScrape, doc.Signature())
+				break
+			}
+		}
+	}
+	for name := range docs {
+		// The netfilter reader's own series (internal/hostrules.Source) count its reads of
+		// the kernel: the scrape here serves a fixed read instead, so they are held to the
+		// README by readme_test.go's descriptors and to their values by hostrules' tests.
+		if strings.HasPrefix(name, "proxyhealth_netfilter_") {
+			continue
+		}
+		if _, ok := families[name]; !ok {
+			t.Errorf("%s is in the README's metrics table but not in %s", name, goldenScrape)
+		}
+	}
+}
+
+func labelNames(m *dto.Metric) []string {
+	var names []string
+	for _, l := range m.GetLabel() {
+		names = append(names, l.GetName())
+	}
+	sort.Strings(names)
+	return names
+}
+
+// waitFor waits until collector c sends metric name with value want (a gauge or counter without
+// labels, or the first of its series).
+func waitFor(t *testing.T, what string, c phcollectors.Collector, name string, want float64) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		v, ok := sample(c, name)
+		if ok && v == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waiting for %s: %s is %v (sent: %v), want %v", what, name, v, ok, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// sample runs c's Update and returns the value of metric name.
+func sample(c phcollectors.Collector, name string) (float64, bool) {
+	ch := make(chan prometheus.Metric, 1000)
+	_ = c.Update(ch)
+	close(ch)
+	for m := range ch {
+		if !strings.Contains(m.Desc().String(), `fqName: "`+name+`"`) {
+			continue
+		}
+		var d dto.Metric
+		if err := m.Write(&d); err != nil {
+			return 0, false
+		}
+		switch {
+		case d.Gauge != nil:
+			return d.Gauge.GetValue(), true
+		case d.Counter != nil:
+			return d.Counter.GetValue(), true
+		}
+	}
+	return 0, false
+}
+
+func unixSeconds(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
+
+// lineDiff lists the lines only in want (-) and only in got (+), in order.
+func lineDiff(want, got []byte) string {
+	w, g := strings.Split(string(want), "\n"), strings.Split(string(got), "\n")
+	inW, inG := map[string]int{}, map[string]int{}
+	for _, l := range w {
+		inW[l]++
+	}
+	for _, l := range g {
+		inG[l]++
+	}
+	var b strings.Builder
+	for _, l := range w {
+		if inG[l] == 0 {
+			b.WriteString("- " + l + "\n")
+		}
+	}
+	for _, l := range g {
+		if inW[l] == 0 {
+			b.WriteString("+ " + l + "\n")
+		}
+	}
+	if b.Len() == 0 {
+		b.WriteString("(the same lines, in another order or number)\n")
+	}
+	return b.String()
+}
