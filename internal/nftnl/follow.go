@@ -51,8 +51,8 @@ type followed struct {
 	err   error // the last read failed: the next Apply reads the table whole
 	snap  *ruleset.ProxyTable
 
-	chains    map[string]*kpChain           // service chains that have rules
-	endpoints map[string]netip.AddrPort     // endpoint chains' DNAT destinations
+	chains    map[string]*kpChain            // service chains that have rules
+	endpoints map[string]netip.AddrPort      // endpoint chains' DNAT destinations
 	byTarget  map[string]map[string]struct{} // endpoint chain -> service chains naming it
 	bySet     map[string]map[string]struct{} // set -> service chains using it
 	services  []ruleset.Service

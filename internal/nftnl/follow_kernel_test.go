@@ -155,3 +155,57 @@ COMMIT
 	nftnltest.LoadIPTablesSave(t, readFile(t, natCapture), false)
 	ft.step("table restored")
 }
+
+// TestKernelFollowKubeProxyNFT follows nftables mode's partial syncs: a service chain flushed
+// and written again with a new anonymous map, a service-ips element changed, the affinity form
+// (endpoint chains behind a verdict map) added and one endpoint chain rewritten, a service
+// removed.
+func TestKernelFollowKubeProxyNFT(t *testing.T) {
+	needNetns(t)
+	nftnltest.Flush(t)
+	nftnltest.LoadNFT(t, genNFT(5))
+	ft := newFollowTest(t)
+	ft.same("initial read")
+
+	nftnltest.LoadNFT(t, []byte(`flush chain ip kube-proxy service-00000001-ns/svc1/tcp/http
+add rule ip kube-proxy service-00000001-ns/svc1/tcp/http meta l4proto tcp dnat ip to numgen random mod 2 map { 0 : 10.1.1.1 . 8080, 1 : 10.1.1.2 . 8080 }
+`))
+	// The chain, and its new map.
+	wantReads(t, "service chain rewritten", ft.step("service chain rewritten"), 0, 1, 1)
+
+	nftnltest.LoadNFT(t, []byte(`delete element ip kube-proxy service-ips { 10.96.0.2 . tcp . 80 }
+add element ip kube-proxy service-ips { 10.96.0.2 . tcp . 81 : goto service-00000002-ns/svc2/tcp/http }
+`))
+	wantReads(t, "service-ips element changed", ft.step("service-ips element changed"), 0, 0, 1)
+
+	nftnltest.LoadNFT(t, []byte(`add chain ip kube-proxy endpoint-aaaa
+add rule ip kube-proxy endpoint-aaaa meta l4proto tcp dnat ip to 10.9.9.9:80
+add chain ip kube-proxy endpoint-bbbb
+add rule ip kube-proxy endpoint-bbbb meta l4proto tcp dnat ip to 10.9.9.8:80
+add set ip kube-proxy affinity-aaaa { type ipv4_addr; flags dynamic,timeout; timeout 3h; }
+flush chain ip kube-proxy service-00000000-ns/svc0/tcp/http
+add rule ip kube-proxy service-00000000-ns/svc0/tcp/http ip saddr @affinity-aaaa goto endpoint-aaaa
+add rule ip kube-proxy service-00000000-ns/svc0/tcp/http numgen random mod 2 vmap { 0 : goto endpoint-aaaa, 1 : goto endpoint-bbbb }
+`))
+	ft.step("affinity form")
+
+	nftnltest.LoadNFT(t, []byte(`flush chain ip kube-proxy endpoint-aaaa
+add rule ip kube-proxy endpoint-aaaa meta l4proto tcp dnat ip to 10.9.9.10:80
+`))
+	// Only the endpoint chain: the service chain's endpoints are recomputed from the state.
+	wantReads(t, "endpoint chain rewritten", ft.step("endpoint chain rewritten"), 0, 1, 0)
+	if pt, _ := ft.f.KubeProxyNFT(false); !slices.Contains(pt.Chains["service-00000000-ns/svc0/tcp/http"], netip.MustParseAddrPort("10.9.9.10:80")) {
+		t.Errorf("service 0 does not DNAT to the rewritten endpoint: %v", pt.Chains["service-00000000-ns/svc0/tcp/http"])
+	}
+
+	nftnltest.LoadNFT(t, []byte(`delete element ip kube-proxy service-ips { 10.96.0.3 . tcp . 80 }
+flush chain ip kube-proxy service-00000003-ns/svc3/tcp/http
+delete chain ip kube-proxy service-00000003-ns/svc3/tcp/http
+`))
+	wantReads(t, "service removed", ft.step("service removed"), 0, 1, 1)
+
+	nftnltest.LoadNFT(t, []byte("delete table ip kube-proxy\n"))
+	wantReads(t, "table deleted", ft.step("table deleted"), 1, 0, 0)
+	nftnltest.LoadNFTJSON(t, readFile(t, nftCapture))
+	ft.step("capture loaded")
+}

@@ -42,7 +42,9 @@ func scaleSizes(t *testing.T) []int {
 }
 
 // epIP is endpoint ep of service svc, distinct for up to 16,384 services.
-func epIP(svc, ep int) string { return fmt.Sprintf("10.%d.%d.%d", 128+svc/256/4, svc%256, (svc/256%4)*16+ep+1) }
+func epIP(svc, ep int) string {
+	return fmt.Sprintf("10.%d.%d.%d", 128+svc/256/4, svc%256, (svc/256%4)*16+ep+1)
+}
 
 func vip(svc int) string { return fmt.Sprintf("10.96.%d.%d", svc/256, svc%256) }
 
