@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -90,9 +91,9 @@ func (f *Follower) Close() error {
 	return f.sock.Close()
 }
 
-// Stats returns the reads made so far.
+// Stats returns the reads made so far; unlike the rest, it may be called concurrently.
 func (f *Follower) Stats() FollowStats {
-	return FollowStats{FullReads: f.q.full, RuleDumps: f.q.rules, ElementDumps: f.q.elements}
+	return FollowStats{FullReads: f.q.full.Load(), RuleDumps: f.q.rules.Load(), ElementDumps: f.q.elements.Load()}
 }
 
 // IPTablesNAT returns kube-proxy's iptables-mode rules as of the last read (nil when the nat
@@ -184,7 +185,7 @@ func mergeDetail(acc, d *TableChange) *TableChange {
 
 // full reads ft whole and replaces its state.
 func (f *Follower) full(ctx context.Context, ft *followed) error {
-	f.q.full++
+	f.q.full.Add(1)
 	ft.read = true
 	var err error
 	switch ft.kind {
@@ -523,18 +524,18 @@ func uniq(s []string) []string {
 	return slices.Compact(s)
 }
 
-// countingQuerier counts the requests a Follower makes.
+// countingQuerier counts the requests a Follower makes; Stats may be called concurrently.
 type countingQuerier struct {
 	q                     querier
-	full, rules, elements uint64
+	full, rules, elements atomic.Uint64
 }
 
 func (c *countingQuerier) query(ctx context.Context, req request, fn func(m message) error) error {
 	switch req.typ {
 	case unix.NFT_MSG_GETRULE:
-		c.rules++
+		c.rules.Add(1)
 	case unix.NFT_MSG_GETSETELEM:
-		c.elements++
+		c.elements.Add(1)
 	}
 	return c.q.query(ctx, req, fn)
 }
