@@ -74,7 +74,7 @@ func (h *hostRules) addFlags(app *kingpin.Application) {
 		Default("2s").DurationVar(&h.cfg.LegacyPollInterval)
 	app.Flag("netfilter.legacy-min-read-interval", "Least time between two reads of the iptables-legacy tables; under churn they are read at most this often.").
 		Default("10s").DurationVar(&h.cfg.LegacyMinReadInterval)
-	app.Flag("netfilter.resync-interval", "How often every netfilter table is read again whatever the notifications said.").
+	app.Flag("netfilter.resync-interval", "How often the iptables-legacy tables are read again whatever their size said (nf_tables is followed through its notifications, and read whole only when some were lost).").
 		Default("5m").DurationVar(&h.cfg.ResyncInterval)
 	h.cfg.Debounce = 100 * time.Millisecond
 }

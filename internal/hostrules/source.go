@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/proxyhealth/proxyhealth/internal/nftnl"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
 
@@ -24,8 +25,10 @@ type Config struct {
 	// the kernel sends no notification for them and a read of a large nat table costs a
 	// fraction of a second, so under churn they are re-read at most this often.
 	LegacyMinReadInterval time.Duration
-	// ResyncInterval is how often everything is read again whatever the notifications said,
-	// to catch what they cannot tell (a legacy endpoint swapped in place, a lost event).
+	// ResyncInterval is how often the legacy tables are read again whatever their size
+	// summary says, to catch what it cannot tell (a legacy endpoint swapped in place).
+	// nf_tables is not read whole on it: its notifications are reliable, and a lost one is
+	// reported (a Resync change), which reads it whole.
 	ResyncInterval time.Duration
 	// Debounce is how long nf_tables must be quiet after a change before it is read: a
 	// kube-proxy sync is one transaction, but several may follow each other closely.
@@ -58,8 +61,10 @@ type backends interface {
 	legacyFingerprint() (string, error)
 	// nft reads nf_tables: kube-proxy's rules through iptables-nft's nat tables and its
 	// nftables-mode tables, and the forward path of iptables-nft's filter table and of the
-	// native tables.
-	nft() (nftRead, error)
+	// native tables. changes are the watch's changes since the last call, in order: only what
+	// they name is read again. With nil (no watch, or the first read) everything is read if
+	// the ruleset generation moved since the last call.
+	nft(changes []nftChange) (nftRead, error)
 	// watchNFT follows nf_tables' committed changes until ctx ends. Each value on the
 	// channel is one change; resync is set when events may have been lost (a socket overrun
 	// or a generation gap). The channel is closed when the watch ends.
@@ -77,7 +82,11 @@ type nftRead struct {
 	nativeFwdErr error                        // the native tables could not be read
 }
 
-type nftChange struct{ resync bool }
+// nftChange is one change the watch reported; resync is set when events may have been lost.
+type nftChange struct {
+	resync bool
+	change nftnl.Change
+}
 
 // Source reads the node's netfilter state and publishes it; see the package comment.
 type Source struct {
@@ -157,7 +166,7 @@ func (s *Source) Run(ctx context.Context) {
 		s.logger.Warn("cannot follow nf_tables changes; reading them on a timer instead", "err", err)
 	}
 	s.readLegacy()
-	s.readNFT()
+	s.readNFT(nil)
 	s.publish()
 	lastFP, _ := s.b.legacyFingerprint()
 
@@ -173,6 +182,8 @@ func (s *Source) Run(ctx context.Context) {
 		}
 	}()
 	legacyDue := false
+	// The changes since the last nf_tables read: all are applied at the debounced read.
+	var pending []nftChange
 	for {
 		select {
 		case <-ctx.Done():
@@ -188,6 +199,7 @@ func (s *Source) Run(ctx context.Context) {
 			if ch.resync {
 				s.stats.resyncs.Add(1)
 			}
+			pending = append(pending, ch)
 			if debounce == nil {
 				debounce = time.NewTimer(s.cfg.Debounce)
 			} else {
@@ -196,12 +208,13 @@ func (s *Source) Run(ctx context.Context) {
 			debounceC = debounce.C
 		case <-debounceC:
 			debounceC = nil
-			s.readNFT()
+			s.readNFT(pending)
+			pending = nil
 			s.publish()
 		case <-poll.C:
 			if events == nil {
 				// No watch: poll nf_tables too (its generation keeps the read cheap).
-				s.readNFT()
+				s.readNFT(nil)
 			}
 			fp, err := s.b.legacyFingerprint()
 			if err != nil || fp != lastFP || s.stats.hinted.Swap(false) {
@@ -217,7 +230,6 @@ func (s *Source) Run(ctx context.Context) {
 			}
 		case <-resync.C:
 			s.readLegacy()
-			s.readNFT()
 			s.publish()
 		}
 	}
@@ -230,9 +242,9 @@ func (s *Source) readLegacy() {
 	s.stats.observe(BackendLegacy, s.now().Sub(start), errors.Join(proxyErr, filterErr))
 }
 
-func (s *Source) readNFT() {
+func (s *Source) readNFT(changes []nftChange) {
 	start := s.now()
-	r, err := s.b.nft()
+	r, err := s.b.nft(changes)
 	s.nftPart = nftPart{read: r, err: err, at: s.now()}
 	s.stats.observe(BackendNFTables, s.now().Sub(start), errors.Join(err, r.proxyErr, r.iptablesErr, r.nativeFwdErr))
 }

@@ -23,6 +23,7 @@ type fakeBackends struct {
 	changes     chan nftChange
 	legacyReads int
 	nftReads    int
+	nftChanges  [][]nftChange // what each nft call was given
 }
 
 func (f *fakeBackends) ipvs() bool { f.mu.Lock(); defer f.mu.Unlock(); return f.ipvsOn }
@@ -37,10 +38,11 @@ func (f *fakeBackends) legacyFingerprint() (string, error) {
 	defer f.mu.Unlock()
 	return f.fingerprint, nil
 }
-func (f *fakeBackends) nft() (nftRead, error) {
+func (f *fakeBackends) nft(changes []nftChange) (nftRead, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.nftReads++
+	f.nftChanges = append(f.nftChanges, changes)
 	return f.nftRead, f.nftErr
 }
 func (f *fakeBackends) watchNFT(ctx context.Context) (<-chan nftChange, error) {
@@ -158,6 +160,11 @@ func TestSourceFollowsChanges(t *testing.T) {
 	if _, n := fb.counts(); n != nft0+1 {
 		t.Errorf("nf_tables read %d times for one burst, want 1", n-nft0)
 	}
+	fb.mu.Lock()
+	if got := fb.nftChanges; len(got) != 2 || got[0] != nil || len(got[1]) != 6 || !got[1][5].resync {
+		t.Errorf("changes given to the reads: %+v, want none at first, then the burst's 6", got)
+	}
+	fb.mu.Unlock()
 	if got := s.stats.resyncs.Load(); got != 1 {
 		t.Errorf("resyncs = %d, want 1", got)
 	}
@@ -200,6 +207,21 @@ func TestSourceLegacyMinReadInterval(t *testing.T) {
 	}
 	if l, _ := fb.counts(); l != 1 {
 		t.Errorf("legacy read %d times within the minimum interval, want only the first", l)
+	}
+}
+
+// The periodic resync reads the legacy tables again, not nf_tables: its changes are followed.
+func TestSourceResyncReadsLegacyOnly(t *testing.T) {
+	fb := &fakeBackends{changes: make(chan nftChange), fingerprint: "0"}
+	cfg := Config{LegacyPollInterval: time.Hour, ResyncInterval: 10 * time.Millisecond}
+	s := newSource(cfg, nil, fb)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	waitFor(t, "three resyncs", func() bool { l, _ := fb.counts(); return l >= 4 })
+	if _, n := fb.counts(); n != 1 {
+		t.Errorf("nf_tables read %d times, want only the first read", n)
 	}
 }
 

@@ -1,6 +1,7 @@
 // Package hostrules is proxyhealth's one reader of the node's netfilter state. It reads
 // kube-proxy's rules and the forward path in-process (nf_tables over netlink, iptables-legacy
-// through its socket options), follows nf_tables changes as they are committed, re-reads the
+// through its socket options), follows nf_tables changes as they are committed (re-reading
+// only the chains and sets each names, through nftnl.Follower), re-reads the
 // legacy tables only when they may have changed, and publishes each read as an immutable State
 // that the drift check (collectors/rules), the INVALID-drop check (collectors/node) and flow
 // attribution (collectors/conntrack) share. No child process is run.

@@ -17,10 +17,15 @@ import (
 type systemBackends struct {
 	procPath string
 
+	// follower keeps kube-proxy's nf_tables tables, re-reading what each change names.
+	follower *nftnl.Follower
 	// nf_tables' generation at the last read, and that read: without a watch, a poll whose
-	// generation has not moved reuses it (one round trip instead of a read).
+	// generation has not moved reuses it (one round trip instead of a read); with one, a
+	// change that cannot have touched the forward path reuses its graphs.
 	lastGen  uint32
 	lastRead *nftRead
+	// forwardReads counts ForwardGraphs reads.
+	forwardReads int
 }
 
 func newSystemBackends(procPath string) *systemBackends { return &systemBackends{procPath: procPath} }
@@ -69,23 +74,43 @@ func (b *systemBackends) legacyFingerprint() (string, error) {
 	return sb.String(), errors.Join(errs...)
 }
 
-func (b *systemBackends) nft() (nftRead, error) {
+func (b *systemBackends) nft(changes []nftChange) (nftRead, error) {
 	ctx := context.Background()
+	if b.follower == nil {
+		f, err := nftnl.NewFollower()
+		if err != nil {
+			return nftRead{}, err
+		}
+		b.follower, changes = f, nil
+	}
 	gen, genErr := nftnl.Generation(ctx)
-	if genErr == nil && b.lastRead != nil && gen == b.lastGen {
-		return *b.lastRead, nil
+	forward := true
+	if changes == nil {
+		// No watch to say what changed: everything, unless nothing did.
+		if genErr == nil && b.lastRead != nil && gen == b.lastGen {
+			return *b.lastRead, nil
+		}
+		_ = b.follower.Resync(ctx) // the errors are the tables', below
+	} else {
+		cs := make([]nftnl.Change, len(changes))
+		forward = false
+		for i, c := range changes {
+			cs[i] = c.change
+			forward = forward || c.resync || affectsForward(&c.change)
+		}
+		_ = b.follower.Apply(ctx, cs...)
 	}
 	var r nftRead
 	var errs []error
 	r.iptablesNAT, r.kubeProxy = map[bool]*ruleset.ProxyTable{}, map[bool]*ruleset.ProxyTable{}
 	for _, ipv6 := range []bool{false, true} {
-		t, err := nftnl.ReadIPTablesNAT(ctx, ipv6)
+		t, err := b.follower.IPTablesNAT(ipv6)
 		if err != nil {
 			errs = append(errs, err)
 		} else if t != nil {
 			r.iptablesNAT[ipv6] = t
 		}
-		t, err = nftnl.ReadKubeProxyNFT(ctx, ipv6)
+		t, err = b.follower.KubeProxyNFT(ipv6)
 		if err != nil {
 			errs = append(errs, err)
 		} else if t != nil {
@@ -93,25 +118,61 @@ func (b *systemBackends) nft() (nftRead, error) {
 		}
 	}
 	r.proxyErr = errors.Join(errs...)
-	graphs, err := nftnl.ForwardGraphs(ctx)
-	if err != nil {
-		r.iptablesErr, r.nativeFwdErr = err, err
-	}
-	for _, g := range graphs {
-		if strings.Contains(g.Name, "tables-nft ") { // "iptables-nft filter", "ip6tables-nft filter"
-			if !strings.HasPrefix(g.Name, "ip6") {
-				r.iptablesFwd = g
-			}
-			continue
-		}
-		r.nativeFwd = append(r.nativeFwd, g)
-	}
-	if genErr == nil && r.proxyErr == nil && err == nil {
-		b.lastGen, b.lastRead = gen, &r
+	if !forward && b.lastRead != nil && b.lastRead.iptablesErr == nil && b.lastRead.nativeFwdErr == nil {
+		r.iptablesFwd, r.nativeFwd = b.lastRead.iptablesFwd, b.lastRead.nativeFwd
 	} else {
-		b.lastRead = nil
+		b.forwardReads++
+		graphs, err := nftnl.ForwardGraphs(ctx)
+		if err != nil {
+			r.iptablesErr, r.nativeFwdErr = err, err
+		}
+		for _, g := range graphs {
+			if strings.Contains(g.Name, "tables-nft ") { // "iptables-nft filter", "ip6tables-nft filter"
+				if !strings.HasPrefix(g.Name, "ip6") {
+					r.iptablesFwd = g
+				}
+				continue
+			}
+			r.nativeFwd = append(r.nativeFwd, g)
+		}
+	}
+	b.lastRead = &r
+	b.lastGen = gen
+	if genErr != nil || r.proxyErr != nil || r.iptablesErr != nil {
+		// Not reused by a poll: read again next time.
+		b.lastGen = 0
+		if changes == nil {
+			b.lastRead = nil
+		}
 	}
 	return r, nil
+}
+
+// affectsForward reports whether a change may have changed the forward path ForwardGraphs
+// reads: any table but kube-proxy's nat and nftables-mode tables, and in the latter any chain
+// but its service and endpoint chains (its filter-forward chain and those it jumps to).
+func affectsForward(c *nftnl.Change) bool {
+	if c.Resync {
+		return true
+	}
+	for _, t := range c.Tables {
+		if !nftnl.Followed(t) {
+			return true
+		}
+		if t.Name == "nat" {
+			continue
+		}
+		d := c.Touched(t)
+		if d == nil || d.TableEvent || d.Overflow {
+			return true
+		}
+		for _, ch := range d.Chains {
+			if !strings.HasPrefix(ch, "service-") && !strings.HasPrefix(ch, "local-") && !strings.HasPrefix(ch, "endpoint-") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (b *systemBackends) watchNFT(ctx context.Context) (<-chan nftChange, error) {
@@ -124,7 +185,7 @@ func (b *systemBackends) watchNFT(ctx context.Context) (<-chan nftChange, error)
 		defer close(out)
 		for ch := range w.C {
 			select {
-			case out <- nftChange{resync: ch.Resync}:
+			case out <- nftChange{resync: ch.Resync, change: ch}:
 			case <-ctx.Done():
 				return
 			}

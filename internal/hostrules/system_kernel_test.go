@@ -2,15 +2,21 @@ package hostrules
 
 import (
 	"context"
+	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
+	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/common/promslog"
+	"github.com/proxyhealth/proxyhealth/internal/nftnl"
 	"github.com/proxyhealth/proxyhealth/internal/nftnl/nftnltest"
+	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
 
 // Real kube-proxy v1.36.3 captures (collectors/rules/testdata), loaded into this test's own
@@ -178,4 +184,125 @@ func TestSourceLegacy(t *testing.T) {
 	if st.Backend != BackendLegacy || len(st.ProxyRules(false).Services) == 0 {
 		t.Errorf("state: backend %q, %d services", st.Backend, len(st.ProxyRules(false).Services))
 	}
+}
+
+// followStats reads the system backends' Follower counters (safe while the Source runs).
+func followStats(t *testing.T, s *Source) nftnl.FollowStats {
+	t.Helper()
+	f := s.b.(*systemBackends).follower
+	if f == nil {
+		t.Fatal("no follower")
+	}
+	return f.Stats()
+}
+
+func readsSince(a, b nftnl.FollowStats) nftnl.FollowStats {
+	return nftnl.FollowStats{FullReads: b.FullReads - a.FullReads, RuleDumps: b.RuleDumps - a.RuleDumps, ElementDumps: b.ElementDumps - a.ElementDumps}
+}
+
+// One service's endpoint replaced as kube-proxy's partial sync does it (iptables-nft-restore
+// --noflush: the old KUBE-SEP chain flushed and deleted, a new one, the service chain and
+// KUBE-SERVICES written again): the published rules equal a fresh whole read, and only the
+// chains the commit touched were read.
+func TestSourceIPTablesNFTFollowsOneService(t *testing.T) {
+	requireNetns(t, "iptables-nft-restore", "iptables-nft", "nft")
+	t.Cleanup(func() { flush(t) })
+	capture := readFile(t, iptablesCapture)
+	nftnltest.LoadIPTablesSave(t, capture, false)
+	s, sub := startSource(t, Config{Debounce: 10 * time.Millisecond})
+	waitState(t, s, sub, "iptables mode", func(st *State) bool { return st.Mode == ModeIPTables })
+	before := followStats(t, s)
+
+	var services strings.Builder
+	for _, l := range strings.Split(string(capture), "\n") {
+		if strings.HasPrefix(l, "-A KUBE-SERVICES ") {
+			services.WriteString(l + "\n")
+		}
+	}
+	nftnltest.LoadIPTablesSave(t, []byte(`*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-SVC-FEK7IJ3KIWHUKSBD - [0:0]
+:KUBE-SEP-RX36DMIICQEWPEUB - [0:0]
+:KUBE-SEP-NEWNEWNEWNEW0001 - [0:0]
+`+services.String()+`-A KUBE-SVC-FEK7IJ3KIWHUKSBD ! -s 10.244.0.0/16 -d 10.96.0.52/32 -p tcp -m comment --comment "lab/web-nodeport:http cluster IP" -m tcp --dport 80 -j KUBE-MARK-MASQ
+-A KUBE-SVC-FEK7IJ3KIWHUKSBD -m comment --comment "lab/web-nodeport:http -> 10.244.1.3:8080" -m statistic --mode random --probability 0.50000000000 -j KUBE-SEP-HUGL6XOLN2FXI7EB
+-A KUBE-SVC-FEK7IJ3KIWHUKSBD -m comment --comment "lab/web-nodeport:http -> 10.244.3.51:8080" -j KUBE-SEP-NEWNEWNEWNEW0001
+-A KUBE-SEP-NEWNEWNEWNEW0001 -s 10.244.3.51/32 -m comment --comment "lab/web-nodeport:http" -j KUBE-MARK-MASQ
+-A KUBE-SEP-NEWNEWNEWNEW0001 -p tcp -m comment --comment "lab/web-nodeport:http" -m tcp -j DNAT --to-destination 10.244.3.51:8080
+-X KUBE-SEP-RX36DMIICQEWPEUB
+COMMIT
+`), false, "--noflush")
+	newEP := netip.MustParseAddrPort("10.244.3.51:8080")
+	st := waitState(t, s, sub, "the new endpoint", func(st *State) bool {
+		return slices.Contains(st.ProxyRules(false).Chains["KUBE-SVC-FEK7IJ3KIWHUKSBD"], newEP)
+	})
+	fresh, err := nftnl.ReadIPTablesNAT(context.Background(), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(st.ProxyRules(false), fresh) {
+		t.Errorf("followed rules differ from a fresh read:\nfollowed %+v\nfresh    %+v", st.ProxyRules(false), fresh)
+	}
+	// KUBE-SERVICES, the service chain, the old and the new KUBE-SEP chain.
+	if d := readsSince(before, followStats(t, s)); d.FullReads != 0 || d.RuleDumps != 4 || d.ElementDumps != 0 {
+		t.Errorf("reads for one service's change: %+v, want 4 chain dumps", d)
+	}
+}
+
+// nftables mode: one service chain flushed and written again with a new endpoint map, then one
+// service-ips element changed.
+func TestSourceNFTablesFollowsOneService(t *testing.T) {
+	requireNetns(t, "nft")
+	t.Cleanup(func() { flush(t) })
+	nftnltest.LoadNFTJSON(t, readFile(t, nftCapture))
+	s, sub := startSource(t, Config{Debounce: 10 * time.Millisecond})
+	st := waitState(t, s, sub, "nftables mode", func(st *State) bool { return st.Mode == ModeNFTables })
+	var svc ruleset.Service
+	for _, sv := range st.ProxyRules(false).Services {
+		if len(st.ProxyRules(false).Chains[sv.Chain]) > 0 {
+			svc = sv
+			break
+		}
+	}
+	if svc.Chain == "" {
+		t.Fatal("no service with endpoints in the capture")
+	}
+	// check compares the published rules with a fresh read; nothing more is read meanwhile.
+	check := func(what string, ok func(*State) bool, rules, elements uint64) {
+		t.Helper()
+		before := followStats(t, s)
+		st := waitState(t, s, sub, what, ok)
+		fresh, err := nftnl.ReadKubeProxyNFT(context.Background(), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(st.ProxyRules(false), fresh) {
+			t.Errorf("%s: followed rules differ from a fresh read:\nfollowed %+v\nfresh    %+v", what, st.ProxyRules(false), fresh)
+		}
+		if d := readsSince(before, followStats(t, s)); d.FullReads != 0 || d.RuleDumps != rules || d.ElementDumps != elements {
+			t.Errorf("%s: reads %+v, want %d chain dumps and %d element dumps", what, d, rules, elements)
+		}
+	}
+	newEP := netip.MustParseAddrPort("10.244.9.9:8080")
+	// The stats are taken before the change: the Source applies it only after the debounce.
+	before := followStats(t, s)
+	run(t, "nft", fmt.Sprintf("flush chain ip kube-proxy %s; add rule ip kube-proxy %s meta l4proto tcp dnat ip to numgen random mod 1 map { 0 : 10.244.9.9 . 8080 }", svc.Chain, svc.Chain))
+	waitState(t, s, sub, "the rewritten service chain", func(st *State) bool {
+		return slices.Equal(st.ProxyRules(false).Chains[svc.Chain], []netip.AddrPort{newEP})
+	})
+	if d := readsSince(before, followStats(t, s)); d.FullReads != 0 || d.RuleDumps != 1 || d.ElementDumps != 1 {
+		t.Errorf("service chain rewritten: reads %+v, want 1 chain dump and 1 element dump", d)
+	}
+	check("the rewritten service chain", func(*State) bool { return true }, 0, 0)
+
+	before = followStats(t, s)
+	run(t, "nft", fmt.Sprintf("delete element ip kube-proxy service-ips { %s . %d . %d }; add element ip kube-proxy service-ips { %s . %d . 9999 : goto %s }",
+		svc.ClusterIP, svc.Protocol, svc.Port, svc.ClusterIP, svc.Protocol, svc.Chain))
+	waitState(t, s, sub, "the moved service port", func(st *State) bool {
+		return slices.ContainsFunc(st.ProxyRules(false).Services, func(x ruleset.Service) bool { return x.Chain == svc.Chain && x.Port == 9999 })
+	})
+	if d := readsSince(before, followStats(t, s)); d.FullReads != 0 || d.RuleDumps != 0 || d.ElementDumps != 1 {
+		t.Errorf("service-ips element changed: reads %+v, want 1 element dump", d)
+	}
+	check("the moved service port", func(*State) bool { return true }, 0, 0)
 }

@@ -7,7 +7,10 @@
 //   - the forward path's rules for the conntrack INVALID drop check, in iptables-nft's filter
 //     tables and in every native table with a forward base chain, ForwardGraphs;
 //   - the ruleset generation and a watch on the nftables multicast group, so a caller re-reads
-//     only when a commit touched the tables it cares about (Generation, Watch).
+//     only when a commit touched the tables it cares about, and only the chains and sets it
+//     touched (Generation, Watch);
+//   - kube-proxy's tables kept up to date from the watch's changes, re-reading only the
+//     chains and sets each names (Follower).
 //
 // Results come in the types of internal/ruleset, so callers do not see netlink.
 //

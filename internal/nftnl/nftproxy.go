@@ -127,7 +127,9 @@ func (kr *kpReader) rule(r *ruleMsg) error {
 }
 
 // resolveMaps reads the anonymous maps the service chains use: one small dump per map (the
-// kernel dumps elements of one named set at a time).
+// kernel dumps elements of one named set at a time). A map that went away since its chain was
+// read is skipped: the commit that removed it moved the generation (a whole read is retried)
+// and changed the chain (a Follower re-reads it).
 func (kr *kpReader) resolveMaps(ctx context.Context, q querier) error {
 	family := kr.in.family
 	for _, c := range kr.chains {
@@ -138,7 +140,7 @@ func (kr *kpReader) resolveMaps(ctx context.Context, q querier) error {
 				}
 				return nil
 			})
-			if err != nil {
+			if err != nil && !isNotExist(err) {
 				return err
 			}
 		}
@@ -149,7 +151,7 @@ func (kr *kpReader) resolveMaps(ctx context.Context, q querier) error {
 				}
 				return nil
 			})
-			if err != nil {
+			if err != nil && !isNotExist(err) {
 				return err
 			}
 		}

@@ -196,3 +196,96 @@ func TestScaleIPTablesNAT(t *testing.T) {
 		})
 	}
 }
+
+// cpu runs fn and reports the process's CPU time (user and system: the kernel's dump work is
+// done in the reading thread) and its allocations.
+func cpu(t *testing.T, label string, fn func()) {
+	t.Helper()
+	var ru0, ru1 syscall.Rusage
+	var ms0, ms1 runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms0)
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
+	start := time.Now()
+	fn()
+	elapsed := time.Since(start)
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
+	runtime.ReadMemStats(&ms1)
+	tv := func(a, b syscall.Timeval) time.Duration { return time.Duration(b.Nano() - a.Nano()) }
+	t.Logf("%s: %v wall, %v user + %v system CPU, %.2f MiB in %d allocations", label, elapsed.Round(time.Microsecond),
+		tv(ru0.Utime, ru1.Utime).Round(time.Microsecond), tv(ru0.Stime, ru1.Stime).Round(time.Microsecond),
+		float64(ms1.TotalAlloc-ms0.TotalAlloc)/(1<<20), ms1.Mallocs-ms0.Mallocs)
+}
+
+// followScale loads a table, follows it, makes one service's change and measures the Apply.
+func followScale(t *testing.T, load func(), change func(), check func(f *Follower)) {
+	needNetns(t)
+	nftnltest.Flush(t)
+	start := time.Now()
+	load()
+	t.Logf("loaded in %v", time.Since(start).Round(time.Millisecond))
+	ft := newFollowTest(t)
+	cpu(t, "Follower full read (Resync)", func() {
+		if err := ft.f.Resync(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
+	change()
+	chg := ft.changes()
+	before := ft.f.Stats()
+	cpu(t, "Apply one service's change", func() {
+		if err := ft.f.Apply(context.Background(), chg...); err != nil {
+			t.Fatal(err)
+		}
+	})
+	after := ft.f.Stats()
+	t.Logf("reads: %d full, %d rule dumps, %d element dumps", after.FullReads-before.FullReads, after.RuleDumps-before.RuleDumps, after.ElementDumps-before.ElementDumps)
+	check(ft.f)
+	ft.same("after one change")
+}
+
+func TestScaleFollowIPTablesNAT(t *testing.T) {
+	for _, n := range scaleSizes(t) {
+		t.Run(strconv.Itoa(n), func(t *testing.T) {
+			followScale(t, func() {
+				for from := 0; from < n; from += 500 {
+					nftnltest.LoadIPTablesSave(t, genIPTables(from, min(from+500, n), from == 0), false, "--noflush")
+				}
+			}, func() {
+				// kube-proxy's partial sync for service 0's endpoint 0 replaced: KUBE-SERVICES and
+				// the service chain written again, the old endpoint chain deleted, a new one.
+				full := string(genIPTables(0, n, true))
+				var b strings.Builder
+				b.WriteString("*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-0000000000000000 - [0:0]\n:KUBE-SEP-0000000000000000 - [0:0]\n:KUBE-SEP-NEWNEWNEWNEW0001 - [0:0]\n")
+				for _, l := range strings.Split(full, "\n") {
+					if strings.HasPrefix(l, "-A KUBE-SERVICES ") || strings.HasPrefix(l, "-A KUBE-SVC-0000000000000000 ") {
+						b.WriteString(strings.ReplaceAll(l, "KUBE-SEP-0000000000000000", "KUBE-SEP-NEWNEWNEWNEW0001") + "\n")
+					}
+				}
+				b.WriteString("-A KUBE-SEP-NEWNEWNEWNEW0001 -p tcp -m tcp -j DNAT --to-destination 10.250.0.1:8080\n-X KUBE-SEP-0000000000000000\nCOMMIT\n")
+				nftnltest.LoadIPTablesSave(t, []byte(b.String()), false, "--noflush")
+			}, func(f *Follower) {
+				pt, _ := f.IPTablesNAT(false)
+				if eps := pt.Chains["KUBE-SVC-0000000000000000"]; len(eps) != 10 || eps[len(eps)-1].String() != "10.250.0.1:8080" {
+					t.Errorf("service 0: %v", eps)
+				}
+			})
+		})
+	}
+}
+
+func TestScaleFollowKubeProxyNFT(t *testing.T) {
+	for _, n := range scaleSizes(t) {
+		t.Run(strconv.Itoa(n), func(t *testing.T) {
+			followScale(t, func() { nftnltest.LoadNFT(t, genNFT(n)) }, func() {
+				nftnltest.LoadNFT(t, []byte("flush chain ip kube-proxy service-00000000-ns/svc0/tcp/http\n"+
+					"add rule ip kube-proxy service-00000000-ns/svc0/tcp/http meta l4proto tcp dnat ip to numgen random mod 2 map { 0 : 10.250.0.1 . 8080, 1 : 10.250.0.2 . 8080 }\n"))
+			}, func(f *Follower) {
+				pt, _ := f.KubeProxyNFT(false)
+				if eps := pt.Chains["service-00000000-ns/svc0/tcp/http"]; len(eps) != 2 {
+					t.Errorf("service 0: %v", eps)
+				}
+			})
+		})
+	}
+}

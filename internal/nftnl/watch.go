@@ -1,6 +1,7 @@
 package nftnl
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -30,12 +31,51 @@ type Change struct {
 	// skipped. The caller must re-read every table it follows.
 	Resync bool
 	Reason string // "overrun" or "generation gap" with Resync
+	// Details says, per table of Tables (same order), what the commit touched inside it.
+	Details []TableChange
+}
+
+// TableChange is what one commit touched inside one table: the names the event messages
+// carry, nothing of the objects' contents.
+type TableChange struct {
+	Table Table
+	// TableEvent: the table itself was created, deleted or updated (NEWTABLE, DELTABLE).
+	TableEvent bool
+	// Chains whose rules were added or deleted (NEWRULE, DELRULE), or that were created or
+	// deleted (NEWCHAIN, DELCHAIN); each once, in the order first seen.
+	Chains []string
+	// ChainEvents are the chains of Chains that were created, deleted or updated themselves.
+	ChainEvents []string
+	// Sets (and maps, anonymous ones too) whose elements were added or deleted (NEWSETELEM,
+	// DELSETELEM), or that were created or deleted (NEWSET, DELSET).
+	Sets []string
+	// Overflow: the commit touched more than maxDetailNames chains and sets of the table;
+	// the lists stop there and the table should be read whole.
+	Overflow bool
+	// Other: objects other than chains, rules, sets and elements changed (objects,
+	// flowtables).
+	Other bool
+}
+
+// maxDetailNames bounds the names a TableChange lists: a commit that rewrites a whole table
+// (kube-proxy's full sync) is better re-read whole than chain by chain.
+const maxDetailNames = 4096
+
+// Touched returns the detail of table t, nil when the change does not name it.
+func (c *Change) Touched(t Table) *TableChange {
+	for i := range c.Details {
+		if c.Details[i].Table == t {
+			return &c.Details[i]
+		}
+	}
+	return nil
 }
 
 // Watcher follows the nftables multicast group (NFNLGRP_NFTABLES). The kernel sends every
 // object a commit added or deleted, then NFT_MSG_NEWGEN with the new generation; Watch keeps
-// only each message's table and family, so a commit that rewrites kube-proxy's whole nat table
-// (hundreds of thousands of rule messages) costs no decoding. Its own socket rather than
+// only each message's table and family and the name of the chain or set it is about, so a
+// commit that rewrites kube-proxy's whole nat table (hundreds of thousands of rule messages)
+// costs no decoding of rules. Its own socket rather than
 // google/nftables' Monitor: that one decodes every rule of every event, leaves the table of an
 // element change unknown, and its goroutine blocks on an unbuffered send once nobody reads.
 type Watcher struct {
@@ -154,13 +194,92 @@ func (w *Watcher) run(ctx context.Context, c *socket.Conn, ch chan<- Change, int
 type changeAccumulator struct {
 	interest func(Table) bool
 	touched  []Table
-	skipped  Table // the last table found of no interest
+	details  []*detailAcc // by touched
+	skipped  Table        // the last table found of no interest
 	lastGen  uint32
 	haveGen  bool
 }
 
 func (a *changeAccumulator) reset() {
-	a.touched, a.haveGen = nil, false
+	a.touched, a.details, a.haveGen = nil, nil, false
+}
+
+// detailAcc collects one table's TableChange, each name once.
+type detailAcc struct {
+	tc        TableChange
+	seen      map[string]struct{} // "c" + chain, "e" + chain event, "s" + set
+	key       []byte
+	lastChain []byte // the last chain named, as a commit names one chain many times in a row
+}
+
+func (d *detailAcc) add(kind byte, name []byte) {
+	if d.tc.Overflow {
+		return
+	}
+	if kind == 'c' && d.lastChain != nil && bytes.Equal(d.lastChain, name) {
+		return
+	}
+	d.key = append(append(d.key[:0], kind), name...)
+	if _, ok := d.seen[string(d.key)]; ok {
+		return
+	}
+	if len(d.seen) >= maxDetailNames {
+		d.tc.Overflow = true
+		d.tc.Chains, d.tc.ChainEvents, d.tc.Sets, d.seen, d.lastChain = nil, nil, nil, nil, nil
+		return
+	}
+	if d.seen == nil {
+		d.seen = map[string]struct{}{}
+	}
+	d.seen[string(d.key)] = struct{}{}
+	s := string(name)
+	switch kind {
+	case 'c':
+		d.tc.Chains = append(d.tc.Chains, s)
+		d.lastChain = append(d.lastChain[:0], name...)
+	case 'e':
+		d.tc.ChainEvents = append(d.tc.ChainEvents, s)
+		d.add('c', name)
+	case 's':
+		d.tc.Sets = append(d.tc.Sets, s)
+	}
+}
+
+// note records what message m says changed in the table of d.
+func (d *detailAcc) note(m message) {
+	switch m.typ {
+	case unix.NFT_MSG_NEWTABLE, unix.NFT_MSG_DELTABLE:
+		d.tc.TableEvent = true
+	case unix.NFT_MSG_NEWRULE, unix.NFT_MSG_DELRULE:
+		if name, ok := strAttr(m.attrs, unix.NFTA_RULE_CHAIN); ok {
+			d.add('c', name)
+		}
+	case unix.NFT_MSG_NEWCHAIN, unix.NFT_MSG_DELCHAIN:
+		if name, ok := strAttr(m.attrs, unix.NFTA_CHAIN_NAME); ok {
+			d.add('e', name)
+		}
+	case unix.NFT_MSG_NEWSET, unix.NFT_MSG_DELSET:
+		if name, ok := strAttr(m.attrs, unix.NFTA_SET_NAME); ok {
+			d.add('s', name)
+		}
+	case unix.NFT_MSG_NEWSETELEM, unix.NFT_MSG_DELSETELEM:
+		if name, ok := strAttr(m.attrs, unix.NFTA_SET_ELEM_LIST_SET); ok {
+			d.add('s', name)
+		}
+	default:
+		d.tc.Other = true
+	}
+}
+
+// strAttr returns the first string attribute of type typ, still in the buffer.
+func strAttr(b []byte, typ uint16) ([]byte, bool) {
+	a := newAttrs(b)
+	for a.next() {
+		if a.typ == typ {
+			return a.str(), true
+		}
+	}
+	return nil, false
 }
 
 // datagram handles one received datagram of event messages.
@@ -195,7 +314,13 @@ func (a *changeAccumulator) event(m message) (Change, bool) {
 			return Change{}, false
 		}
 		chg := Change{Generation: gen, Tables: a.touched}
-		a.touched = nil
+		if len(a.details) > 0 {
+			chg.Details = make([]TableChange, len(a.details))
+			for i, d := range a.details {
+				chg.Details[i] = d.tc
+			}
+		}
+		a.touched, a.details = nil, nil
 		gap := a.haveGen && gen != nextGen(a.lastGen)
 		a.lastGen, a.haveGen = gen, true
 		if gap {
@@ -209,8 +334,9 @@ func (a *changeAccumulator) event(m message) (Change, bool) {
 		return Change{}, false
 	}
 	// A commit is mostly many messages about one table: compare before making a string.
-	for _, t := range a.touched {
+	for i, t := range a.touched {
 		if t.Family == m.family && t.Name == string(name) {
+			a.details[i].note(m)
 			return Change{}, false
 		}
 	}
@@ -223,6 +349,9 @@ func (a *changeAccumulator) event(m message) (Change, bool) {
 		return Change{}, false
 	}
 	a.touched = append(a.touched, table)
+	d := &detailAcc{tc: TableChange{Table: table}}
+	d.note(m)
+	a.details = append(a.details, d)
 	return Change{}, false
 }
 

@@ -111,3 +111,50 @@ func TestKernelWatchOverrun(t *testing.T) {
 	}
 	t.Error("no change after the overrun")
 }
+
+// Each Change says which chains and sets of its tables the commit touched.
+func TestKernelWatchDetail(t *testing.T) {
+	needNetns(t)
+	nftnltest.Flush(t)
+	nftnltest.LoadNFT(t, []byte(`table ip kube-proxy {
+map service-ips {
+type ipv4_addr . inet_proto . inet_service : verdict
+}
+chain service-a/ns/x/tcp/p {
+meta l4proto tcp dnat ip to numgen random mod 1 map { 0 : 10.0.0.1 . 80 }
+}
+chain services {
+ip daddr . meta l4proto . th dport vmap @service-ips
+}
+}
+table ip other {
+chain c {
+}
+}
+`))
+	ctx, cancel := context.WithCancel(context.Background())
+	kp := Table{Family: unix.NFPROTO_IPV4, Name: "kube-proxy"}
+	w, err := Watch(ctx, func(tb Table) bool { return tb == kp })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopped(t, cancel, w)
+	nftnltest.LoadNFT(t, []byte(`add rule ip other c accept
+flush chain ip kube-proxy service-a/ns/x/tcp/p
+add rule ip kube-proxy service-a/ns/x/tcp/p meta l4proto tcp dnat ip to numgen random mod 2 map { 0 : 10.0.0.1 . 80, 1 : 10.0.0.2 . 80 }
+add element ip kube-proxy service-ips { 10.96.0.1 . tcp . 80 : goto service-a/ns/x/tcp/p }
+add chain ip kube-proxy endpoint-new
+`))
+	c, _ := next(t, w)
+	d := c.Touched(kp)
+	if d == nil || len(c.Details) != 1 {
+		t.Fatalf("change %+v: no detail for %v alone", c, kp)
+	}
+	if !slices.Equal(d.Chains, []string{"service-a/ns/x/tcp/p", "endpoint-new"}) || !slices.Equal(d.ChainEvents, []string{"endpoint-new"}) {
+		t.Errorf("chains %q, chain events %q", d.Chains, d.ChainEvents)
+	}
+	// The old rule's anonymous map goes, the new one comes, and service-ips changes.
+	if !slices.Contains(d.Sets, "service-ips") || len(d.Sets) < 2 || d.TableEvent || d.Overflow || d.Other {
+		t.Errorf("detail %+v", d)
+	}
+}

@@ -1,0 +1,541 @@
+package nftnl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/proxyhealth/proxyhealth/internal/ruleset"
+)
+
+// Follower keeps kube-proxy's tables of both families (iptables-nft's `ip nat` / `ip6 nat`
+// and nftables mode's `ip kube-proxy` / `ip6 kube-proxy`) up to date from watch Changes. It
+// reads each table whole once, keeping what a ProxyTable is derived from (each service chain's
+// endpoint chain jumps and maps, each endpoint chain's DNAT destination, the dispatch), and
+// then re-reads only the chains and sets a Change names: kube-proxy's partial syncs rewrite a
+// few chains and maps, while a whole read of a large table costs seconds of CPU.
+//
+// A Follower is not safe for concurrent use. The ProxyTables it returns are never modified
+// afterwards: each Apply that changes a table publishes a new one, sharing what did not change.
+type Follower struct {
+	q      *countingQuerier
+	sock   *nlSocket
+	tables []*followed
+}
+
+// FollowStats counts a Follower's reads.
+type FollowStats struct {
+	FullReads    uint64 // whole-table reads
+	RuleDumps    uint64 // rule dumps (a whole table's, or one chain's)
+	ElementDumps uint64 // element dumps, one set each
+}
+
+type followKind uint8
+
+const (
+	kindNAT followKind = iota // iptables-nft's nat table
+	kindNFT                   // nftables mode's kube-proxy table
+)
+
+// followed is one table's state.
+type followed struct {
+	table Table
+	kind  followKind
+	read  bool  // read at least once
+	err   error // the last read failed: the next Apply reads the table whole
+	snap  *ruleset.ProxyTable
+
+	chains    map[string]*kpChain            // service chains that have rules
+	endpoints map[string]netip.AddrPort      // endpoint chains' DNAT destinations
+	byTarget  map[string]map[string]struct{} // endpoint chain -> service chains naming it
+	bySet     map[string]map[string]struct{} // set -> service chains using it
+	services  []ruleset.Service
+}
+
+// Followed reports whether t is one of the tables a Follower follows.
+func Followed(t Table) bool {
+	return (t.Family == unix.NFPROTO_IPV4 || t.Family == unix.NFPROTO_IPV6) && (t.Name == "nat" || t.Name == kubeProxyTable)
+}
+
+// NewFollower opens the Follower's socket; it reads nothing until Resync or Apply.
+func NewFollower() (*Follower, error) {
+	s, err := dial()
+	if err != nil {
+		return nil, err
+	}
+	return newFollower(s, s), nil
+}
+
+func newFollower(q querier, s *nlSocket) *Follower {
+	f := &Follower{q: &countingQuerier{q: q}, sock: s}
+	for _, family := range []uint8{unix.NFPROTO_IPV4, unix.NFPROTO_IPV6} {
+		f.tables = append(f.tables,
+			&followed{table: Table{Family: family, Name: "nat"}, kind: kindNAT},
+			&followed{table: Table{Family: family, Name: kubeProxyTable}, kind: kindNFT})
+	}
+	return f
+}
+
+// Close closes the Follower's socket.
+func (f *Follower) Close() error {
+	if f.sock == nil {
+		return nil
+	}
+	return f.sock.Close()
+}
+
+// Stats returns the reads made so far; unlike the rest, it may be called concurrently.
+func (f *Follower) Stats() FollowStats {
+	return FollowStats{FullReads: f.q.full.Load(), RuleDumps: f.q.rules.Load(), ElementDumps: f.q.elements.Load()}
+}
+
+// IPTablesNAT returns kube-proxy's iptables-mode rules as of the last read (nil when the nat
+// table or its KUBE-SERVICES chain does not exist), and the last read's error.
+func (f *Follower) IPTablesNAT(ipv6 bool) (*ruleset.ProxyTable, error) {
+	return f.get(Table{Family: nfproto(ipv6), Name: "nat"})
+}
+
+// KubeProxyNFT returns kube-proxy's nftables-mode rules as of the last read (nil when the table
+// does not exist), and the last read's error.
+func (f *Follower) KubeProxyNFT(ipv6 bool) (*ruleset.ProxyTable, error) {
+	return f.get(Table{Family: nfproto(ipv6), Name: kubeProxyTable})
+}
+
+func (f *Follower) get(t Table) (*ruleset.ProxyTable, error) {
+	for _, ft := range f.tables {
+		if ft.table == t {
+			return ft.snap, ft.err
+		}
+	}
+	return nil, nil
+}
+
+// Resync reads every followed table whole.
+func (f *Follower) Resync(ctx context.Context) error {
+	var errs []error
+	for _, ft := range f.tables {
+		errs = append(errs, f.full(ctx, ft))
+	}
+	return errors.Join(errs...)
+}
+
+// Apply brings the tables up to date with changes, in the order they came: a table a change
+// names has the chains and sets it names re-read; one created or deleted, one a Resync
+// covers, one whose last read failed or one whose change overflowed its detail is read whole.
+// With no changes it only retries the tables whose last read failed.
+func (f *Follower) Apply(ctx context.Context, changes ...Change) error {
+	resync := false
+	touched := map[*followed]*TableChange{}
+	for i := range changes {
+		c := &changes[i]
+		if c.Resync {
+			resync = true
+			continue
+		}
+		for _, ft := range f.tables {
+			d := c.Touched(ft.table)
+			if d == nil {
+				if slices.Contains(c.Tables, ft.table) { // no detail: read it whole
+					touched[ft] = &TableChange{Table: ft.table, Overflow: true}
+				}
+				continue
+			}
+			touched[ft] = mergeDetail(touched[ft], d)
+		}
+	}
+	var errs []error
+	for _, ft := range f.tables {
+		d := touched[ft]
+		switch {
+		case resync || !ft.read || ft.err != nil:
+			errs = append(errs, f.full(ctx, ft))
+		case d == nil:
+		case d.TableEvent || d.Overflow || ft.snap == nil:
+			errs = append(errs, f.full(ctx, ft))
+		default:
+			if err := f.partial(ctx, ft, d); err != nil {
+				ft.err = fmt.Errorf("read %s table: %w", ft.table, err)
+				errs = append(errs, ft.err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// mergeDetail adds d to acc (a copy, nil at first).
+func mergeDetail(acc, d *TableChange) *TableChange {
+	if acc == nil {
+		acc = &TableChange{Table: d.Table}
+	}
+	acc.TableEvent = acc.TableEvent || d.TableEvent
+	acc.Overflow = acc.Overflow || d.Overflow
+	acc.Other = acc.Other || d.Other
+	acc.Chains = append(acc.Chains, d.Chains...)
+	acc.ChainEvents = append(acc.ChainEvents, d.ChainEvents...)
+	acc.Sets = append(acc.Sets, d.Sets...)
+	return acc
+}
+
+// full reads ft whole and replaces its state.
+func (f *Follower) full(ctx context.Context, ft *followed) error {
+	f.q.full.Add(1)
+	ft.read = true
+	var err error
+	switch ft.kind {
+	case kindNAT:
+		err = consistently(ctx, f.q, func() error { return f.fullNAT(ctx, ft) })
+	case kindNFT:
+		err = consistently(ctx, f.q, func() error { return f.fullNFT(ctx, ft) })
+	}
+	if err != nil {
+		ft.err = fmt.Errorf("read %s table: %w", ft.table, err)
+		ft.chains, ft.endpoints, ft.byTarget, ft.bySet, ft.services = nil, nil, nil, nil, nil
+		return ft.err
+	}
+	ft.err = nil
+	return nil
+}
+
+func (ft *followed) reset() {
+	ft.chains, ft.endpoints = map[string]*kpChain{}, map[string]netip.AddrPort{}
+	ft.byTarget, ft.bySet = map[string]map[string]struct{}{}, map[string]map[string]struct{}{}
+	ft.services, ft.snap = nil, nil
+}
+
+func (f *Follower) fullNAT(ctx context.Context, ft *followed) error {
+	ft.reset()
+	ok, err := exists(ctx, f.q, ft.table.Family, "nat", "KUBE-SERVICES")
+	if err != nil || !ok {
+		return err
+	}
+	nr := newNATReader(ft.table.Family)
+	if err := dumpRules(ctx, f.q, ft.table.Family, "nat", "", nr.rule); err != nil {
+		return err
+	}
+	names := make([]string, len(nr.sepDNAT))
+	for name, i := range nr.sepIndex {
+		names[i] = name
+	}
+	for i, ap := range nr.sepDNAT {
+		if ap.IsValid() {
+			ft.endpoints[names[i]] = ap
+		}
+	}
+	for chain, js := range nr.jumps {
+		c := &kpChain{targets: make([]string, len(js))}
+		for k, i := range js {
+			c.targets[k] = names[i]
+		}
+		ft.setChain(chain, c)
+	}
+	ft.services = nr.services
+	ft.snap = ft.build(nil, nil)
+	return nil
+}
+
+func (f *Follower) fullNFT(ctx context.Context, ft *followed) error {
+	ft.reset()
+	family := ft.table.Family
+	ok, err := exists(ctx, f.q, family, kubeProxyTable, "")
+	if err != nil || !ok {
+		return err
+	}
+	kr := &kpReader{in: interp{family: family}, chains: map[string]*kpChain{}, endpoints: map[string]netip.AddrPort{}}
+	if err := dumpRules(ctx, f.q, family, kubeProxyTable, "", kr.rule); err != nil {
+		return err
+	}
+	if err := kr.resolveMaps(ctx, f.q); err != nil {
+		return err
+	}
+	ft.endpoints = kr.endpoints
+	for name, c := range kr.chains {
+		ft.setChain(name, c)
+	}
+	if ft.services, err = readServiceIPs(ctx, f.q, family); err != nil {
+		return err
+	}
+	ft.snap = ft.build(nil, nil)
+	return nil
+}
+
+// setChain replaces service chain name's state (c nil: the chain has no rules) and keeps the
+// reverse indexes.
+func (ft *followed) setChain(name string, c *kpChain) {
+	if old := ft.chains[name]; old != nil {
+		for _, t := range old.targets {
+			unindex(ft.byTarget, t, name)
+		}
+		for _, s := range old.sets() {
+			unindex(ft.bySet, s, name)
+		}
+		delete(ft.chains, name)
+	}
+	if c == nil {
+		return
+	}
+	ft.chains[name] = c
+	for _, t := range c.targets {
+		index(ft.byTarget, t, name)
+	}
+	for _, s := range c.sets() {
+		index(ft.bySet, s, name)
+	}
+}
+
+func (c *kpChain) sets() []string {
+	out := slices.Clone(c.vmaps)
+	for _, m := range c.dnatMaps {
+		out = append(out, m.set)
+	}
+	return out
+}
+
+func index(ix map[string]map[string]struct{}, key, chain string) {
+	m := ix[key]
+	if m == nil {
+		m = map[string]struct{}{}
+		ix[key] = m
+	}
+	m[chain] = struct{}{}
+}
+
+func unindex(ix map[string]map[string]struct{}, key, chain string) {
+	if m := ix[key]; m != nil {
+		delete(m, chain)
+		if len(m) == 0 {
+			delete(ix, key)
+		}
+	}
+}
+
+// endpointsOf is what service chain c DNATs to.
+func (ft *followed) endpointsOf(c *kpChain) []netip.AddrPort {
+	eps := make([]netip.AddrPort, 0, len(c.eps)+len(c.targets))
+	eps = append(eps, c.eps...)
+	for _, t := range c.targets {
+		if ap, ok := ft.endpoints[t]; ok {
+			eps = append(eps, ap)
+		}
+	}
+	slices.SortFunc(eps, netip.AddrPort.Compare)
+	return slices.Compact(eps)
+}
+
+// build derives a ProxyTable: from the state alone when old is nil, else from old with only
+// the affected service chains recomputed. old is not modified.
+func (ft *followed) build(old *ruleset.ProxyTable, affected map[string]struct{}) *ruleset.ProxyTable {
+	pt := &ruleset.ProxyTable{Services: ft.services}
+	if old == nil {
+		pt.Chains = make(map[string][]netip.AddrPort, len(ft.chains))
+		for name, c := range ft.chains {
+			pt.Chains[name] = ft.endpointsOf(c)
+		}
+		return pt
+	}
+	pt.Chains = maps.Clone(old.Chains)
+	for name := range affected {
+		if c := ft.chains[name]; c != nil {
+			pt.Chains[name] = ft.endpointsOf(c)
+		} else {
+			delete(pt.Chains, name)
+		}
+	}
+	return pt
+}
+
+// partial re-reads the chains and sets d names.
+func (f *Follower) partial(ctx context.Context, ft *followed, d *TableChange) error {
+	affected := map[string]struct{}{}
+	servicesChanged := false
+	var err error
+	switch ft.kind {
+	case kindNAT:
+		servicesChanged, err = f.partialNAT(ctx, ft, d, affected)
+	case kindNFT:
+		servicesChanged, err = f.partialNFT(ctx, ft, d, affected)
+	}
+	if err != nil {
+		return err
+	}
+	if len(affected) > 0 || servicesChanged {
+		ft.snap = ft.build(ft.snap, affected)
+	}
+	return nil
+}
+
+func (f *Follower) partialNAT(ctx context.Context, ft *followed, d *TableChange, affected map[string]struct{}) (bool, error) {
+	family := ft.table.Family
+	if slices.Contains(d.ChainEvents, "KUBE-SERVICES") {
+		// Created again each sync (an update of the chain); deleted, the table is not
+		// kube-proxy's any more.
+		ok, err := exists(ctx, f.q, family, "nat", "KUBE-SERVICES")
+		if err != nil {
+			return false, err
+		}
+		if !ok {
+			ft.reset()
+			return false, nil
+		}
+	}
+	servicesChanged := false
+	for _, chain := range uniq(d.Chains) {
+		name := []byte(chain)
+		svc, sep := isSvcChain(name), strings.HasPrefix(chain, "KUBE-SEP-")
+		if !svc && !sep && chain != "KUBE-SERVICES" {
+			continue
+		}
+		var nr *natReader
+		err := f.dumpChain(ctx, family, "nat", chain, func() { nr = newNATReader(family) }, func(r *ruleMsg) error { return nr.rule(r) })
+		if err != nil {
+			return false, err
+		}
+		switch {
+		case svc:
+			var c *kpChain
+			if js, ok := nr.jumps[chain]; ok {
+				names := make([]string, len(nr.sepDNAT))
+				for n, i := range nr.sepIndex {
+					names[i] = n
+				}
+				c = &kpChain{targets: make([]string, len(js))}
+				for k, i := range js {
+					c.targets[k] = names[i]
+				}
+			}
+			ft.setChain(chain, c)
+			affected[chain] = struct{}{}
+		case sep:
+			ap := netip.AddrPort{}
+			if i, ok := nr.sepIndex[chain]; ok {
+				ap = nr.sepDNAT[i]
+			}
+			if ap.IsValid() {
+				ft.endpoints[chain] = ap
+			} else {
+				delete(ft.endpoints, chain)
+			}
+			for s := range ft.byTarget[chain] {
+				affected[s] = struct{}{}
+			}
+		default:
+			ft.services, servicesChanged = nr.services, true
+		}
+	}
+	return servicesChanged, nil
+}
+
+func (f *Follower) partialNFT(ctx context.Context, ft *followed, d *TableChange, affected map[string]struct{}) (bool, error) {
+	family := ft.table.Family
+	var svcChains []string
+	for _, chain := range uniq(d.Chains) {
+		name := []byte(chain)
+		switch {
+		case isNFTServiceChain(name):
+			svcChains = append(svcChains, chain)
+		case strings.HasPrefix(chain, "endpoint-"):
+			var kr *kpReader
+			reset := func() { kr = &kpReader{in: interp{family: family}, endpoints: map[string]netip.AddrPort{}} }
+			if err := f.dumpChain(ctx, family, kubeProxyTable, chain, reset, func(r *ruleMsg) error { return kr.rule(r) }); err != nil {
+				return false, err
+			}
+			if ap, ok := kr.endpoints[chain]; ok {
+				ft.endpoints[chain] = ap
+			} else {
+				delete(ft.endpoints, chain)
+			}
+			for s := range ft.byTarget[chain] {
+				affected[s] = struct{}{}
+			}
+		}
+	}
+	servicesChanged := false
+	for _, set := range uniq(d.Sets) {
+		if set == "service-ips" {
+			var err error
+			if ft.services, err = readServiceIPs(ctx, f.q, family); err != nil {
+				return false, err
+			}
+			servicesChanged = true
+			continue
+		}
+		// A map's elements changed: re-read the service chains that use it.
+		for s := range ft.bySet[set] {
+			svcChains = append(svcChains, s)
+		}
+	}
+	svcChains = uniq(svcChains)
+	if len(svcChains) == 0 {
+		return servicesChanged, nil
+	}
+	var kr *kpReader
+	reset := func() {
+		kr = &kpReader{in: interp{family: family}, chains: map[string]*kpChain{}, endpoints: map[string]netip.AddrPort{}}
+	}
+	reset()
+	for _, chain := range svcChains {
+		// One reader for all: a retried dump must not leave the chain's earlier rules.
+		forget := func() { delete(kr.chains, chain) }
+		if err := f.dumpChain(ctx, family, kubeProxyTable, chain, forget, func(r *ruleMsg) error { return kr.rule(r) }); err != nil {
+			return false, err
+		}
+	}
+	if err := kr.resolveMaps(ctx, f.q); err != nil {
+		return false, err
+	}
+	for _, chain := range svcChains {
+		ft.setChain(chain, kr.chains[chain])
+		affected[chain] = struct{}{}
+	}
+	return servicesChanged, nil
+}
+
+// dumpChain dumps one chain's rules, starting over (after reset) when a commit interrupted the
+// dump. A chain that does not exist (any more) has no rules.
+func (f *Follower) dumpChain(ctx context.Context, family uint8, table, chain string, reset func(), fn func(r *ruleMsg) error) error {
+	var err error
+	for range maxAttempts {
+		reset()
+		err = dumpRules(ctx, f.q, family, table, chain, fn)
+		switch {
+		case errors.Is(err, errInterrupted):
+			continue
+		case isNotExist(err):
+			reset()
+			return nil
+		}
+		return err
+	}
+	return fmt.Errorf("chain %s: %w", chain, err)
+}
+
+func uniq(s []string) []string {
+	if len(s) < 2 {
+		return s
+	}
+	s = slices.Clone(s)
+	slices.Sort(s)
+	return slices.Compact(s)
+}
+
+// countingQuerier counts the requests a Follower makes; Stats may be called concurrently.
+type countingQuerier struct {
+	q                     querier
+	full, rules, elements atomic.Uint64
+}
+
+func (c *countingQuerier) query(ctx context.Context, req request, fn func(m message) error) error {
+	switch req.typ {
+	case unix.NFT_MSG_GETRULE:
+		c.rules.Add(1)
+	case unix.NFT_MSG_GETSETELEM:
+		c.elements.Add(1)
+	}
+	return c.q.query(ctx, req, fn)
+}

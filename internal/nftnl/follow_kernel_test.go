@@ -1,0 +1,211 @@
+package nftnl
+
+import (
+	"context"
+	"net/netip"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/proxyhealth/proxyhealth/internal/nftnl/nftnltest"
+	"github.com/proxyhealth/proxyhealth/internal/ruleset"
+)
+
+// followTest is a Follower beside a watch on its tables.
+type followTest struct {
+	t *testing.T
+	f *Follower
+	w *Watcher
+}
+
+func newFollowTest(t *testing.T) *followTest {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	w, err := Watch(ctx, Followed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stopped(t, cancel, w) })
+	f, err := NewFollower()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	if err := f.Resync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return &followTest{t: t, f: f, w: w}
+}
+
+// changes returns the watch's changes up to the current generation.
+func (ft *followTest) changes() []Change {
+	t := ft.t
+	t.Helper()
+	gen, err := Generation(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []Change
+	for {
+		select {
+		case c := <-ft.w.C:
+			out = append(out, c)
+			if c.Generation == gen {
+				return out
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no change of generation %d within 5s (got %+v)", gen, out)
+		}
+	}
+}
+
+// step applies what changed since the last step and checks the follower against fresh reads;
+// it returns the reads the step made.
+func (ft *followTest) step(what string) FollowStats {
+	t := ft.t
+	t.Helper()
+	before := ft.f.Stats()
+	chg := ft.changes()
+	if err := ft.f.Apply(context.Background(), chg...); err != nil {
+		t.Fatalf("%s: Apply: %v", what, err)
+	}
+	after := ft.f.Stats()
+	d := FollowStats{FullReads: after.FullReads - before.FullReads, RuleDumps: after.RuleDumps - before.RuleDumps, ElementDumps: after.ElementDumps - before.ElementDumps}
+	ft.same(what)
+	t.Logf("%s: %d changes, reads %+v", what, len(chg), d)
+	return d
+}
+
+// same checks that the follower's tables equal fresh whole reads.
+func (ft *followTest) same(what string) {
+	t := ft.t
+	t.Helper()
+	for _, ipv6 := range []bool{false, true} {
+		check := func(kind string, got *ruleset.ProxyTable, gotErr error, read func(context.Context, bool) (*ruleset.ProxyTable, error)) {
+			t.Helper()
+			want, err := read(context.Background(), ipv6)
+			if err != nil || gotErr != nil {
+				t.Fatalf("%s: %s ipv6=%v: read %v, follower %v", what, kind, ipv6, err, gotErr)
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("%s: %s ipv6=%v:\nfollower %+v\nfresh    %+v", what, kind, ipv6, got, want)
+			}
+		}
+		pt, err := ft.f.IPTablesNAT(ipv6)
+		check("nat", pt, err, ReadIPTablesNAT)
+		pt, err = ft.f.KubeProxyNFT(ipv6)
+		check("kube-proxy", pt, err, ReadKubeProxyNFT)
+	}
+}
+
+func wantReads(t *testing.T, what string, got FollowStats, full, rules, elements uint64) {
+	t.Helper()
+	if got.FullReads != full || got.RuleDumps != rules || got.ElementDumps != elements {
+		t.Errorf("%s: reads %+v, want %d full, %d rule dumps, %d element dumps", what, got, full, rules, elements)
+	}
+}
+
+// kubeServices is the capture's KUBE-SERVICES rules, which kube-proxy writes again each sync.
+func kubeServices(t *testing.T, without string) string {
+	var b strings.Builder
+	for _, l := range strings.Split(string(readFile(t, natCapture)), "\n") {
+		if strings.HasPrefix(l, "-A KUBE-SERVICES ") && (without == "" || !strings.Contains(l, without)) {
+			b.WriteString(l + "\n")
+		}
+	}
+	return b.String()
+}
+
+// TestKernelFollowIPTablesNAT replays a kube-proxy partial sync on the real capture: one
+// endpoint of lab/web-nodeport replaced (its KUBE-SEP chain deleted, a new one added, the
+// service chain and KUBE-SERVICES written again).
+func TestKernelFollowIPTablesNAT(t *testing.T) {
+	needNetns(t)
+	nftnltest.Flush(t)
+	nftnltest.LoadIPTablesSave(t, readFile(t, natCapture), false)
+	ft := newFollowTest(t)
+	ft.same("initial read")
+
+	nftnltest.LoadIPTablesSave(t, []byte(`*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-SVC-FEK7IJ3KIWHUKSBD - [0:0]
+:KUBE-SEP-RX36DMIICQEWPEUB - [0:0]
+:KUBE-SEP-NEWNEWNEWNEW0001 - [0:0]
+`+kubeServices(t, "")+`-A KUBE-SVC-FEK7IJ3KIWHUKSBD ! -s 10.244.0.0/16 -d 10.96.0.52/32 -p tcp -m comment --comment "lab/web-nodeport:http cluster IP" -m tcp --dport 80 -j KUBE-MARK-MASQ
+-A KUBE-SVC-FEK7IJ3KIWHUKSBD -m comment --comment "lab/web-nodeport:http -> 10.244.1.3:8080" -m statistic --mode random --probability 0.50000000000 -j KUBE-SEP-HUGL6XOLN2FXI7EB
+-A KUBE-SVC-FEK7IJ3KIWHUKSBD -m comment --comment "lab/web-nodeport:http -> 10.244.3.51:8080" -j KUBE-SEP-NEWNEWNEWNEW0001
+-A KUBE-SEP-NEWNEWNEWNEW0001 -s 10.244.3.51/32 -m comment --comment "lab/web-nodeport:http" -j KUBE-MARK-MASQ
+-A KUBE-SEP-NEWNEWNEWNEW0001 -p tcp -m comment --comment "lab/web-nodeport:http" -m tcp -j DNAT --to-destination 10.244.3.51:8080
+-X KUBE-SEP-RX36DMIICQEWPEUB
+COMMIT
+`), false, "--noflush")
+	// KUBE-SERVICES, the service chain, the old and the new endpoint chain.
+	wantReads(t, "endpoint replaced", ft.step("endpoint replaced"), 0, 4, 0)
+	if pt, _ := ft.f.IPTablesNAT(false); !slices.Contains(pt.Chains["KUBE-SVC-FEK7IJ3KIWHUKSBD"], netip.MustParseAddrPort("10.244.3.51:8080")) {
+		t.Errorf("KUBE-SVC-FEK7IJ3KIWHUKSBD does not DNAT to the new endpoint: %v", pt.Chains["KUBE-SVC-FEK7IJ3KIWHUKSBD"])
+	}
+
+	// A service chain deleted as kube-proxy does: flushed, then removed.
+	nftnltest.LoadIPTablesSave(t, []byte("*nat\n:KUBE-SERVICES - [0:0]\n"+kubeServices(t, "KUBE-SVL-T4KSMH6CJWHYYXER")+":KUBE-SVL-T4KSMH6CJWHYYXER - [0:0]\n-X KUBE-SVL-T4KSMH6CJWHYYXER\nCOMMIT\n"), false, "--noflush")
+	ft.step("service chain deleted")
+
+	// The table whole again (no --noflush): its chains all change at once.
+	nftnltest.LoadIPTablesSave(t, readFile(t, natCapture), false)
+	ft.step("table restored")
+}
+
+// TestKernelFollowKubeProxyNFT follows nftables mode's partial syncs: a service chain flushed
+// and written again with a new anonymous map, a service-ips element changed, the affinity form
+// (endpoint chains behind a verdict map) added and one endpoint chain rewritten, a service
+// removed.
+func TestKernelFollowKubeProxyNFT(t *testing.T) {
+	needNetns(t)
+	nftnltest.Flush(t)
+	nftnltest.LoadNFT(t, genNFT(5))
+	ft := newFollowTest(t)
+	ft.same("initial read")
+
+	nftnltest.LoadNFT(t, []byte(`flush chain ip kube-proxy service-00000001-ns/svc1/tcp/http
+add rule ip kube-proxy service-00000001-ns/svc1/tcp/http meta l4proto tcp dnat ip to numgen random mod 2 map { 0 : 10.1.1.1 . 8080, 1 : 10.1.1.2 . 8080 }
+`))
+	// The chain, and its new map.
+	wantReads(t, "service chain rewritten", ft.step("service chain rewritten"), 0, 1, 1)
+
+	nftnltest.LoadNFT(t, []byte(`delete element ip kube-proxy service-ips { 10.96.0.2 . tcp . 80 }
+add element ip kube-proxy service-ips { 10.96.0.2 . tcp . 81 : goto service-00000002-ns/svc2/tcp/http }
+`))
+	wantReads(t, "service-ips element changed", ft.step("service-ips element changed"), 0, 0, 1)
+
+	nftnltest.LoadNFT(t, []byte(`add chain ip kube-proxy endpoint-aaaa
+add rule ip kube-proxy endpoint-aaaa meta l4proto tcp dnat ip to 10.9.9.9:80
+add chain ip kube-proxy endpoint-bbbb
+add rule ip kube-proxy endpoint-bbbb meta l4proto tcp dnat ip to 10.9.9.8:80
+add set ip kube-proxy affinity-aaaa { type ipv4_addr; flags dynamic,timeout; timeout 3h; }
+flush chain ip kube-proxy service-00000000-ns/svc0/tcp/http
+add rule ip kube-proxy service-00000000-ns/svc0/tcp/http ip saddr @affinity-aaaa goto endpoint-aaaa
+add rule ip kube-proxy service-00000000-ns/svc0/tcp/http numgen random mod 2 vmap { 0 : goto endpoint-aaaa, 1 : goto endpoint-bbbb }
+`))
+	ft.step("affinity form")
+
+	nftnltest.LoadNFT(t, []byte(`flush chain ip kube-proxy endpoint-aaaa
+add rule ip kube-proxy endpoint-aaaa meta l4proto tcp dnat ip to 10.9.9.10:80
+`))
+	// Only the endpoint chain: the service chain's endpoints are recomputed from the state.
+	wantReads(t, "endpoint chain rewritten", ft.step("endpoint chain rewritten"), 0, 1, 0)
+	if pt, _ := ft.f.KubeProxyNFT(false); !slices.Contains(pt.Chains["service-00000000-ns/svc0/tcp/http"], netip.MustParseAddrPort("10.9.9.10:80")) {
+		t.Errorf("service 0 does not DNAT to the rewritten endpoint: %v", pt.Chains["service-00000000-ns/svc0/tcp/http"])
+	}
+
+	nftnltest.LoadNFT(t, []byte(`delete element ip kube-proxy service-ips { 10.96.0.3 . tcp . 80 }
+flush chain ip kube-proxy service-00000003-ns/svc3/tcp/http
+delete chain ip kube-proxy service-00000003-ns/svc3/tcp/http
+`))
+	wantReads(t, "service removed", ft.step("service removed"), 0, 1, 1)
+
+	nftnltest.LoadNFT(t, []byte("delete table ip kube-proxy\n"))
+	wantReads(t, "table deleted", ft.step("table deleted"), 1, 0, 0)
+	nftnltest.LoadNFTJSON(t, readFile(t, nftCapture))
+	ft.step("capture loaded")
+}
