@@ -109,6 +109,11 @@ func (w *Watcher) Err() error {
 // It is a variable so the tests can provoke an overrun.
 var watchRecvBuffer = 8 << 20
 
+// watchBeforeReceive, when set, runs before each receive: the overrun test holds the reader
+// back with it while a burst of events fills the buffer, so the overrun is certain however
+// fast the reader would have been.
+var watchBeforeReceive func()
+
 // Watch subscribes to nf_tables change events of this network namespace. interest selects the
 // tables whose changes are reported (nil: all). Commits that touch no table of interest are
 // not reported. The watch stops, closing C and then Done, when ctx is cancelled.
@@ -164,6 +169,9 @@ func (w *Watcher) run(ctx context.Context, c *socket.Conn, ch chan<- Change, int
 		}
 	}
 	for {
+		if watchBeforeReceive != nil {
+			watchBeforeReceive()
+		}
 		n, _, err := c.Recvfrom(ctx, buf, 0)
 		switch {
 		case ctx.Err() != nil:

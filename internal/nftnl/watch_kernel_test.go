@@ -83,7 +83,10 @@ func TestKernelWatchOverrun(t *testing.T) {
 	nftnltest.Flush(t)
 	saved := watchRecvBuffer
 	watchRecvBuffer = 4096
-	defer func() { watchRecvBuffer = saved }()
+	// The reader waits until the burst is in: a reader that keeps up would see no overrun.
+	loaded := make(chan struct{})
+	watchBeforeReceive = func() { <-loaded }
+	defer func() { watchRecvBuffer, watchBeforeReceive = saved, nil }()
 	ctx, cancel := context.WithCancel(context.Background())
 	w, err := Watch(ctx, nil)
 	if err != nil {
@@ -91,6 +94,7 @@ func TestKernelWatchOverrun(t *testing.T) {
 	}
 	defer stopped(t, cancel, w)
 	nftnltest.LoadIPTablesSave(t, readFile(t, natCapture), false) // ~150 rules' events at once
+	close(loaded)
 	resync := false
 	for i := 0; i < 50 && !resync; i++ {
 		c, ok := next(t, w)
