@@ -1,6 +1,7 @@
 package exporter
 
 import (
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -54,7 +55,7 @@ func (a *apiView) get() (*cluster.Cluster, error) {
 	if a.view == nil {
 		v, err := cluster.New(a.cfg, a.logger.With("component", "api"))
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("the API view: %w", err)
 		}
 		a.view = v
 	}
@@ -84,7 +85,7 @@ func (h *hostRules) get(procPath string) (*hostrules.Source, error) {
 		h.cfg.ProcPath = procPath
 		s, err := hostrules.New(h.cfg, h.logger.With("component", "netfilter"))
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("the netfilter reader: %w", err)
 		}
 		h.source = s
 	}

@@ -7,10 +7,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
-	"net/http/pprof"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -31,12 +33,11 @@ const DefaultListenAddress = ":9869"
 // Main parses args, runs the exporter until SIGINT/SIGTERM and returns the process exit code.
 func Main(args []string) int {
 	app := kingpin.New("proxyhealth", "Prometheus exporter that tells whether Service traffic on this node is silently breaking, and why.")
+	var srv serverFlags
+	srv.addFlags(app)
 	var (
-		telemetryPath = app.Flag("web.telemetry-path", "Path under which to expose metrics.").Default("/metrics").String()
-		maxRequests   = app.Flag("web.max-requests", "Maximum number of parallel scrape requests. 0 disables the limit.").Default("40").Int()
-		exporterOwn   = app.Flag("web.disable-exporter-metrics", "Exclude the exporter's own process and Go runtime metrics.").Bool()
-		webConfig     = webflag.AddFlags(app, DefaultListenAddress)
-		paths         = addPathFlags(app)
+		webConfig = webflag.AddFlags(app, DefaultListenAddress)
+		paths     = addPathFlags(app)
 	)
 	regs, api, host := registrations(app, paths)
 	promslogConfig := &promslog.Config{}
@@ -44,6 +45,10 @@ func Main(args []string) int {
 	app.Version(version.Print("proxyhealth"))
 	app.HelpFlag.Short('h')
 	if _, err := app.Parse(args); err != nil {
+		fmt.Fprintf(os.Stderr, "proxyhealth: %v\n", nameBadFlag(args, err))
+		return 2
+	}
+	if err := srv.validate(); err != nil {
 		fmt.Fprintf(os.Stderr, "proxyhealth: %v\n", err)
 		return 2
 	}
@@ -52,6 +57,21 @@ func Main(args []string) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	// SIGHUP would end the process silently; there is nothing to reload (every setting is a
+	// flag), so it is said and ignored.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				logger.Info("SIGHUP ignored: proxyhealth has no configuration to reload (every setting is a flag; restart to change one)")
+			}
+		}
+	}()
 
 	api.logger, host.logger = logger, logger
 	built := make(map[string]phcollectors.Collector)
@@ -64,10 +84,17 @@ func Main(args []string) int {
 		if err != nil {
 			// A collector that cannot even be built is a configuration error (a bad flag value),
 			// not a missing node feature: those are reported by Update.
-			logger.Error("cannot build collector", "collector", r.name, "err", err)
-			return 1
+			fmt.Fprintf(os.Stderr, "proxyhealth: collector %s: %v\n", r.name, err)
+			return 2
 		}
 		built[r.name] = c
+	}
+	// Nothing starts before every collector was built: a bad flag stops the exporter first.
+	for _, r := range regs {
+		c, ok := built[r.name]
+		if !ok {
+			continue
+		}
 		if runner, ok := c.(phcollectors.Runner); ok {
 			go runner.Run(ctx)
 		}
@@ -78,7 +105,7 @@ func Main(args []string) int {
 	}
 	set := newCollectorSet(built, logger)
 
-	registry := newRegistry(set, !*exporterOwn)
+	registry := newRegistry(set, !srv.exporterOwn)
 	if host.source != nil {
 		go host.source.Run(ctx)
 		registry.MustRegister(host.source)
@@ -95,18 +122,15 @@ func Main(args []string) int {
 	}()
 
 	mux := http.NewServeMux()
-	mux.Handle(*telemetryPath, metricsHandler(registry, logger, *maxRequests))
-	// Profiles, as the landing page links them; behind the same web config (TLS, auth).
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	if *telemetryPath != "/" {
-		mux.Handle("/", landingPage(*telemetryPath, set))
+	mux.Handle(srv.telemetryPath, metricsHandler(registry, logger, srv.maxRequests))
+	if srv.enablePprof {
+		// Behind the same web config (TLS, auth) as everything else.
+		addPprof(mux)
+		logger.Warn("the profiler is served under /debug/pprof/ (--web.enable-pprof)")
 	}
+	mux.Handle("/", landingPage(srv.telemetryPath, srv.enablePprof, set))
 
-	server := &http.Server{Handler: mux}
+	server := newServer(mux, logger)
 	errc := make(chan error, 1)
 	go func() { errc <- web.ListenAndServe(server, webConfig, logger) }()
 	select {
@@ -114,12 +138,48 @@ func Main(args []string) int {
 		logger.Error("HTTP server stopped", "err", err)
 		return 1
 	case <-ctx.Done():
-		logger.Info("shutting down")
-		if err := server.Shutdown(context.Background()); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			logger.Error("HTTP server shutdown", "err", err)
-		}
-		return 0
+		logger.Info("shutting down", "budget", srv.shutdownTimeout)
+		return shutdown(server, srv.shutdownTimeout, logger)
 	}
+}
+
+// nameBadFlag adds the flag to a parse error that does not name it: kingpin passes a value's
+// own error on as it is ("time: invalid duration \"soon\""), which names only the value.
+func nameBadFlag(args []string, err error) error {
+	msg := err.Error()
+	for i, a := range args {
+		name, value, hasValue := strings.Cut(a, "=")
+		if !strings.HasPrefix(name, "--") || strings.Contains(msg, name) {
+			continue
+		}
+		if !hasValue {
+			if i+1 >= len(args) {
+				continue
+			}
+			value = args[i+1]
+		}
+		if strings.Contains(msg, strconv.Quote(value)) {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	return err
+}
+
+// shutdown stops the server: new connections are refused at once, requests in flight get
+// budget to finish, and whatever is left then is closed.
+func shutdown(server *http.Server, budget time.Duration, logger *slog.Logger) int {
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+	err := server.Shutdown(ctx)
+	switch {
+	case err == nil, errors.Is(err, http.ErrServerClosed):
+	case errors.Is(err, context.DeadlineExceeded):
+		logger.Warn("requests still in flight after the shutdown budget; closing their connections", "budget", budget)
+		_ = server.Close()
+	default:
+		logger.Error("HTTP server shutdown", "err", err)
+	}
+	return 0
 }
 
 func probeOnce(set *collectorSet) {

@@ -22,8 +22,19 @@ var statusTemplate = template.Must(template.New("status").Parse(`
 
 // landingPage renders the exporter-toolkit landing page with the collectors' current state, so
 // an operator opening the page sees at once what this node can and cannot be checked for.
-func landingPage(telemetryPath string, set *collectorSet) http.Handler {
+func landingPage(telemetryPath string, pprof bool, set *collectorSet) http.Handler {
+	links := []web.LandingLinks{
+		{Address: telemetryPath, Text: "Metrics"},
+		{Address: "https://github.com/proxyhealth/proxyhealth#metrics", Text: "Metrics reference"},
+	}
+	if pprof {
+		links = append(links, web.LandingLinks{Address: "/debug/pprof/", Text: "Profiler"})
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/" {
+			http.NotFound(w, r) // the mux sends every unknown path here
+			return
+		}
 		var status bytes.Buffer
 		statuses := set.Statuses()
 		for i := range statuses {
@@ -37,12 +48,9 @@ func landingPage(telemetryPath string, set *collectorSet) http.Handler {
 			Name:        "proxyhealth",
 			Description: "Tells whether Service traffic on this node is silently breaking, and why",
 			Version:     version.Info(),
-			Links: []web.LandingLinks{
-				{Address: telemetryPath, Text: "Metrics"},
-				{Address: "https://github.com/proxyhealth/proxyhealth#metrics", Text: "Metrics reference"},
-			},
-			ExtraHTML: status.String(),
-			ExtraCSS:  "table { border-collapse: collapse } td, th { padding: 2px 8px; text-align: left }",
+			Links:       links,
+			ExtraHTML:   status.String(),
+			ExtraCSS:    "table { border-collapse: collapse } td, th { padding: 2px 8px; text-align: left }",
 		})
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)

@@ -76,6 +76,8 @@ func (c *Config) validate() error {
 		return errors.New("--conntrack.socket-buffer-bytes must be positive")
 	case c.ServiceRefreshInterval <= 0:
 		return errors.New("--conntrack.service-refresh-interval must be positive")
+	case c.ResyncMinInterval < 0:
+		return errors.New("--conntrack.resync-min-interval must not be negative")
 	}
 	return nil
 }
