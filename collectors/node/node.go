@@ -165,6 +165,11 @@ func (c *Collector) updateDrop(ch chan<- prometheus.Metric) error {
 		return nil // not read yet
 	}
 	ch <- prometheus.MustNewConstMetric(rulesLastCheckDesc, prometheus.GaugeValue, float64(st.At.UnixNano())/1e9)
+	if s, ok := c.cfg.Rules.(interface{ Stalled() error }); ok {
+		if err := s.Stalled(); err != nil {
+			return err // an old read is not served as current
+		}
+	}
 	dc := checkDrop(st)
 	switch {
 	case dc.path != nil:

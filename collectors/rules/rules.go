@@ -216,6 +216,18 @@ func (c *Collector) noteMode(st *hostrules.State) {
 	}
 }
 
+// stalled says why the comparison cannot be trusted to be current: the check loop, which goes
+// round at least every CheckInterval, has not for three; or the netfilter reader is stuck.
+func (c *Collector) stalled(res *checkResult) error {
+	if since := c.now().Sub(res.at); since > 3*c.cfg.CheckInterval+c.cfg.MinCheckGap {
+		return fmt.Errorf("the drift check is stuck: last ran %v ago (--rules.check-interval %v)", since.Round(time.Second), c.cfg.CheckInterval)
+	}
+	if s, ok := c.cfg.Rules.(interface{ Stalled() error }); ok {
+		return s.Stalled()
+	}
+	return nil
+}
+
 func (c *Collector) publish(res *checkResult) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -296,6 +308,9 @@ func (c *Collector) Update(ch chan<- prometheus.Metric) error {
 	}
 	gauge(lastCheckDesc, float64(res.at.UnixNano())/1e9)
 	gauge(checkDurationDesc, res.duration.Seconds())
+	if err := c.stalled(res); err != nil {
+		return err
+	}
 	if res.err != nil && res.mode == "" {
 		return res.err
 	}

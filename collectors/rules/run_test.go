@@ -196,3 +196,34 @@ func TestDriftCountsEachEndpointOnce(t *testing.T) {
 		t.Errorf("drifting %+v, want one port with 1 stale endpoint", res.drifting)
 	}
 }
+
+// stuckRules is a netfilter reader that says it is stuck.
+type stuckRules struct{ fakeRules }
+
+func (stuckRules) Stalled() error { return errors.New("the netfilter reader is stuck") }
+
+// A check loop that stopped going round, or a stuck reader, fails the collector with the reason.
+func TestWatchdog(t *testing.T) {
+	view := fakeView{snapshot(kubernetesPort())}
+	now := time.Unix(1000, 0)
+	c, err := New(Config{View: view, Rules: fakeRules{stateOf(hostrules.ModeIPTables, nil)}, CheckInterval: 10 * time.Second, MaxSeries: 10,
+		Now: func() time.Time { return now }}, promslog.NewNopLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.check()
+	update := func() error { return c.Update(make(chan prometheus.Metric, 100)) }
+	now = now.Add(25 * time.Second)
+	if err := update(); err != nil {
+		t.Errorf("within three intervals: %v", err)
+	}
+	now = now.Add(10 * time.Second)
+	if err := update(); err == nil || !strings.Contains(err.Error(), "drift check is stuck") {
+		t.Errorf("past three intervals: %v, want stuck", err)
+	}
+	c.cfg.Rules = stuckRules{fakeRules{stateOf(hostrules.ModeIPTables, nil)}}
+	c.check()
+	if err := update(); err == nil || !strings.Contains(err.Error(), "reader is stuck") {
+		t.Errorf("stuck reader: %v", err)
+	}
+}

@@ -96,6 +96,9 @@ type Source struct {
 	now    func() time.Time
 
 	state atomic.Pointer[State]
+	// heartbeat is when Run last began its work or went round its poll (unix ns): a Run stuck
+	// in a read (a kernel call that does not return) stops moving it.
+	heartbeat atomic.Int64
 
 	mu   sync.Mutex
 	subs []chan struct{}
@@ -152,6 +155,25 @@ func (s *Source) Subscribe() <-chan struct{} {
 	return ch
 }
 
+// stallAfter is how long Run may go without a heartbeat before Stalled says so: several polls,
+// and longer than the slowest whole read measured (a 3,000-service iptables-nft nat table, 30 s
+// of wall time on a busy small node).
+func (s *Source) stallAfter() time.Duration { return max(10*s.cfg.LegacyPollInterval, 2*time.Minute) }
+
+// Stalled returns why the Source is stuck, nil while its loop goes round (or before it starts):
+// the collectors that read it report themselves failing then, rather than serve an old read as
+// current.
+func (s *Source) Stalled() error {
+	hb := s.heartbeat.Load()
+	if hb == 0 {
+		return nil
+	}
+	if since := s.now().Sub(time.Unix(0, hb)); since > s.stallAfter() {
+		return fmt.Errorf("the netfilter reader is stuck: no progress for %v (a read of the rules that does not return)", since.Round(time.Second))
+	}
+	return nil
+}
+
 // Hint tells the Source that the rules may have changed where no notification reaches it (the
 // legacy tables): kube-proxy reported a sync. The legacy tables are then read at the next poll,
 // no sooner than LegacyMinReadInterval after the last read.
@@ -165,6 +187,7 @@ func (s *Source) Run(ctx context.Context) {
 		// (the system backends fall back to that) or at each resync.
 		s.logger.Warn("cannot follow nf_tables changes; reading them on a timer instead", "err", err)
 	}
+	s.heartbeat.Store(s.now().UnixNano())
 	s.readLegacy()
 	s.readNFT(nil)
 	s.publish()
@@ -212,6 +235,7 @@ func (s *Source) Run(ctx context.Context) {
 			pending = nil
 			s.publish()
 		case <-poll.C:
+			s.heartbeat.Store(s.now().UnixNano())
 			if events == nil {
 				// No watch: poll nf_tables too (its generation keeps the read cheap).
 				s.readNFT(nil)

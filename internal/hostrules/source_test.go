@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -234,4 +235,22 @@ func TestSourceWithoutWatchPolls(t *testing.T) {
 	go func() { s.Run(ctx); close(done) }()
 	defer func() { cancel(); <-done }()
 	waitFor(t, "polled nf_tables reads", func() bool { _, n := fb.counts(); return n >= 3 })
+}
+
+func TestStalled(t *testing.T) {
+	s := newSource(Config{LegacyPollInterval: time.Second}, nil, &fakeBackends{})
+	now := time.Unix(1000, 0)
+	s.now = func() time.Time { return now }
+	if err := s.Stalled(); err != nil {
+		t.Errorf("before Run: %v", err)
+	}
+	s.heartbeat.Store(now.UnixNano())
+	now = now.Add(time.Minute)
+	if err := s.Stalled(); err != nil {
+		t.Errorf("a minute after a heartbeat: %v", err)
+	}
+	now = now.Add(2 * time.Minute)
+	if err := s.Stalled(); err == nil || !strings.Contains(err.Error(), "stuck") {
+		t.Errorf("three minutes after a heartbeat: %v, want stuck", err)
+	}
 }
