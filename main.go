@@ -1,6 +1,7 @@
 // Command proxyhealth is a Prometheus exporter that tells, per node, whether Service traffic is
 // silently breaking: conntrack INVALID and unreplied flows, the kernel settings that decide the
-// path, and (later) the drift between kube-proxy's rules and the API.
+// path, the drift between kube-proxy's rules and the API, and kube-proxy's own health (see
+// docs/design.md).
 package main
 
 import (

@@ -53,7 +53,7 @@ const (
 var ncModes = []string{"iptables-legacy", "iptables-nft", "nftables"}
 
 // ncDefaultServices is each mode's full size: kube-proxy's iptables mode with the nft backend
-// does not finish its first sync of 10,000 x 10 in 15 minutes on a small machine (DESIGN.md).
+// does not finish its first sync of 10,000 x 10 in 15 minutes on a small machine.
 var ncDefaultServices = map[string]int{"iptables-legacy": 10000, "iptables-nft": 3000, "nftables": 10000}
 
 type ncConfig struct {

@@ -8,7 +8,7 @@ import (
 )
 
 // Service is the Kubernetes Service port a flow was sent to. Port is the Service's port
-// number (the ClusterIP port), which is what DESIGN.md's service_port label means.
+// number (the ClusterIP port), which is what docs/design.md's service_port label means.
 type Service struct {
 	Namespace, Name string
 	Port            uint16

@@ -1,4 +1,4 @@
-// Package kubeproxy is the kube-proxy collector (DESIGN.md, incident 3: kube-proxy's list/watch
+// Package kubeproxy is the kube-proxy collector (docs/design.md, incident 3: kube-proxy's list/watch
 // of Services and EndpointSlices failing for days while its /healthz stays green). It has two
 // background loops whose last results a scrape reads:
 //

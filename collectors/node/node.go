@@ -1,5 +1,5 @@
 // Package node is the node-settings collector: the kernel settings and firewall rules that
-// decide whether Service traffic breaks silently on this node (DESIGN.md, incidents 1 and 2):
+// decide whether Service traffic breaks silently on this node (docs/design.md, incidents 1 and 2):
 // bridge netfilter, conntrack's TCP window liberality and event setting, and whether a conntrack
 // INVALID drop rule is on the forward path.
 //

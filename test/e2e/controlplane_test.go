@@ -23,7 +23,7 @@ var updateFixtures = flag.Bool("update-fixtures", false,
 	"TestControlPlane: write kube-proxy's real rules into testdata/kube-proxy-<version>/")
 
 // TestControlPlane proves the control-plane lab on its own: a real kube-proxy programs what the
-// test writes into a real kube-apiserver, and incident 3 of DESIGN.md reproduces: with its API
+// test writes into a real kube-apiserver, and incident 3 of docs/design.md reproduces: with its API
 // connection black-holed, kube-proxy keeps the old endpoints while the API has new ones, and
 // converges once the connection heals.
 func TestControlPlane(t *testing.T) {

@@ -53,7 +53,7 @@ const (
 
 var rulesCollector = map[string]string{"collector": "rules"}
 
-// TestDrift reproduces incident 3 of DESIGN.md against the real exporter: a real kube-proxy
+// TestDrift reproduces incident 3 of docs/design.md against the real exporter: a real kube-proxy
 // whose API connection is black-holed keeps old endpoints while the API moves on, and the
 // exporter, comparing kube-proxy's rules with its own view of the API, names the service and
 // counts the stale and missing endpoints exactly. It asserts only on the exporter's scrape.

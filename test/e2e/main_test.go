@@ -2,7 +2,7 @@
 
 // Package e2e is proxyhealth's kernel lab: it builds network namespaces shaped like a
 // Kubernetes node (bridge cni0, pods, a remote pod, kube-proxy's iptables rules), reproduces
-// incidents 1 and 2 of DESIGN.md on the real kernel, and asserts on the exporter's real
+// incidents 1 and 2 of docs/design.md on the real kernel, and asserts on the exporter's real
 // scrape. Run as root: go test -tags e2e -count=1 -v ./test/e2e/
 package e2e
 

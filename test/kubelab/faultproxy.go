@@ -13,7 +13,7 @@ import (
 
 // FaultProxy forwards TCP connections from a listener to an upstream address and, on command,
 // stops forwarding without closing anything: the shape of a dead connection (incident 3 of
-// DESIGN.md) while both ends stay up. The lab runs it as `labtool fault-proxy` between
+// docs/design.md) while both ends stay up. The lab runs it as `labtool fault-proxy` between
 // kube-proxy and the apiserver; the node-cost benchmark runs it in its own process.
 //
 //	Blackhole  stop forwarding bytes in both directions; every socket stays open, new
