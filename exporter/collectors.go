@@ -20,13 +20,14 @@ import (
 // /proc and /sys mounted elsewhere, in tests a fixture tree.
 type Paths struct {
 	ProcFS string
-	SysFS  string
 }
 
 func addPathFlags(app *kingpin.Application) *Paths {
 	p := &Paths{}
 	app.Flag("path.procfs", "procfs mountpoint.").Default("/proc").StringVar(&p.ProcFS)
-	app.Flag("path.sysfs", "sysfs mountpoint.").Default("/sys").StringVar(&p.SysFS)
+	// Nothing proxyhealth reads is in sysfs (the bridge and conntrack settings are under
+	// /proc/sys); kept so that command lines written for node_exporter-style flags still parse.
+	app.Flag("path.sysfs", "Deprecated and ignored: nothing is read from sysfs.").Hidden().String()
 	return p
 }
 
