@@ -30,6 +30,7 @@ deploy-check:
 vet:
 	@unformatted="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
+	$(GO) mod tidy -diff
 	$(GO) vet ./...
 	$(GO) vet -tags e2e ./test/e2e/...
 
