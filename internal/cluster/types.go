@@ -1,6 +1,6 @@
-// Package cluster is proxyhealth's view of the Kubernetes API: informers on Services,
-// EndpointSlices and this node's Node object, reduced to what kube-proxy on this node should
-// have programmed, per service port.
+// Package cluster is proxyhealth's view of the Kubernetes API: reflectors on Services,
+// EndpointSlices and this node's Node object, kept in compact form and reduced to what
+// kube-proxy on this node should have programmed, per service port.
 package cluster
 
 import (
