@@ -19,7 +19,7 @@ import (
 )
 
 // Cluster is the API view: it watches Services, EndpointSlices and this node, and publishes
-// what kube-proxy on this node should have programmed. It implements View.
+// what kube-proxy on this node should have programmed. It implements View and Notifier.
 type Cluster struct {
 	cfg    Config
 	logger *slog.Logger
@@ -40,6 +40,7 @@ type Cluster struct {
 	lastErr          atomic.Pointer[errBox]
 	state            atomic.Pointer[published]
 	wake             chan struct{}
+	changed          chan struct{} // see Changed
 
 	st *state // the API objects, in compact form
 
@@ -61,7 +62,10 @@ type published struct {
 	generation uint64
 }
 
-var _ View = (*Cluster)(nil)
+var (
+	_ View     = (*Cluster)(nil)
+	_ Notifier = (*Cluster)(nil)
+)
 
 // New builds the API view. It reads the kubeconfig or in-cluster configuration but does not
 // contact the API server: a cluster without a reachable, or any, API degrades to an unsynced
@@ -85,11 +89,12 @@ func New(cfg Config, logger *slog.Logger) (*Cluster, error) {
 
 func newCluster(cfg Config, logger *slog.Logger) *Cluster {
 	c := &Cluster{
-		cfg:    cfg,
-		logger: logger,
-		now:    time.Now,
-		wake:   make(chan struct{}, 1),
-		dirty:  map[objKey]struct{}{},
+		cfg:     cfg,
+		logger:  logger,
+		now:     time.Now,
+		wake:    make(chan struct{}, 1),
+		changed: make(chan struct{}, 1),
+		dirty:   map[objKey]struct{}{},
 	}
 	c.state.Store(&published{})
 	c.st = newState(cfg.NodeName)
@@ -214,6 +219,7 @@ func (c *Cluster) watchFailed(ctx context.Context, r *cache.Reflector, err error
 	}
 	c.lastWatchErr.Store(&errBox{fmt.Errorf("a watch failed (the view is refreshed only by re-lists): %w", err)})
 	c.lastWatchFailure.Store(c.now().UnixNano())
+	c.notify()
 }
 
 func (c *Cluster) markDirty(key objKey) {
@@ -308,6 +314,7 @@ func (c *Cluster) recompute() {
 		ports = mergePorts(prev.ports, dirty, fresh)
 	}
 	c.state.Store(&published{ports: ports, synced: synced, generation: prev.generation + 1})
+	c.notify()
 }
 
 // probeLoop asks the API server for /version every probe interval on the watches' own
@@ -320,7 +327,7 @@ func (c *Cluster) probeLoop(ctx context.Context) {
 	}
 	t := time.NewTicker(c.cfg.ProbeInterval)
 	defer t.Stop()
-	failing := false
+	failing, fresh := false, false
 	for {
 		err := c.probeOnce(ctx)
 		switch {
@@ -331,14 +338,22 @@ func (c *Cluster) probeLoop(ctx context.Context) {
 			c.setErr(nil)
 			if failing {
 				c.logger.Info("Kubernetes API server answers again", "host", c.host)
+				c.notify()
 			}
 			failing = false
 		default:
 			c.setErr(err)
 			if !failing {
 				c.logger.Warn("Kubernetes API server not answering: the API view goes stale after --api.fresh-within", "host", c.host, "err", err)
+				c.notify()
 			}
 			failing = true
+		}
+		// Fresh also changes with time alone (nothing heard for FreshWithin, a failed
+		// watch's hold running out): tell the consumer within a probe interval.
+		if now := c.Snapshot().Fresh; now != fresh {
+			fresh = now
+			c.notify()
 		}
 		select {
 		case <-ctx.Done():

@@ -71,3 +71,12 @@ type View interface {
 	// Snapshot returns the current view; callers must not modify it.
 	Snapshot() *Snapshot
 }
+
+// Notifier is implemented by views that announce their changes (Cluster does): a consumer
+// that finds it on its View can recompute when told instead of on a timer. It is separate
+// from View so that a View without notifications (a fixed one in a test) stays a View.
+type Notifier interface {
+	// Changed returns a channel that receives a value after the view changed; see
+	// Cluster.Changed for when, and how notifications merge.
+	Changed() <-chan struct{}
+}
