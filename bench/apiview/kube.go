@@ -250,6 +250,15 @@ type viewResult struct {
 	NumGC          uint32  `json:"num_gc"`
 	BaselineRSSKiB int64   `json:"baseline_rss_kib"`
 	BaselineHeap   uint64  `json:"baseline_heap_alloc_bytes"`
+	Peak           struct {
+		AtSeconds    float64 `json:"at_seconds"`
+		RSSKiB       int64   `json:"rss_kib"`
+		HeapObjects  uint64  `json:"heap_objects_bytes"`
+		HeapUnused   uint64  `json:"heap_unused_bytes"`
+		HeapFree     uint64  `json:"heap_free_bytes"`
+		Stacks       uint64  `json:"stacks_bytes"`
+		RuntimeOther uint64  `json:"runtime_other_bytes"`
+	} `json:"peak"`
 }
 
 // runView runs one viewrun binary in the namespace until its view holds every port and

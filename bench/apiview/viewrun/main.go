@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"runtime/metrics"
 	"strconv"
 	"strings"
 	"sync"
@@ -44,6 +45,19 @@ type result struct {
 	NumGC          uint32 `json:"num_gc"`
 	BaselineRSSKiB int64  `json:"baseline_rss_kib"` // before the view was started
 	BaselineHeap   uint64 `json:"baseline_heap_alloc_bytes"`
+	// The sample with the highest VmRSS (taken every few milliseconds until the settled
+	// figures), broken down as the Go runtime accounts its memory.
+	Peak peakSample `json:"peak"`
+}
+
+type peakSample struct {
+	AtSeconds    float64 `json:"at_seconds"`
+	RSSKiB       int64   `json:"rss_kib"`
+	HeapObjects  uint64  `json:"heap_objects_bytes"`  // live and not yet swept objects
+	HeapUnused   uint64  `json:"heap_unused_bytes"`   // free space in spans in use
+	HeapFree     uint64  `json:"heap_free_bytes"`     // free spans not returned to the OS
+	Stacks       uint64  `json:"stacks_bytes"`        // goroutine stacks
+	RuntimeOther uint64  `json:"runtime_other_bytes"` // GC metadata, profiling buckets, other runtime structures
 }
 
 func main() {
@@ -96,6 +110,10 @@ func run() error {
 	defer wg.Wait()
 	defer cancel()
 	start := time.Now()
+	sampled := make(chan peakSample, 1)
+	sampleCtx, stopSampling := context.WithCancel(ctx)
+	defer stopSampling()
+	go func() { sampled <- samplePeak(sampleCtx, start) }()
 	wg.Go(func() { view.Run(ctx) })
 
 	// Poll, as a consumer without change notifications would: a Snapshot is cheap.
@@ -134,10 +152,58 @@ func run() error {
 	res.FreshSeconds = freshAt.Seconds()
 	res.SettledRSSKiB, _ = procStatus("VmRSS:")
 	res.HWMKiB, _ = procStatus("VmHWM:")
+	stopSampling()
+	res.Peak = <-sampled
 	runtime.GC()
 	runtime.ReadMemStats(&ms)
 	res.LiveHeap, res.LiveHeapInuse, res.GoSys, res.NumGC = ms.HeapAlloc, ms.HeapInuse, ms.Sys, ms.NumGC
 	return json.NewEncoder(os.Stdout).Encode(res)
+}
+
+// samplePeak samples VmRSS and the runtime's memory classes every 5 ms until ctx ends, and
+// returns the sample with the highest VmRSS.
+func samplePeak(ctx context.Context, start time.Time) peakSample {
+	names := []string{
+		"/memory/classes/heap/objects:bytes",
+		"/memory/classes/heap/unused:bytes",
+		"/memory/classes/heap/free:bytes",
+		"/memory/classes/heap/stacks:bytes",
+		"/memory/classes/os-stacks:bytes",
+		"/memory/classes/metadata/other:bytes",
+		"/memory/classes/metadata/mspan/inuse:bytes",
+		"/memory/classes/metadata/mcache/inuse:bytes",
+		"/memory/classes/other:bytes",
+		"/memory/classes/profiling/buckets:bytes",
+	}
+	samples := make([]metrics.Sample, len(names))
+	for i, n := range names {
+		samples[i].Name = n
+	}
+	var peak peakSample
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return peak
+		case <-t.C:
+		}
+		rss, err := procStatus("VmRSS:")
+		if err != nil || rss <= peak.RSSKiB {
+			continue
+		}
+		metrics.Read(samples)
+		v := func(i int) uint64 { return samples[i].Value.Uint64() }
+		peak = peakSample{
+			AtSeconds:    time.Since(start).Seconds(),
+			RSSKiB:       rss,
+			HeapObjects:  v(0),
+			HeapUnused:   v(1),
+			HeapFree:     v(2),
+			Stacks:       v(3) + v(4),
+			RuntimeOther: v(5) + v(6) + v(7) + v(8) + v(9),
+		}
+	}
 }
 
 // procStatus reads one KiB field of /proc/self/status.
