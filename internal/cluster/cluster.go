@@ -1,36 +1,32 @@
 package cluster
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 )
 
 // Cluster is the API view: it watches Services, EndpointSlices and this node, and publishes
-// what kube-proxy on this node should have programmed. It implements View.
+// what kube-proxy on this node should have programmed. It implements View and Notifier.
 type Cluster struct {
 	cfg    Config
 	logger *slog.Logger
 	now    func() time.Time
 
-	// client and probe are nil while no API is configured; configErr says why.
-	client    kubernetes.Interface
-	probe     rest.Interface // the clientset's own REST client (same transport), for GET /version
+	// api is nil while no API is configured; configErr says why.
+	api       *apiSource
 	configErr error
 	host      string // the API server, for log lines
 
@@ -44,16 +40,18 @@ type Cluster struct {
 	lastErr          atomic.Pointer[errBox]
 	state            atomic.Pointer[published]
 	wake             chan struct{}
+	changed          chan struct{} // see Changed
+	confirm          chan struct{} // see Confirm
+
+	st *state // the API objects, in compact form
 
 	mu       sync.Mutex
-	dirty    map[string]struct{} // Service keys ("namespace/name") to recompute
+	dirty    map[objKey]struct{} // Services to recompute
 	allDirty bool
 
 	// Owned by the recompute goroutine.
-	inf       *informers
-	byService map[string][]ServicePort
-	zone      string
-	nodeSeen  bool
+	zone     string
+	nodeSeen bool
 }
 
 type errBox struct{ err error }
@@ -65,7 +63,10 @@ type published struct {
 	generation uint64
 }
 
-var _ View = (*Cluster)(nil)
+var (
+	_ View     = (*Cluster)(nil)
+	_ Notifier = (*Cluster)(nil)
+)
 
 // New builds the API view. It reads the kubeconfig or in-cluster configuration but does not
 // contact the API server: a cluster without a reachable, or any, API degrades to an unsynced
@@ -89,28 +90,38 @@ func New(cfg Config, logger *slog.Logger) (*Cluster, error) {
 
 func newCluster(cfg Config, logger *slog.Logger) *Cluster {
 	c := &Cluster{
-		cfg:       cfg,
-		logger:    logger,
-		now:       time.Now,
-		wake:      make(chan struct{}, 1),
-		dirty:     map[string]struct{}{},
-		byService: map[string][]ServicePort{},
+		cfg:     cfg,
+		logger:  logger,
+		now:     time.Now,
+		wake:    make(chan struct{}, 1),
+		changed: make(chan struct{}, 1),
+		confirm: make(chan struct{}, 1),
+		dirty:   map[objKey]struct{}{},
 	}
 	c.state.Store(&published{})
+	c.st = newState(cfg.NodeName)
+	c.st.heard = c.heard
+	c.st.changed = func(key objKey, all bool) {
+		if all {
+			c.markAllDirty()
+		} else {
+			c.markDirty(key)
+		}
+	}
+	c.st.synced = func() {
+		c.logger.Info("API view synced", "node", c.cfg.NodeName)
+		c.markAllDirty()
+	}
 	return c
 }
 
 func (c *Cluster) useConfig(restCfg *rest.Config) error {
-	client, err := kubernetes.NewForConfig(restCfg)
+	api, err := newRESTSource(restCfg)
 	if err != nil {
-		return fmt.Errorf("building the Kubernetes client for %s: %w", restCfg.Host, err)
+		return err
 	}
-	c.client = client
+	c.api = api
 	c.host = restCfg.Host
-	// The discovery client shares the clientset's http.Client, so the probe travels on the
-	// very HTTP/2 connection the watches use: if that connection is dead (incident 3), the
-	// probe fails too, where a fresh connection would succeed and hide it.
-	c.probe = client.Discovery().RESTClient()
 	c.configErr = nil
 	return nil
 }
@@ -149,39 +160,19 @@ func (c *Cluster) setErr(err error) { c.lastErr.Store(&errBox{err}) }
 
 func (c *Cluster) heard() { c.lastHeard.Store(c.now().UnixNano()) }
 
-// Run starts the informers, the recompute loop and the probe, and returns when ctx is done.
+// Run starts the reflectors, the recompute loop and the probe, and returns when ctx is done.
 // Without an API configuration it retries finding one every probe interval.
 func (c *Cluster) Run(ctx context.Context) {
 	// client-go's reflectors report list and watch failures through klog; send them to
 	// the exporter's log in its format.
 	klog.SetSlogLogger(c.logger.With("component", "client-go"))
-	if c.client == nil && !c.waitForConfig(ctx) {
-		return
-	}
-	inf, err := newInformers(c.client, c.cfg.NodeName)
-	if err != nil {
-		c.setErr(err)
-		c.logger.Error("API view not started", "err", err)
-		return
-	}
-	c.inf = inf
-	if err := c.addHandlers(); err != nil {
-		c.setErr(err)
-		c.logger.Error("API view not started", "err", err)
+	if c.api == nil && !c.waitForConfig(ctx) {
 		return
 	}
 	var wg sync.WaitGroup
-	for _, i := range []cache.SharedIndexInformer{inf.services, inf.endpointSlices, inf.node} {
-		wg.Go(func() { i.RunWithContext(ctx) })
-	}
+	wg.Go(func() { c.runReflectors(ctx) })
 	wg.Go(func() { c.recomputeLoop(ctx) })
 	wg.Go(func() { c.probeLoop(ctx) })
-	wg.Go(func() {
-		if cache.WaitForCacheSync(ctx.Done(), inf.hasSynced) {
-			c.logger.Info("API view synced", "node", c.cfg.NodeName)
-			c.markAllDirty()
-		}
-	})
 	wg.Wait()
 }
 
@@ -212,66 +203,6 @@ func (c *Cluster) waitForConfig(ctx context.Context) bool {
 	}
 }
 
-func (c *Cluster) addHandlers() error {
-	serviceKey := func(obj any) {
-		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
-			c.markDirty(key)
-		}
-	}
-	sliceKey := func(obj any) {
-		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-			obj = t.Obj
-		}
-		if keys, _ := sliceServiceIndex(obj); len(keys) == 1 {
-			c.markDirty(keys[0])
-		}
-	}
-	// Every event is proof the watch connection works; a relist after a broken watch
-	// delivers updates too.
-	handlers := []struct {
-		informer cache.SharedIndexInformer
-		h        cache.ResourceEventHandlerFuncs
-	}{{
-		c.inf.services, cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(obj any) { c.heard(); serviceKey(obj) },
-			UpdateFunc: func(_, obj any) { c.heard(); serviceKey(obj) },
-			DeleteFunc: func(obj any) { c.heard(); serviceKey(obj) },
-		},
-	}, {
-		c.inf.endpointSlices, cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(obj any) { c.heard(); sliceKey(obj) },
-			UpdateFunc: func(old, obj any) { c.heard(); sliceKey(old); sliceKey(obj) },
-			DeleteFunc: func(obj any) { c.heard(); sliceKey(obj) },
-		},
-	}, {
-		// The node's zone label selects topology hints for every Service; its status
-		// updates (which the transform empties) still arrive as events and count as heard.
-		c.inf.node, cache.ResourceEventHandlerFuncs{
-			AddFunc: func(any) { c.heard(); c.markAllDirty() },
-			UpdateFunc: func(old, obj any) {
-				c.heard()
-				if nodeZone(old) != nodeZone(obj) {
-					c.markAllDirty()
-				}
-			},
-			DeleteFunc: func(any) { c.heard(); c.markAllDirty() },
-		},
-	}}
-	for _, h := range handlers {
-		if _, err := h.informer.AddEventHandler(h.h); err != nil {
-			return fmt.Errorf("adding informer event handler: %w", err)
-		}
-		if err := h.informer.SetWatchErrorHandlerWithContext(c.watchFailed); err != nil {
-			return fmt.Errorf("adding informer watch error handler: %w", err)
-		}
-	}
-	return nil
-}
-
-// reflectorMaxBackoff is the longest client-go's reflector waits before retrying a failed
-// watch (tools/cache: NewReflectorWithOptions' backoff manager, capped at 30 s).
-const reflectorMaxBackoff = 30 * time.Second
-
 // watchFailureHold is how long the view stays stale after a failed watch: FreshWithin, and at
 // least two of the reflector's longest retry intervals, since a watch that has not failed for
 // that long has been retried and works; a shorter hold lets the view look fresh between the
@@ -290,16 +221,10 @@ func (c *Cluster) watchFailed(ctx context.Context, r *cache.Reflector, err error
 	}
 	c.lastWatchErr.Store(&errBox{fmt.Errorf("a watch failed (the view is refreshed only by re-lists): %w", err)})
 	c.lastWatchFailure.Store(c.now().UnixNano())
+	c.notify()
 }
 
-func nodeZone(obj any) string {
-	if n, ok := obj.(*corev1.Node); ok {
-		return n.Labels[corev1.LabelTopologyZone]
-	}
-	return ""
-}
-
-func (c *Cluster) markDirty(key string) {
+func (c *Cluster) markDirty(key objKey) {
 	c.mu.Lock()
 	c.dirty[key] = struct{}{}
 	c.mu.Unlock()
@@ -344,15 +269,16 @@ func (c *Cluster) recomputeLoop(ctx context.Context) {
 	}
 }
 
-// recompute applies the pending changes to byService and publishes a new snapshot.
+// recompute recomputes the Services that changed and publishes a new snapshot: the previous
+// one's ports of the other Services, and the changed ones' new ports.
 func (c *Cluster) recompute() {
-	synced := c.inf.hasSynced()
+	synced := c.st.hasSynced()
 	c.mu.Lock()
 	dirty, all := c.dirty, c.allDirty
-	c.dirty, c.allDirty = map[string]struct{}{}, false
+	c.dirty, c.allDirty = map[objKey]struct{}{}, false
 	c.mu.Unlock()
 
-	zone, found := c.currentNode()
+	zone, found := c.st.thisNode()
 	if zone != c.zone {
 		c.logger.Info("node topology zone changed", "node", c.cfg.NodeName, "zone", zone, "previous", c.zone)
 		c.zone, all = zone, true
@@ -363,97 +289,48 @@ func (c *Cluster) recompute() {
 	}
 	c.nodeSeen = c.nodeSeen || found
 
-	if all {
-		for _, key := range c.inf.services.GetIndexer().ListKeys() {
-			dirty[key] = struct{}{}
-		}
-		for key := range c.byService {
-			dirty[key] = struct{}{}
-		}
-	}
 	prev := c.state.Load()
-	if len(dirty) == 0 && prev.synced == synced {
-		return
-	}
-	for key := range dirty {
-		c.recomputeService(key)
-	}
-	c.state.Store(&published{ports: c.sortedPorts(), synced: synced, generation: prev.generation + 1})
-}
-
-func (c *Cluster) currentNode() (zone string, found bool) {
-	obj, exists, err := c.inf.node.GetStore().GetByKey(c.cfg.NodeName)
-	if err != nil || !exists {
-		return "", false
-	}
-	return nodeZone(obj), true
-}
-
-func (c *Cluster) recomputeService(key string) {
-	obj, exists, err := c.inf.services.GetIndexer().GetByKey(key)
-	svc, ok := obj.(*corev1.Service)
-	if ok {
-		_, otherProxy := svc.Labels[labelServiceProxyName]
-		ok = !otherProxy
-	}
-	if err != nil || !exists || !ok {
-		// The list selector already leaves out Services of other proxies; the label is
-		// checked again so a watch that does not apply the selector cannot add them.
-		delete(c.byService, key)
-		return
-	}
-	objs, err := c.inf.endpointSlices.GetIndexer().ByIndex(serviceIndex, key)
-	if err != nil {
-		c.logger.Error("reading EndpointSlices from the informer's index", "service", key, "err", err)
-	}
-	endpointSlices := make([]*discoveryv1.EndpointSlice, 0, len(objs))
-	for _, o := range objs {
-		if s, ok := o.(*discoveryv1.EndpointSlice); ok {
-			endpointSlices = append(endpointSlices, s)
+	var keys []objKey
+	if all {
+		keys = c.st.serviceKeys()
+		if len(keys) == 0 && len(prev.ports) == 0 && prev.synced == synced {
+			return
 		}
-	}
-	if ports := ServicePorts(svc, endpointSlices, c.cfg.NodeName, c.zone); ports != nil {
-		c.byService[key] = ports
 	} else {
-		delete(c.byService, key)
+		if len(dirty) == 0 && prev.synced == synced {
+			return
+		}
+		keys = slices.Collect(maps.Keys(dirty))
 	}
-}
-
-// sortedPorts lists every service port sorted as Snapshot documents: by Name.String(), then
-// Protocol. The string is built once per port, not per comparison.
-func (c *Cluster) sortedPorts() []ServicePort {
-	type keyed struct {
-		name string
-		port *ServicePort
-	}
-	var ks []keyed
-	for _, ports := range c.byService {
-		for i := range ports {
-			ks = append(ks, keyed{ports[i].Name.String(), &ports[i]})
+	node := newThisNode(c.cfg.NodeName, c.zone)
+	var fresh []ServicePort
+	for _, key := range keys {
+		if svc, endpointSlices := c.st.service(key); svc != nil {
+			fresh = append(fresh, servicePorts(svc, endpointSlices, node)...)
 		}
 	}
-	slices.SortFunc(ks, func(a, b keyed) int {
-		return cmp.Or(cmp.Compare(a.name, b.name), cmp.Compare(a.port.Name.Protocol, b.port.Name.Protocol))
-	})
-	out := make([]ServicePort, len(ks))
-	for i, k := range ks {
-		out[i] = *k.port
+	var ports []ServicePort
+	if all {
+		ports = sortPorts(fresh)
+	} else {
+		ports = mergePorts(prev.ports, dirty, fresh)
 	}
-	return out
+	c.state.Store(&published{ports: ports, synced: synced, generation: prev.generation + 1})
+	c.notify()
 }
 
 // probeLoop asks the API server for /version every probe interval on the watches' own
-// client. Informer handlers never see watch bookmarks, so on a quiet cluster a working
-// connection and a dead one look the same to them; the probe tells them apart. /version is
-// the cheapest request the API server answers for any authenticated client (no etcd read,
-// allowed by the default system:public-info-viewer role).
+// client. Bookmarks count as heard, but the API server sends them only about once a minute
+// per watch, so on a quiet cluster a working connection and a dead one look the same for
+// longer than that; the probe tells them apart.
 func (c *Cluster) probeLoop(ctx context.Context) {
-	if c.probe == nil {
+	if c.api.probe == nil {
 		return // a fake clientset in tests has no REST client
 	}
 	t := time.NewTicker(c.cfg.ProbeInterval)
 	defer t.Stop()
-	failing := false
+	failing, fresh := false, false
+	confirming := false
 	for {
 		err := c.probeOnce(ctx)
 		switch {
@@ -462,29 +339,56 @@ func (c *Cluster) probeLoop(ctx context.Context) {
 		case err == nil:
 			c.heard()
 			c.setErr(nil)
+			if confirming {
+				c.notify() // the consumer that asked re-reads LastHeard
+			}
 			if failing {
 				c.logger.Info("Kubernetes API server answers again", "host", c.host)
+				c.notify()
 			}
 			failing = false
 		default:
 			c.setErr(err)
 			if !failing {
 				c.logger.Warn("Kubernetes API server not answering: the API view goes stale after --api.fresh-within", "host", c.host, "err", err)
+				c.notify()
 			}
 			failing = true
 		}
+		// Fresh also changes with time alone (nothing heard for FreshWithin, a failed
+		// watch's hold running out): tell the consumer within a probe interval.
+		if now := c.Snapshot().Fresh; now != fresh {
+			fresh = now
+			c.notify()
+		}
+		confirming = false
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-c.confirm:
+			confirming = true
 		}
 	}
 }
 
+// Confirm asks for a probe now, on the watches' own connection, without waiting for it: a
+// success moves LastHeard and is told through Changed. The drift check asks when a difference
+// has lasted the grace period but the view was last heard from before that, so that it is
+// reported then rather than at the next probe. Requests while one is pending merge.
+func (c *Cluster) Confirm() {
+	select {
+	case c.confirm <- struct{}{}:
+	default:
+	}
+}
+
+var _ Confirmer = (*Cluster)(nil)
+
 func (c *Cluster) probeOnce(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.ProbeTimeout)
 	defer cancel()
-	err := c.probe.Get().AbsPath("/version").Do(ctx).Error()
+	err := c.api.probe(ctx)
 	if err != nil {
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			return fmt.Errorf("probing the API server: no answer within %s: %w", c.cfg.ProbeTimeout, err)

@@ -16,6 +16,8 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 )
@@ -36,7 +38,7 @@ func startFake(t *testing.T, objs ...runtime.Object) (*Cluster, *fake.Clientset)
 	}
 	client := fake.NewClientset(objs...)
 	c := newCluster(cfg, testLogger())
-	c.client = client // no probe: the fake has no REST client
+	c.api = fakeSource(client) // no probe: the fake has no REST client
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { c.Run(ctx) })
@@ -46,6 +48,37 @@ func startFake(t *testing.T, objs ...runtime.Object) (*Cluster, *fake.Clientset)
 		return s.Synced, fmt.Sprintf("%+v", s)
 	})
 	return c, client
+}
+
+// fakeSource reads the API through a fake clientset, which cannot stream lists.
+func fakeSource(client kubernetes.Interface) *apiSource {
+	return &apiSource{
+		services: resourceClient{
+			list: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				return client.CoreV1().Services("").List(ctx, o)
+			},
+			watch: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				return client.CoreV1().Services("").Watch(ctx, o)
+			},
+		},
+		endpointSlices: resourceClient{
+			list: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				return client.DiscoveryV1().EndpointSlices("").List(ctx, o)
+			},
+			watch: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				return client.DiscoveryV1().EndpointSlices("").Watch(ctx, o)
+			},
+		},
+		nodes: resourceClient{
+			list: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				return client.CoreV1().Nodes().List(ctx, o)
+			},
+			watch: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				return client.CoreV1().Nodes().Watch(ctx, o)
+			},
+		},
+		noWatchList: true,
+	}
 }
 
 // waitFor polls cond until it holds, failing after 10s with cond's last description.
@@ -216,7 +249,10 @@ func TestClusterInformers(t *testing.T) {
 	})
 }
 
-func TestTransformsKeepWhatServicePortsReads(t *testing.T) {
+// The compact forms must keep everything ServicePorts reads, however much else the API
+// objects carry; converting a compact object again (the reflector hands the store objects its
+// Transformer already converted) must change nothing.
+func TestCompactFormsKeepWhatServicePortsReads(t *testing.T) {
 	svc := service("s", dualStack, itpLocal, func(s *corev1.Service) {
 		s.Annotations = map[string]string{"kubectl.kubernetes.io/last-applied-configuration": strings.Repeat("x", 1000)}
 		s.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}
@@ -235,29 +271,40 @@ func TestTransformsKeepWhatServicePortsReads(t *testing.T) {
 			e.Hostname = ptr.To("s-abc")
 			e.Addresses = append(e.Addresses, "10.0.1.99")
 		}),
-		apiEP("10.0.1.2", "node-b", terminating, zoneHint("zone-b"), nodeHint("node-b")))
+		apiEP("10.0.1.4", "node-b", zoneHint("zone-b"), nodeHint("node-b")),
+		apiEP("10.0.1.2", "node-b", terminating, zoneHint("zone-b"), nodeHint("node-b")),
+		apiEP("10.0.1.3", "node-b", zoneHint("zone-b"), nodeHint("node-b")),
+		apiEP("not-an-address", "node-b"))
 	sl.Annotations = map[string]string{"endpoints.kubernetes.io/last-change-trigger-time": "x"}
 	sl.Labels["endpointslice.kubernetes.io/managed-by"] = "endpointslice-controller.k8s.io"
 
-	before := ServicePorts(svc.DeepCopy(), []*discoveryv1.EndpointSlice{sl.DeepCopy()}, "node-a", "zone-a")
-	tsvc, _ := trimService(svc.DeepCopy())
-	tsvc, _ = trimService(tsvc) // idempotent
-	tsl, _ := trimEndpointSlice(sl.DeepCopy())
-	tsl, _ = trimEndpointSlice(tsl)
-	after := ServicePorts(tsvc.(*corev1.Service), []*discoveryv1.EndpointSlice{tsl.(*discoveryv1.EndpointSlice)}, "node-a", "zone-a")
-	if fmt.Sprintf("%+v", before) != fmt.Sprintf("%+v", after) {
-		t.Errorf("trimming changed the result:\nbefore %+v\nafter  %+v", before, after)
+	want := ServicePorts(svc.DeepCopy(), []*discoveryv1.EndpointSlice{sl.DeepCopy()}, "node-a", "zone-a")
+	if len(want) != 1 || len(want[0].ClusterEndpoints) == 0 || len(want[0].LocalEndpoints) == 0 {
+		t.Fatalf("ServicePorts = %+v, want one port with cluster and local endpoints", want)
 	}
-	ts := tsvc.(*corev1.Service)
-	if ts.Annotations != nil || ts.ManagedFields != nil || ts.Labels != nil || ts.Spec.Selector != nil {
-		t.Errorf("service not trimmed: %+v", ts.ObjectMeta)
+	st := newState("node-a")
+	transform := func(k kind, obj any) any {
+		t.Helper()
+		c, err := kindStore{st, k}.Transformer()(obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
 	}
-	e := tsl.(*discoveryv1.EndpointSlice).Endpoints[0]
-	if e.TargetRef != nil || e.Hostname != nil || len(e.Addresses) != 1 {
-		t.Errorf("endpoint not trimmed: %+v", e)
+	csvc := transform(kindService, transform(kindService, svc.DeepCopy())).(*serviceInfo)
+	csl := transform(kindSlice, transform(kindSlice, sl.DeepCopy())).(*sliceInfo)
+	got := servicePorts(csvc, []*sliceInfo{csl}, newThisNode("node-a", "zone-a"))
+	if fmt.Sprintf("%+v", want) != fmt.Sprintf("%+v", got) {
+		t.Errorf("the compact forms changed the result:\nfrom the API objects %+v\nfrom compact forms   %+v", want, got)
 	}
-	n, _ := trimNode(node("node-a", "zone-a"))
-	if got := n.(*corev1.Node).Labels; len(got) != 1 || got[corev1.LabelTopologyZone] != "zone-a" {
-		t.Errorf("node labels after trim: %v", got)
+	if len(csl.endpoints) != 4 || len(csl.ports) != 1 || !slices.Equal(csl.ports[0].addrs, addrs("10.0.1.1:8080", "10.0.1.2:8080", "10.0.1.3:8080", "10.0.1.4:8080")) {
+		t.Errorf("compact slice %+v, want the four endpoints that parse, the first address of each, sorted", csl)
+	}
+	if a := csl.endpoints; a[2].attrs != a[3].attrs || a[1].attrs == a[2].attrs || a[2].attrs.terminating || !a[1].attrs.terminating {
+		t.Errorf("endpoint attributes %+v %+v %+v: want the two alike shared, the terminating one apart", *a[1].attrs, *a[2].attrs, *a[3].attrs)
+	}
+	n := transform(kindNode, transform(kindNode, node("node-a", "zone-a"))).(*nodeInfo)
+	if *n != (nodeInfo{name: "node-a", zone: "zone-a"}) {
+		t.Errorf("compact node %+v", *n)
 	}
 }

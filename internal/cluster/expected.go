@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"net/netip"
 	"slices"
+	"unique"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -15,51 +16,84 @@ import (
 // nodeName whose topology.kubernetes.io/zone label is zone ("" when it has none). It returns
 // nil for Services kube-proxy does not program (ShouldSkipService, or no cluster IP).
 //
+// It converts the objects to the compact forms the view keeps and computes from those, as
+// the view does.
+func ServicePorts(svc *corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, nodeName, zone string) []ServicePort {
+	slices := make([]*sliceInfo, len(endpointSlices))
+	for i, s := range endpointSlices {
+		slices[i] = newSliceInfo(s)
+	}
+	return servicePorts(newServiceInfo(svc), slices, newThisNode(nodeName, zone))
+}
+
+// thisNode is the node the expected endpoints are computed for.
+type thisNode struct {
+	name   string
+	handle unique.Handle[string] // zero when name is "": no endpoint is then local
+	zone   string                // "" when the node has no zone label
+}
+
+func newThisNode(name, zone string) thisNode {
+	n := thisNode{name: name, zone: zone}
+	if name != "" {
+		n.handle = unique.Make(name)
+	}
+	return n
+}
+
+// servicePorts is ServicePorts on the compact forms.
+//
 // kube-proxy runs one proxier per IP family, each seeing only its family's cluster IP and
 // EndpointSlices of its address type; topology hints and the terminating fallback are
 // therefore decided per family, and the families' results are listed together here.
-func ServicePorts(svc *corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, nodeName, zone string) []ServicePort {
-	if shouldSkipService(svc) {
+func servicePorts(svc *serviceInfo, endpointSlices []*sliceInfo, node thisNode) []ServicePort {
+	if svc.skip || len(svc.families) == 0 {
 		return nil
 	}
-	families := clusterIPsByFamily(svc)
-	if len(families) == 0 {
-		return nil
+	families := svc.families
+	endpointsByFamily := make([]map[portKey]*portSet, len(families))
+	for i, f := range families {
+		endpointsByFamily[i] = endpointsByPort(svc, endpointSlices, f.family, node)
 	}
-	endpointsByFamily := make(map[corev1.IPFamily]map[portKey][]endpoint, len(families))
-	for _, f := range families {
-		endpointsByFamily[f.family] = endpointsByPort(svc, endpointSlices, f.family, nodeName)
-	}
-	internalLocal := svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
-	externalLocal := externallyAccessibleType(svc) && svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
-
-	ports := make([]ServicePort, 0, len(svc.Spec.Ports))
-	for _, p := range svc.Spec.Ports {
-		protocol := cmp.Or(p.Protocol, corev1.ProtocolTCP)
+	namespace := svc.key.namespace.Value()
+	ports := make([]ServicePort, 0, len(svc.ports))
+	for _, p := range svc.ports {
 		sp := ServicePort{
 			Name: ServicePortName{
-				Namespace: svc.Namespace,
-				Name:      svc.Name,
-				Port:      p.Name,
-				Protocol:  string(protocol),
+				Namespace: namespace,
+				Name:      svc.key.name,
+				Port:      p.name.Value(),
+				Protocol:  string(p.protocol),
 			},
-			Port:          uint16(p.Port),
-			InternalLocal: internalLocal,
-			ExternalLocal: externalLocal,
+			Port:          p.port,
+			InternalLocal: svc.internalLocal,
+			ExternalLocal: svc.externalLocal,
+			ClusterIPs:    make([]netip.Addr, 0, len(families)),
 		}
-		for _, f := range families {
+		var only []netip.AddrPort
+		for i, f := range families {
 			sp.ClusterIPs = append(sp.ClusterIPs, f.clusterIP)
 			policy := trafficPolicy{
-				internalLocal:        internalLocal,
-				externalLocal:        externalLocal,
-				externallyAccessible: p.NodePort != 0 || f.externalIPs || f.loadBalancerVIPs,
+				internalLocal:        svc.internalLocal,
+				externalLocal:        svc.externalLocal,
+				externallyAccessible: p.nodePort || f.externalIPs || f.loadBalancerVIPs,
 			}
-			cluster, local := categorizeEndpoints(endpointsByFamily[f.family][portKey{p.Name, protocol}], policy, nodeName, zone)
+			var eps []endpoint
+			if set := endpointsByFamily[i][portKey{p.name, p.protocol}]; set != nil {
+				eps, only = set.eps, set.only
+			}
+			cluster, local := categorizeEndpoints(eps, policy, node.name, node.zone)
 			sp.ClusterEndpoints = appendAddrs(sp.ClusterEndpoints, cluster)
 			sp.LocalEndpoints = appendAddrs(sp.LocalEndpoints, local)
 		}
 		sp.ClusterEndpoints = sortAddrs(sp.ClusterEndpoints)
 		sp.LocalEndpoints = sortAddrs(sp.LocalEndpoints)
+		// Usually every endpoint of the port's one slice is in the cluster chain: publish the
+		// slice's own list rather than a copy of it (both are immutable). Only one family can
+		// have contributed then.
+		if len(families) == 1 && len(only) > 0 && slices.Equal(sp.ClusterEndpoints, only) {
+			sp.ClusterEndpoints = only
+		}
 		ports = append(ports, sp)
 	}
 	return ports
@@ -107,7 +141,7 @@ func clusterIPsByFamily(svc *corev1.Service) []familyInfo {
 		if !ok || familyOf(addr) != family {
 			return
 		}
-		fi := familyInfo{family: family, clusterIP: addr}
+		fi := familyInfo{family: familyOf(addr), clusterIP: addr} // the constant, not the decoded string
 		for _, e := range svc.Spec.ExternalIPs {
 			if a, ok := parseIP(e); ok && familyOf(a) == family {
 				fi.externalIPs = true
@@ -141,7 +175,7 @@ func clusterIPsByFamily(svc *corev1.Service) []familyInfo {
 // portKey is kube-proxy's ServicePortName without the Service: endpoints belong to the
 // service port whose name and protocol equal the EndpointSlice port's.
 type portKey struct {
-	name     string
+	name     unique.Handle[string]
 	protocol corev1.Protocol
 }
 
@@ -150,53 +184,41 @@ type portKey struct {
 // address type (EndpointsChangeTracker.EndpointSliceUpdate ignores the others, FQDN
 // included), grouped by port name and protocol and deduplicated by IP and port.
 //
-// A slice port without a name (nil, not "") or without a port number is ignored. An
-// endpoint's conditions default as the API documents them: nil ready or serving means true,
-// nil terminating false. Only an endpoint's first address counts.
+// A slice port without a name (nil, not "") or without a port number is ignored, and so is
+// an endpoint whose first address does not parse (newSliceInfo leaves both out). Only an
+// endpoint's first address counts.
 //
 // An endpoint listed twice (it moves between slices, or a new pod reuses a terminating pod's
 // IP) keeps the later copy unless that one is terminating. kube-proxy visits slices in map
 // order, so which copy is "later" is random there; slices are visited by name here so the
 // result is at least stable. The difference lasts until the slices agree again.
-func endpointsByPort(svc *corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, family corev1.IPFamily, nodeName string) map[portKey][]endpoint {
+func endpointsByPort(svc *serviceInfo, endpointSlices []*sliceInfo, family corev1.IPFamily, node thisNode) map[portKey]*portSet {
 	addressType := discoveryv1.AddressTypeIPv4
 	if family == corev1.IPv6Protocol {
 		addressType = discoveryv1.AddressTypeIPv6
 	}
-	ordered := make([]*discoveryv1.EndpointSlice, 0, len(endpointSlices))
+	ordered := make([]*sliceInfo, 0, len(endpointSlices))
 	for _, s := range endpointSlices {
 		// endpointSliceCacheKeys: a slice belongs to the Service named by its label.
-		if s.AddressType == addressType && s.Namespace == svc.Namespace && s.Labels[discoveryv1.LabelServiceName] == svc.Name {
+		if s.addressType == addressType && s.key.namespace == svc.key.namespace && s.service == svc.key.name {
 			ordered = append(ordered, s)
 		}
 	}
-	slices.SortFunc(ordered, func(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
+	slices.SortFunc(ordered, func(a, b *sliceInfo) int { return cmp.Compare(a.key.name, b.key.name) })
 
-	type portSet struct {
-		eps   []endpoint
-		index map[netip.AddrPort]int
-	}
 	sets := map[portKey]*portSet{}
 	for _, s := range ordered {
-		for _, port := range s.Ports {
-			if port.Name == nil || port.Port == nil || *port.Port <= 0 || *port.Port > 65535 {
-				continue
-			}
-			protocol := corev1.ProtocolTCP // the API's default; kube-proxy assumes it is set
-			if port.Protocol != nil {
-				protocol = *port.Protocol
-			}
-			key := portKey{*port.Name, protocol}
+		for _, port := range s.ports {
+			key := portKey{port.name, port.protocol}
 			set := sets[key]
 			if set == nil {
-				set = &portSet{index: map[netip.AddrPort]int{}}
+				set = &portSet{index: make(map[netip.AddrPort]int, len(port.addrs)), only: port.addrs}
 				sets[key] = set
+			} else {
+				set.only = nil
 			}
-			for i := range s.Endpoints {
-				ep, ok := newEndpoint(&s.Endpoints[i], uint16(*port.Port), nodeName)
-				if !ok {
-					continue
-				}
+			for i, addr := range port.addrs {
+				ep := newEndpoint(addr, &s.endpoints[i], node)
 				if j, exists := set.index[ep.addr]; exists {
 					if !ep.terminating {
 						set.eps[j] = ep
@@ -208,38 +230,28 @@ func endpointsByPort(svc *corev1.Service, endpointSlices []*discoveryv1.Endpoint
 			}
 		}
 	}
-	out := make(map[portKey][]endpoint, len(sets))
-	for k, set := range sets {
-		out[k] = set.eps
-	}
-	return out
+	return sets
+}
+
+// portSet is one service port's endpoints in one family. When a single slice contributed
+// them, only is that slice's (sorted) address list for the port.
+type portSet struct {
+	eps   []endpoint
+	index map[netip.AddrPort]int
+	only  []netip.AddrPort
 }
 
 // newEndpoint is the body of addEndpoints' loop for one endpoint and port.
-func newEndpoint(e *discoveryv1.Endpoint, port uint16, nodeName string) (endpoint, bool) {
-	if len(e.Addresses) == 0 {
-		return endpoint{}, false
+func newEndpoint(addr netip.AddrPort, e *endpointInfo, node thisNode) endpoint {
+	return endpoint{
+		addr:        addr,
+		local:       node.name != "" && e.node == node.handle, // EndpointSliceCache.isLocal
+		ready:       e.attrs.ready,
+		serving:     e.attrs.serving,
+		terminating: e.attrs.terminating,
+		zoneHints:   e.attrs.zones,
+		nodeHints:   e.attrs.nodes,
 	}
-	addr, ok := parseIP(e.Addresses[0])
-	if !ok {
-		return endpoint{}, false
-	}
-	ep := endpoint{
-		addr:        netip.AddrPortFrom(addr, port),
-		local:       nodeName != "" && e.NodeName != nil && *e.NodeName == nodeName,
-		ready:       e.Conditions.Ready == nil || *e.Conditions.Ready,
-		serving:     e.Conditions.Serving == nil || *e.Conditions.Serving,
-		terminating: e.Conditions.Terminating != nil && *e.Conditions.Terminating,
-	}
-	if e.Hints != nil {
-		for _, z := range e.Hints.ForZones {
-			ep.zoneHints = append(ep.zoneHints, z.Name)
-		}
-		for _, n := range e.Hints.ForNodes {
-			ep.nodeHints = append(ep.nodeHints, n.Name)
-		}
-	}
-	return ep, true
 }
 
 // parseIP parses an address the way kube-proxy's netutils.ParseIPSloppy does (IPv4 with

@@ -1,6 +1,6 @@
-// Package cluster is proxyhealth's view of the Kubernetes API: informers on Services,
-// EndpointSlices and this node's Node object, reduced to what kube-proxy on this node should
-// have programmed, per service port.
+// Package cluster is proxyhealth's view of the Kubernetes API: reflectors on Services,
+// EndpointSlices and this node's Node object, kept in compact form and reduced to what
+// kube-proxy on this node should have programmed, per service port.
 package cluster
 
 import (
@@ -72,11 +72,12 @@ type View interface {
 	Snapshot() *Snapshot
 }
 
-// Notifier is implemented by views that tell when they change, so a consumer can compare
-// when something happened instead of on a timer.
+// Notifier is implemented by views that announce their changes (Cluster does): a consumer
+// that finds it on its View can recompute when told instead of on a timer. It is separate
+// from View so that a View without notifications (a fixed one in a test) stays a View.
 type Notifier interface {
-	// Changed returns a channel that receives a value (values coalesce) after the view
-	// published a new generation or its freshness inputs changed.
+	// Changed returns a channel that receives a value after the view changed; see
+	// Cluster.Changed for when, and how notifications merge.
 	Changed() <-chan struct{}
 }
 

@@ -1,0 +1,606 @@
+//go:build linux
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
+	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
+	"github.com/proxyhealth/proxyhealth/test/kubelab"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// The control plane runs on the loopback of a namespace of its own, as bench/rules-drift's API
+// part runs it (whose kube.go this follows; the lab's own code is test-only): every port is
+// free by construction, and nothing outlives the namespace.
+const (
+	nsPrefix       = "ph-bench-av-"
+	etcdClientAddr = "127.0.0.1:2379"
+	etcdPeerAddr   = "127.0.0.1:2380"
+	apiserverAddr  = "127.0.0.1:6443"
+	nodeName       = "bench-node"
+	nodeZone       = "zone-a"
+	nodeIP         = "172.18.0.2"
+	serviceCIDR    = "10.96.0.0/16"
+	svcNamespaces  = 100
+	svcPortName    = "http"
+	svcPort        = 80
+	podPort        = 8080
+)
+
+func svcNamespace(s int) string { return "ns" + strconv.Itoa(s%svcNamespaces) }
+func svcName(s int) string      { return "svc" + strconv.Itoa(s) }
+
+// serviceVIP is service s's ClusterIP, clear of the kubernetes Service's 10.96.0.1.
+func serviceVIP(s int) netip.Addr {
+	n := 16 + s
+	return netip.AddrFrom4([4]byte{10, 96, byte(n >> 8), byte(n)})
+}
+
+// endpointIP is endpoint e of service s: 10.128.0.0/9, one address per endpoint.
+func endpointIP(s, e, endpoints int) netip.Addr {
+	n := 1 + s*endpoints + e
+	return netip.AddrFrom4([4]byte{10, byte(128 + n>>16), byte(n >> 8), byte(n)})
+}
+
+// memSample is a process's resident memory at one moment.
+type memSample struct{ RSSKiB, HWMKiB int64 }
+
+// kubeResult describes the control plane the views ran against.
+type kubeResult struct {
+	NS                          string
+	Services, Slices, Endpoints int
+	LocalEndpoints              int
+	ControlPlaneUp, Load        time.Duration
+	LoadRetries                 int64
+	Etcd, APIServer             memSample
+}
+
+type kube struct {
+	ns, dir    string
+	kubeconfig string
+	res        *kubeResult
+	procs      []*proc
+	etcdDir    string
+	gogc       string
+}
+
+// startKube starts etcd and kube-apiserver in a new namespace, creates this node and the
+// Services and EndpointSlices, and returns once they all exist.
+func startKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string) (k *kube, err error) {
+	k = &kube{dir: filepath.Join(tmp, "kube"), res: &kubeResult{}, gogc: cfg.gogc}
+	if err := os.MkdirAll(k.dir, 0o700); err != nil {
+		return nil, err
+	}
+	// etcd's data on tmpfs: the load is then bound by the apiserver, not by fsync.
+	if k.etcdDir, err = os.MkdirTemp("/dev/shm", "ph-bench-av-etcd-"); err != nil {
+		return nil, err
+	}
+	k.ns = newNSName()
+	k.res.NS = k.ns
+	if err := addNS(ctx, k.ns); err != nil {
+		os.RemoveAll(k.etcdDir)
+		return nil, err
+	}
+	if _, err := run(ctx, "ip", "-n", k.ns, "addr", "add", nodeIP+"/32", "dev", "lo"); err != nil {
+		return k, err
+	}
+	token := randomToken()
+	if k.kubeconfig, err = writeCredentials(k.dir, token); err != nil {
+		return k, err
+	}
+	logf("starting etcd and kube-apiserver %s in %s", bins.Version, k.ns)
+	t0 := time.Now()
+	etcd, err := k.start("etcd", bins.Etcd,
+		"--name", "bench",
+		"--data-dir", filepath.Join(k.etcdDir, "data"),
+		"--listen-client-urls", "http://"+etcdClientAddr,
+		"--advertise-client-urls", "http://"+etcdClientAddr,
+		"--listen-peer-urls", "http://"+etcdPeerAddr,
+		"--initial-advertise-peer-urls", "http://"+etcdPeerAddr,
+		"--initial-cluster", "bench=http://"+etcdPeerAddr,
+		"--snapshot-count", "100000",
+		"--quota-backend-bytes", strconv.Itoa(8<<30),
+		"--log-level", "warn",
+		"--logger", "zap",
+	)
+	if err != nil {
+		return k, err
+	}
+	apiserver, err := k.start("kube-apiserver", bins.APIServer,
+		"--etcd-servers", "http://"+etcdClientAddr,
+		"--bind-address", "127.0.0.1",
+		"--secure-port", strings.Split(apiserverAddr, ":")[1],
+		"--advertise-address", nodeIP,
+		"--cert-dir", filepath.Join(k.dir, "apiserver-certs"),
+		"--token-auth-file", filepath.Join(k.dir, "tokens.csv"),
+		"--service-account-key-file", filepath.Join(k.dir, "sa.pub"),
+		"--service-account-signing-key-file", filepath.Join(k.dir, "sa.key"),
+		"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
+		"--authorization-mode", "RBAC",
+		"--service-cluster-ip-range", serviceCIDR,
+		"--enable-priority-and-fairness=false",
+		"--max-requests-inflight", "800",
+		"--max-mutating-requests-inflight", "400",
+		"--disable-admission-plugins", "ServiceAccount,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy,MutatingAdmissionPolicy,ResourceQuota,LimitRanger,StorageObjectInUseProtection,PersistentVolumeClaimResize,RuntimeClass,DefaultIngressClass",
+		"--profiling=false",
+		"--v", "1",
+	)
+	if err != nil {
+		return k, err
+	}
+	client, err := kubernetes.NewForConfig(&rest.Config{
+		Host:            "https://" + apiserverAddr,
+		BearerToken:     token,
+		TLSClientConfig: rest.TLSClientConfig{Insecure: true},
+		Dial:            netnsdial.Dialer(k.ns),
+		QPS:             -1, // no client-side rate limit: the workers are the limit
+		Timeout:         30 * time.Second,
+		WarningHandler:  rest.NoWarnings{},
+	})
+	if err != nil {
+		return k, err
+	}
+	err = waitFor(ctx, 120*time.Second, "kube-apiserver /readyz", func() (bool, string, error) {
+		if etcd.exited() || apiserver.exited() {
+			return false, "", fmt.Errorf("etcd or kube-apiserver exited:\n%s\n%s", etcd.tail(), apiserver.tail())
+		}
+		c, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		body, err := client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(c)
+		return err == nil, fmt.Sprintf("%v: %s", err, body), nil
+	})
+	if err != nil {
+		return k, err
+	}
+	err = waitFor(ctx, 60*time.Second, "namespace default", func() (bool, string, error) {
+		_, err := client.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, fmt.Sprint(err), nil
+	})
+	if err != nil {
+		return k, err
+	}
+	if err := createNode(ctx, client); err != nil {
+		return k, err
+	}
+	k.res.ControlPlaneUp = time.Since(t0)
+
+	logf("creating %d Services and their EndpointSlices (%d endpoints each, every %dth on this node) with %d workers", cfg.services, cfg.endpoints, cfg.localEvery, cfg.workers)
+	t0 = time.Now()
+	if err := load(ctx, client, cfg, k.res); err != nil {
+		return k, err
+	}
+	k.res.Load = time.Since(t0)
+	logf("loaded in %s", k.res.Load.Round(time.Millisecond))
+	return k, nil
+}
+
+func (k *kube) start(name string, args ...string) (*proc, error) {
+	p, err := startProc(k.ns, k.dir, name, args...)
+	if err == nil {
+		k.procs = append(k.procs, p)
+	}
+	return p, err
+}
+
+// sample records the control plane's memory, for scale.
+func (k *kube) sample() {
+	for _, p := range k.procs {
+		switch p.name {
+		case "etcd":
+			k.res.Etcd = p.mem()
+		case "kube-apiserver":
+			k.res.APIServer = p.mem()
+		}
+	}
+}
+
+func (k *kube) stop() {
+	for i := len(k.procs) - 1; i >= 0; i-- {
+		k.procs[i].stop()
+	}
+	if k.ns != "" {
+		if err := benchns.Delete(nsPrefix, k.ns); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
+	}
+	os.RemoveAll(k.etcdDir)
+}
+
+// viewResult is viewrun's output (the same JSON field names).
+type viewResult struct {
+	Ports          int     `json:"ports"`
+	Endpoints      int     `json:"endpoints"`
+	SyncSeconds    float64 `json:"sync_seconds"`
+	FreshSeconds   float64 `json:"fresh_seconds"`
+	SyncRSSKiB     int64   `json:"sync_rss_kib"`
+	SyncHeapInuse  uint64  `json:"sync_heap_inuse_bytes"`
+	SyncHeapAlloc  uint64  `json:"sync_heap_alloc_bytes"`
+	SyncHeapSys    uint64  `json:"sync_heap_sys_bytes"`
+	SyncTotalAlloc uint64  `json:"sync_total_alloc_bytes"`
+	SettledRSSKiB  int64   `json:"settled_rss_kib"`
+	HWMKiB         int64   `json:"hwm_kib"`
+	LiveHeap       uint64  `json:"live_heap_bytes"`
+	LiveHeapInuse  uint64  `json:"live_heap_inuse_bytes"`
+	GoSys          uint64  `json:"go_sys_bytes"`
+	NumGC          uint32  `json:"num_gc"`
+	BaselineRSSKiB int64   `json:"baseline_rss_kib"`
+	BaselineHeap   uint64  `json:"baseline_heap_alloc_bytes"`
+	Peak           struct {
+		AtSeconds    float64 `json:"at_seconds"`
+		RSSKiB       int64   `json:"rss_kib"`
+		HeapObjects  uint64  `json:"heap_objects_bytes"`
+		HeapUnused   uint64  `json:"heap_unused_bytes"`
+		HeapFree     uint64  `json:"heap_free_bytes"`
+		Stacks       uint64  `json:"stacks_bytes"`
+		RuntimeOther uint64  `json:"runtime_other_bytes"`
+	} `json:"peak"`
+}
+
+// runView runs one viewrun binary in the namespace until its view holds every port and
+// endpoint. The peak is viewrun's own VmHWM, read by viewrun itself: exec starts a fresh
+// memory map, whereas a child's rusage maxrss would start at the peak of this process, which
+// forked it (the kernel carries the old map's high-water mark into maxrss across exec).
+func (k *kube) runView(ctx context.Context, bin string, cfg config) (viewResult, error) {
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Minute)
+	defer cancel()
+	var r viewResult
+	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", k.ns, bin,
+		"--kubeconfig", k.kubeconfig, "--node-name", nodeName,
+		"--ports", strconv.Itoa(k.res.Services), "--endpoints", strconv.Itoa(k.res.Endpoints))
+	cmd.Env = os.Environ()
+	if k.gogc != "" {
+		cmd.Env = append(cmd.Env, "GOGC="+k.gogc)
+	}
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Run(); err != nil {
+		return r, fmt.Errorf("viewrun: %w: %s", err, truncate(errb.String(), 3000))
+	}
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		return r, fmt.Errorf("viewrun's output %q: %w", truncate(out.String(), 500), err)
+	}
+	return r, nil
+}
+
+// createNode creates this node, in zone nodeZone, with an InternalIP in its status.
+func createNode(ctx context.Context, client kubernetes.Interface) error {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, Labels: map[string]string{
+		"kubernetes.io/hostname":      nodeName,
+		"kubernetes.io/os":            "linux",
+		"topology.kubernetes.io/zone": nodeZone,
+	}}}
+	created, err := client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("creating node: %w", err)
+	}
+	created.Status.Addresses = []corev1.NodeAddress{
+		{Type: corev1.NodeInternalIP, Address: nodeIP},
+		{Type: corev1.NodeHostName, Address: nodeName},
+	}
+	if _, err := client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("setting node status: %w", err)
+	}
+	return nil
+}
+
+// load creates the namespaces, then each Service and its EndpointSlice, with cfg.workers
+// parallel clients; a failed call is retried a few times.
+func load(ctx context.Context, client kubernetes.Interface, cfg config, res *kubeResult) error {
+	for i := range min(svcNamespaces, cfg.services) {
+		_, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: svcNamespace(i)}}, metav1.CreateOptions{})
+		if err != nil {
+			return fmt.Errorf("creating namespace: %w", err)
+		}
+	}
+	retry := func(what string, f func() error) error {
+		var err error
+		for attempt := range 5 {
+			if err = f(); err == nil || strings.Contains(err.Error(), "already exists") {
+				return nil
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			atomic.AddInt64(&res.LoadRetries, 1)
+			time.Sleep(time.Duration(attempt+1) * 200 * time.Millisecond)
+		}
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	next := int64(-1)
+	var (
+		firstErr                error
+		mu                      sync.Mutex
+		wg                      sync.WaitGroup
+		svcs, slices, eps, locs int64
+	)
+	for range cfg.workers {
+		wg.Go(func() {
+			for {
+				s := int(atomic.AddInt64(&next, 1))
+				if s >= cfg.services || ctx.Err() != nil {
+					return
+				}
+				ns, name := svcNamespace(s), svcName(s)
+				vip := serviceVIP(s).String()
+				svc := &corev1.Service{
+					ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+					Spec: corev1.ServiceSpec{
+						Type:       corev1.ServiceTypeClusterIP,
+						ClusterIP:  vip,
+						ClusterIPs: []string{vip},
+						Ports: []corev1.ServicePort{{
+							Name: svcPortName, Protocol: corev1.ProtocolTCP, Port: svcPort, TargetPort: intstr.FromInt32(podPort),
+						}},
+					},
+				}
+				slice, local := endpointSlice(s, cfg.endpoints, cfg.localEvery)
+				err := retry("creating service "+ns+"/"+name, func() error {
+					_, err := client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
+					return err
+				})
+				if err == nil {
+					atomic.AddInt64(&svcs, 1)
+					err = retry("creating EndpointSlice "+ns+"/"+slice.Name, func() error {
+						_, err := client.DiscoveryV1().EndpointSlices(ns).Create(ctx, slice, metav1.CreateOptions{})
+						return err
+					})
+				}
+				if err != nil {
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = err
+					}
+					mu.Unlock()
+					return
+				}
+				atomic.AddInt64(&slices, 1)
+				atomic.AddInt64(&eps, int64(len(slice.Endpoints)))
+				atomic.AddInt64(&locs, int64(local))
+				if n := s + 1; n%2000 == 0 {
+					logf("  ~%d services created", n)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	res.Services, res.Slices, res.Endpoints, res.LocalEndpoints = int(svcs), int(slices), int(eps), int(locs)
+	if firstErr != nil {
+		return firstErr
+	}
+	return ctx.Err()
+}
+
+// endpointSlice is service s's slice as the EndpointSlice controller writes it: ready
+// endpoints with a target reference, a node and a zone; every localEvery-th on this node.
+func endpointSlice(s, endpoints, localEvery int) (*discoveryv1.EndpointSlice, int) {
+	ready, terminating := true, false
+	sl := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Namespace: svcNamespace(s), Name: svcName(s) + "-bench", Labels: map[string]string{
+			discoveryv1.LabelServiceName: svcName(s),
+			discoveryv1.LabelManagedBy:   "ph-bench",
+		}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports: []discoveryv1.EndpointPort{{
+			Name: ptrTo(svcPortName), Protocol: ptrTo(corev1.ProtocolTCP), Port: ptrTo(int32(podPort)),
+		}},
+	}
+	local := 0
+	for e := range endpoints {
+		node := "node-" + strconv.Itoa((s*endpoints+e)%500)
+		if (s*endpoints+e)%localEvery == 0 {
+			node, local = nodeName, local+1
+		}
+		pod := svcName(s) + "-" + strconv.Itoa(e)
+		sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{
+			Addresses:  []string{endpointIP(s, e, endpoints).String()},
+			Conditions: discoveryv1.EndpointConditions{Ready: &ready, Serving: &ready, Terminating: &terminating},
+			NodeName:   ptrTo(node),
+			Zone:       ptrTo(nodeZone),
+			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: svcNamespace(s), Name: pod},
+		})
+	}
+	return sl, local
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+// proc is one process started in the namespace; `ip netns exec` execs it, so the pid is its
+// own.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{}
+}
+
+func startProc(ns, dir, name string, args ...string) (*proc, error) {
+	p := &proc{name: name, log: filepath.Join(dir, name+".log"), done: make(chan struct{})}
+	f, err := os.Create(p.log)
+	if err != nil {
+		return nil, err
+	}
+	p.cmd = exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...)
+	p.cmd.Stdout, p.cmd.Stderr = f, f
+	// No Pdeathsig: it fires when the OS thread that started the child exits, and nsDialer
+	// makes the runtime discard threads. What outlives this program is killed with the
+	// namespace at the next run's start.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := p.cmd.Start(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("starting %s: %w", name, err)
+	}
+	go func() { _ = p.cmd.Wait(); f.Close(); close(p.done) }()
+	return p, nil
+}
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (p *proc) stop() {
+	if p == nil || p.exited() {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(5 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+func (p *proc) mem() memSample {
+	rss, hwm, _ := procStatus(p.cmd.Process.Pid)
+	return memSample{rss, hwm}
+}
+
+func (p *proc) tail() string {
+	b, _ := os.ReadFile(p.log)
+	if len(b) > 3000 {
+		b = b[len(b)-3000:]
+	}
+	return string(b)
+}
+
+// waitFor polls cond every 500ms until it holds, ctx ends or timeout passes.
+func waitFor(ctx context.Context, timeout time.Duration, what string, cond func() (bool, string, error)) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, detail, err := cond()
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		if ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out after %s waiting for %s (last: %s)", timeout, what, truncate(detail, 500))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func newNSName() string {
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	return nsPrefix + hex.EncodeToString(b)
+}
+
+// addNS creates a namespace with its loopback up.
+func addNS(ctx context.Context, name string) error {
+	if _, err := run(ctx, "ip", "netns", "add", name); err != nil {
+		return err
+	}
+	_, err := run(ctx, "ip", "-n", name, "link", "set", "lo", "up")
+	return err
+}
+
+// run runs a command with a deadline; its combined output is in the error.
+func run(ctx context.Context, name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(truncate(string(out), 2000)))
+	}
+	return string(out), nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
+func randomToken() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// writeCredentials writes the token file (one admin in system:masters), the service-account
+// key pair and the kubeconfig.
+func writeCredentials(dir, token string) (kubeconfig string, err error) {
+	write := func(name, content string, mode os.FileMode) (string, error) {
+		p := filepath.Join(dir, name)
+		return p, os.WriteFile(p, []byte(content), mode)
+	}
+	if _, err := write("tokens.csv", fmt.Sprintf("%s,admin,admin,\"system:masters\"\n", token), 0o600); err != nil {
+		return "", err
+	}
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		return "", err
+	}
+	pub, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	if err != nil {
+		return "", err
+	}
+	if _, err := write("sa.key", string(pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)})), 0o600); err != nil {
+		return "", err
+	}
+	if _, err := write("sa.pub", string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub})), 0o644); err != nil {
+		return "", err
+	}
+	return write("admin.kubeconfig", kubelab.KubeconfigYAML(apiserverAddr, "admin", token), 0o600)
+}
+
+// procStatus reads VmRSS and VmHWM (KiB) of a process.
+func procStatus(pid int) (rss, hwm int64, err error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		switch f[0] {
+		case "VmRSS:":
+			rss, _ = strconv.ParseInt(f[1], 10, 64)
+		case "VmHWM:":
+			hwm, _ = strconv.ParseInt(f[1], 10, 64)
+		}
+	}
+	return rss, hwm, nil
+}

@@ -1,0 +1,277 @@
+//go:build linux
+
+// Command apiview measures proxyhealth's API view (internal/cluster) alone against a real etcd
+// and kube-apiserver holding --services ClusterIP Services (one TCP port each) and as many
+// EndpointSlices of --endpoints ready endpoints: the peak resident memory (VmHWM) of a small
+// process that runs only the view (viewrun), its Go heap after sync, and the time until the
+// view held every service port. It builds viewrun from the working tree and from --base (a
+// git revision, main by default) and runs them alternately against the same apiserver, so the
+// two are compared within one run. It must run as root. See README.md.
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
+	"github.com/proxyhealth/proxyhealth/test/kubelab"
+)
+
+type config struct {
+	services, endpoints int
+	localEvery          int
+	reps                int
+	workers             int
+	smoke               bool
+	base                string
+	repo                string
+	out                 string
+	keepTmp             bool
+	gogc                string
+}
+
+func main() { os.Exit(runMain(os.Args[1:])) }
+
+func runMain(args []string) int {
+	fs := flag.NewFlagSet("apiview", flag.ContinueOnError)
+	var cfg config
+	fs.IntVar(&cfg.services, "services", 10000, "ClusterIP Services, one TCP port and one EndpointSlice each")
+	fs.IntVar(&cfg.endpoints, "endpoints", 10, "ready endpoints per EndpointSlice")
+	fs.IntVar(&cfg.localEvery, "local-every", 10, "every Nth endpoint is on this node (the others on other nodes)")
+	fs.IntVar(&cfg.reps, "reps", 2, "runs of each build, alternating")
+	fs.IntVar(&cfg.workers, "workers", 16, "parallel API clients creating the objects")
+	fs.BoolVar(&cfg.smoke, "smoke", false, "200 services x 3 endpoints, one run of each build")
+	fs.StringVar(&cfg.base, "base", "main", "git revision to compare with (its internal/cluster, this tree's viewrun); empty: only this tree")
+	fs.StringVar(&cfg.repo, "repo", "", "proxyhealth repository root (default: found upwards from the working directory)")
+	fs.StringVar(&cfg.out, "out", "", "also write the markdown report to this file")
+	fs.BoolVar(&cfg.keepTmp, "keep-tmp", false, "keep the temporary directory (process logs, builds)")
+	fs.StringVar(&cfg.gogc, "gogc", "", "GOGC for viewrun (default: unset, Go's 100, as the exporter runs)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if cfg.smoke {
+		cfg.services, cfg.endpoints, cfg.reps = 200, 3, 1
+	}
+	switch {
+	case cfg.services < 1 || cfg.services > 60000:
+		fmt.Fprintln(os.Stderr, "--services must be in [1, 60000] (ClusterIPs come from one /16)")
+		return 2
+	case cfg.endpoints < 1 || cfg.endpoints > 1000 || cfg.services*cfg.endpoints > 8_000_000:
+		fmt.Fprintln(os.Stderr, "--endpoints must be in [1, 1000] (one EndpointSlice each), and services x endpoints at most 8,000,000")
+		return 2
+	case cfg.localEvery < 1 || cfg.reps < 1 || cfg.workers < 1:
+		fmt.Fprintln(os.Stderr, "--local-every, --reps and --workers must be at least 1")
+		return 2
+	}
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "apiview must run as root (it creates a network namespace)")
+		return 2
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+	go func() {
+		if s, ok := <-sigs; ok {
+			logf("%v: stopping", s)
+			cancel()
+		}
+	}()
+	rep, err := bench(ctx, cfg, append([]string{"go run ./bench/apiview"}, args...))
+	if rep != nil {
+		text := rep.render()
+		fmt.Print(text)
+		if cfg.out != "" {
+			if werr := os.WriteFile(cfg.out, []byte(text), 0o644); werr != nil {
+				fmt.Fprintln(os.Stderr, werr)
+				return 1
+			}
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "apiview: %v\n", err)
+		if ctx.Err() != nil {
+			return 130
+		}
+		return 1
+	}
+	return 0
+}
+
+func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
+	unlock, err := benchns.Lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	for _, ns := range benchns.List(nsPrefix) {
+		fmt.Fprintf(os.Stderr, "removing leftover namespace %s\n", ns)
+		if err := benchns.Delete(nsPrefix, ns); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.repo == "" {
+		if cfg.repo, err = findRepo(); err != nil {
+			return nil, err
+		}
+	}
+	bins, err := kubelab.FindBinaries(cfg.repo)
+	if err != nil {
+		return nil, err
+	}
+	tmp, err := os.MkdirTemp("", "ph-bench-av-")
+	if err != nil {
+		return nil, err
+	}
+	if cfg.keepTmp {
+		fmt.Fprintf(os.Stderr, "keeping %s\n", tmp)
+	} else {
+		defer os.RemoveAll(tmp)
+	}
+	rep := &report{
+		cfg:     cfg,
+		Date:    time.Now().UTC().Format(time.RFC3339),
+		Kernel:  strings.TrimSpace(readFile("/proc/sys/kernel/osrelease")),
+		CPU:     benchns.CPUModel(),
+		Cores:   benchns.NumCPU(),
+		Cmdline: strings.Join(argv, " "),
+		Commit:  git(cfg.repo, "describe", "--always", "--dirty"),
+		Version: bins.Version,
+	}
+
+	logf("building viewrun")
+	builds := []*build{{Name: "this tree", Rev: rep.Commit}}
+	if builds[0].Bin, err = buildViewrun(ctx, cfg.repo, filepath.Join(tmp, "viewrun-head")); err != nil {
+		return rep, err
+	}
+	if cfg.base != "" {
+		b := &build{Name: cfg.base, Rev: git(cfg.repo, "rev-parse", "--short", cfg.base)}
+		if b.Bin, err = buildBase(ctx, cfg, tmp); err != nil {
+			return rep, fmt.Errorf("building viewrun against %s: %w", cfg.base, err)
+		}
+		builds = append([]*build{b}, builds...)
+	}
+	rep.Builds = builds
+
+	k, err := startKube(ctx, cfg, bins, tmp)
+	if k != nil {
+		defer k.stop()
+		rep.Kube = k.res
+	}
+	if err != nil {
+		return rep, err
+	}
+	for i := range cfg.reps {
+		for _, b := range builds {
+			logf("run %d of %s", i+1, b.Name)
+			r, err := k.runView(ctx, b.Bin, cfg)
+			if err != nil {
+				return rep, fmt.Errorf("%s: %w", b.Name, err)
+			}
+			logf("  synced in %.1f s, VmHWM %.1f MiB, live heap %.1f MiB", r.SyncSeconds, mib(r.HWMKiB), float64(r.LiveHeap)/(1<<20))
+			b.Runs = append(b.Runs, r)
+		}
+	}
+	k.sample()
+	return rep, nil
+}
+
+// build is one viewrun binary and its runs.
+type build struct {
+	Name, Rev string
+	Bin       string
+	Runs      []viewResult
+}
+
+// buildViewrun builds viewrun's source file in src (a repository tree) into out.
+func buildViewrun(ctx context.Context, src, out string) (string, error) {
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", out, "./bench/apiview/viewrun")
+	cmd.Dir = src
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0") // as the Makefile builds the exporter
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build in %s: %w: %s", src, err, b)
+	}
+	return out, nil
+}
+
+// buildBase exports cfg.base's tree (git archive: no checkout, no worktree), puts this tree's
+// viewrun into it, and builds it there: viewrun uses only the API view's exported API that
+// both share, so the difference between the two binaries is the view itself.
+func buildBase(ctx context.Context, cfg config, tmp string) (string, error) {
+	dir := filepath.Join(tmp, "base")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	archive := exec.CommandContext(ctx, "git", "archive", "--format=tar", cfg.base)
+	archive.Dir = cfg.repo
+	tarball, err := archive.Output()
+	if err != nil {
+		return "", fmt.Errorf("git archive %s: %w", cfg.base, err)
+	}
+	untar := exec.CommandContext(ctx, "tar", "-x", "-C", dir)
+	untar.Stdin = bytes.NewReader(tarball)
+	if out, err := untar.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("tar: %w: %s", err, out)
+	}
+	src, err := os.ReadFile(filepath.Join(cfg.repo, "bench", "apiview", "viewrun", "main.go"))
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "bench", "apiview", "viewrun"), 0o755); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "bench", "apiview", "viewrun", "main.go"), src, 0o644); err != nil {
+		return "", err
+	}
+	return buildViewrun(ctx, dir, filepath.Join(tmp, "viewrun-base"))
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}
+
+func findRepo() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil && bytes.Contains(b, []byte("module github.com/proxyhealth/proxyhealth\n")) {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("proxyhealth repository not found upwards from the working directory; pass --repo")
+		}
+		dir = parent
+	}
+}
+
+func git(repo string, args ...string) string {
+	cmd := exec.Command("git", args...)
+	cmd.Dir = repo
+	out, err := cmd.Output()
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func readFile(p string) string {
+	b, _ := os.ReadFile(p)
+	return string(b)
+}
+
+func mib(kib int64) float64 { return float64(kib) / 1024 }

@@ -1,0 +1,92 @@
+//go:build linux
+
+package main
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// report is everything one run measured.
+type report struct {
+	cfg                        config
+	Date, Kernel, CPU, Cmdline string
+	Cores                      int
+	Commit, Version            string
+	Builds                     []*build
+	Kube                       *kubeResult
+}
+
+// spread formats the median and, for more than one value, the range of vals.
+func spread(vals []float64, format string) string {
+	if len(vals) == 0 {
+		return "-"
+	}
+	s := slices.Clone(vals)
+	slices.Sort(s)
+	med := s[len(s)/2]
+	if len(s)%2 == 0 {
+		med = (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	if len(s) == 1 {
+		return fmt.Sprintf(format, med)
+	}
+	return fmt.Sprintf(format+" ("+format+"–"+format+")", med, s[0], s[len(s)-1])
+}
+
+func (b *build) field(f func(viewResult) float64) []float64 {
+	var out []float64
+	for _, r := range b.Runs {
+		out = append(out, f(r))
+	}
+	return out
+}
+
+func mibBytes(b uint64) float64 { return float64(b) / (1 << 20) }
+
+func (r *report) render() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "## API view alone at %d services x %d endpoints\n\n", r.cfg.services, r.cfg.endpoints)
+	fmt.Fprintf(&b, "%s, Linux %s, %s (%d cores), commit %s. `%s`\n\n", r.Date, r.Kernel, r.CPU, r.Cores, r.Commit, r.Cmdline)
+	k := r.Kube
+	if k == nil || k.Load == 0 {
+		b.WriteString("The control plane failed before the load ended.\n")
+		return b.String()
+	}
+	fmt.Fprintf(&b, "etcd and kube-apiserver %s in namespace %s (loopback, token auth), up in %.1f s. ", r.Version, k.NS, k.ControlPlaneUp.Seconds())
+	fmt.Fprintf(&b, "Loaded %d Services and %d EndpointSlices (%d ready endpoints, %d of them on this node) with %d parallel clients in %.1f s (%d retried calls).\n\n",
+		k.Services, k.Slices, k.Endpoints, k.LocalEndpoints, r.cfg.workers, k.Load.Seconds(), k.LoadRetries)
+	b.WriteString("Each figure is the median of the runs, with the range when there are several. The peak is the process's VmHWM, read by itself once the view held every service port and endpoint and 5 s more had passed; ")
+	b.WriteString("the floor is its VmRSS before the view started (binary, runtime, client-go's package state); the live heap is HeapAlloc after a forced collection.\n\n")
+	b.WriteString("| build | runs | peak RSS (VmHWM) MiB | RSS at sync MiB | floor RSS MiB | heap in use at sync MiB | live heap after sync MiB | allocated until sync MiB | sync s | GCs |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, bd := range r.Builds {
+		fmt.Fprintf(&b, "| %s (%s) | %d | %s | %s | %s | %s | %s | %s | %s | %s |\n", bd.Name, bd.Rev, len(bd.Runs),
+			spread(bd.field(func(v viewResult) float64 { return mib(v.HWMKiB) }), "%.1f"),
+			spread(bd.field(func(v viewResult) float64 { return mib(v.SyncRSSKiB) }), "%.1f"),
+			spread(bd.field(func(v viewResult) float64 { return mib(v.BaselineRSSKiB) }), "%.1f"),
+			spread(bd.field(func(v viewResult) float64 { return mibBytes(v.SyncHeapInuse) }), "%.1f"),
+			spread(bd.field(func(v viewResult) float64 { return mibBytes(v.LiveHeap) }), "%.1f"),
+			spread(bd.field(func(v viewResult) float64 { return mibBytes(v.SyncTotalAlloc) }), "%.0f"),
+			spread(bd.field(func(v viewResult) float64 { return v.SyncSeconds }), "%.2f"),
+			spread(bd.field(func(v viewResult) float64 { return float64(v.NumGC) }), "%.0f"),
+		)
+	}
+	b.WriteString("\nEach run's highest VmRSS sample (every 5 ms), and how the Go runtime accounted its memory at that moment (MiB): heap objects (live and not yet swept), free space in the spans in use, free spans not yet returned to the OS, stacks, runtime metadata. The rest of VmRSS is the binary's pages and what the runtime does not account.\n\n")
+	b.WriteString("| build | run | at s | VmRSS | heap objects | span free space | free spans | stacks | runtime |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, bd := range r.Builds {
+		for i, v := range bd.Runs {
+			p := v.Peak
+			fmt.Fprintf(&b, "| %s | %d | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", bd.Name, i+1, p.AtSeconds, mib(p.RSSKiB),
+				mibBytes(p.HeapObjects), mibBytes(p.HeapUnused), mibBytes(p.HeapFree), mibBytes(p.Stacks), mibBytes(p.RuntimeOther))
+		}
+	}
+	fmt.Fprintf(&b, "\nkube-apiserver at the end: VmRSS %.1f MiB (VmHWM %.1f); etcd: VmRSS %.1f MiB (VmHWM %.1f).\n", mib(k.APIServer.RSSKiB), mib(k.APIServer.HWMKiB), mib(k.Etcd.RSSKiB), mib(k.Etcd.HWMKiB))
+	gogc := "unset (100)"
+	if r.cfg.gogc != "" {
+		gogc = r.cfg.gogc
+	}
+	fmt.Fprintf(&b, "viewrun: --fresh-within 60s --probe-interval 15s, GOGC %s.\n", gogc)
+	return b.String()
+}

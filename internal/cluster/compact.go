@@ -1,0 +1,112 @@
+package cluster
+
+import (
+	"net/netip"
+	"unique"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// The compact forms the view keeps of Services, EndpointSlices and this node: only what
+// servicePorts and categorizeEndpoints read, with addresses parsed once and the strings that
+// repeat across objects (namespaces, node names, port names) interned as unique handles, 8
+// bytes each and one copy per distinct value. At 10,000 Services and 100,000 endpoints the API
+// objects, even trimmed, are several times larger than this.
+//
+// A compact object is immutable once built: an update from the API replaces it whole. That is
+// what lets the recompute read objects outside the store's lock, and DeepCopyObject return the
+// object itself.
+
+// objKey identifies a namespaced object, as "namespace/name" does in client-go's stores.
+type objKey struct {
+	namespace unique.Handle[string]
+	name      string
+}
+
+func keyOf(namespace, name string) objKey {
+	return objKey{unique.Make(namespace), name}
+}
+
+func (k objKey) String() string { return k.namespace.Value() + "/" + k.name }
+
+// serviceInfo is a Service reduced to what servicePorts reads.
+type serviceInfo struct {
+	key objKey
+	// skip is kube-proxy's ShouldSkipService: headless (clusterIP None or empty) or
+	// ExternalName. otherProxy is the service-proxy-name label, which kube-proxy's list
+	// selector filters out. The store keeps neither kind.
+	skip, otherProxy bool
+	internalLocal    bool // internalTrafficPolicy: Local
+	externalLocal    bool // externalTrafficPolicy: Local on an externally accessible type
+	families         []familyInfo
+	ports            []servicePortInfo
+}
+
+type servicePortInfo struct {
+	name     unique.Handle[string]
+	protocol corev1.Protocol // defaulted to TCP
+	port     uint16
+	nodePort bool
+}
+
+// sliceInfo is an EndpointSlice reduced to what endpointsByPort reads.
+type sliceInfo struct {
+	key         objKey
+	service     string // the kubernetes.io/service-name label; "" when missing
+	headless    bool   // the service.kubernetes.io/headless label, which kube-proxy's list selector filters out
+	addressType discoveryv1.AddressType
+	// ports holds only usable ports: kube-proxy ignores a port without a name (nil, not "")
+	// or without a valid number.
+	ports []slicePortInfo
+	// endpoints holds only endpoints whose first address parses (kube-proxy uses only that
+	// one, and cannot program the others), sorted by that address; endpoints listed twice
+	// keep their order. Each port's addrs are the same endpoints' addresses with its number.
+	endpoints []endpointInfo
+}
+
+// serviceKey is the key of the Service the slice belongs to (endpointSliceCacheKeys).
+func (s *sliceInfo) serviceKey() objKey { return objKey{s.key.namespace, s.service} }
+
+type slicePortInfo struct {
+	name     unique.Handle[string]
+	protocol corev1.Protocol // defaulted to TCP
+	// addrs is sorted (by address; the port is the same), so that a service port whose
+	// expected endpoints are exactly this slice's can publish this very array.
+	addrs []netip.AddrPort
+}
+
+// endpointInfo is one endpoint of a slice, without its address (see slicePortInfo.addrs).
+type endpointInfo struct {
+	node  unique.Handle[string] // zero when the endpoint names no node
+	attrs *endpointAttrs
+}
+
+// endpointAttrs are an endpoint's conditions, defaulted as the API documents them (nil ready
+// or serving means true, nil terminating false), and its topology hints. Endpoints with the
+// same ones share a copy: readyAttrs for the usual ready endpoint without hints, else one per
+// slice (the EndpointSlice controller hints each endpoint with its own zone, so a slice holds
+// a few distinct sets however many endpoints it has).
+type endpointAttrs struct {
+	ready, serving, terminating bool
+	zones, nodes                []string // nil when there is no hint of that kind
+}
+
+var readyAttrs = &endpointAttrs{ready: true, serving: true}
+
+// nodeInfo is this node: only its zone label matters (topology hints).
+type nodeInfo struct {
+	name, zone string
+}
+
+// The compact types are runtime.Objects so that a paginated list can hand them to the
+// reflector directly (listwatch.go), never holding a whole list of API objects.
+
+func (s *serviceInfo) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
+func (s *serviceInfo) DeepCopyObject() runtime.Object   { return s }
+func (s *sliceInfo) GetObjectKind() schema.ObjectKind   { return schema.EmptyObjectKind }
+func (s *sliceInfo) DeepCopyObject() runtime.Object     { return s }
+func (n *nodeInfo) GetObjectKind() schema.ObjectKind    { return schema.EmptyObjectKind }
+func (n *nodeInfo) DeepCopyObject() runtime.Object      { return n }

@@ -1,0 +1,131 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+)
+
+// How the view lists. client-go v0.36 reflectors stream the initial list by default (the
+// WatchListClient feature, beta and on since v1.35): a watch with sendInitialEvents=true
+// delivers every object as an event, then a bookmark; kube-apiserver serves it since v1.34
+// (its WatchList feature). The reflector keeps the streamed objects in a temporary store,
+// applying the store's Transformer to each as it arrives, so with kindStore's the stream never
+// holds more than one API object at a time.
+//
+// A server without streaming makes the reflector fall back to a plain list, which client-go's
+// pager would collect whole (every page's API objects in one list) before handing it over; and
+// its first list asks for resourceVersion "0", which the watch cache serves in one piece
+// whatever the limit. pagedList instead asks for the most recent version (served from the
+// watch cache or etcd, in pages of listPageSize), converting each page before fetching the
+// next.
+
+// The label selectors kube-proxy v1.36 lists with (cmd/kube-proxy/app/server.go): Services
+// claimed by another proxy (service.kubernetes.io/service-proxy-name) and the EndpointSlices
+// of headless Services (service.kubernetes.io/headless) never reach its proxiers.
+const labelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+
+const listPageSize = 500
+
+func selectorWithout(label string) string {
+	req, err := labels.NewRequirement(label, selection.DoesNotExist, nil)
+	if err != nil {
+		panic(err) // a constant label: cannot fail
+	}
+	return labels.NewSelector().Add(*req).String()
+}
+
+// listOptions are each kind's selectors.
+func listOptions(k kind, nodeName string) func(*metav1.ListOptions) {
+	switch k {
+	case kindService:
+		noProxyName := selectorWithout(labelServiceProxyName)
+		// kube-proxy also leaves out clusterIP None with a field selector; the store drops
+		// those too, the selector only saves their transfer.
+		noHeadless := fields.OneTermNotEqualSelector("spec.clusterIP", corev1.ClusterIPNone).String()
+		return func(o *metav1.ListOptions) { o.LabelSelector, o.FieldSelector = noProxyName, noHeadless }
+	case kindSlice:
+		noHeadless := selectorWithout(corev1.IsHeadlessService)
+		return func(o *metav1.ListOptions) { o.LabelSelector = noHeadless }
+	default:
+		byName := fields.OneTermEqualSelector("metadata.name", nodeName).String()
+		return func(o *metav1.ListOptions) { o.FieldSelector = byName }
+	}
+}
+
+// newListWatch lists and watches kind k through rc.
+func newListWatch(rc resourceClient, k kind, nodeName string, noWatchList bool) cache.ListerWatcher {
+	tweak := listOptions(k, nodeName)
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+			tweak(&opts)
+			return pagedList(ctx, rc, k, opts)
+		},
+		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			tweak(&opts)
+			return rc.watch(ctx, opts)
+		},
+	}
+	return cache.ToListWatcherWithWatchListSemantics(lw, watchListSupport(!noWatchList))
+}
+
+// watchListSupport tells the reflector whether the client can stream lists
+// (client-go's util/watchlist.DoesClientNotSupportWatchListSemantics).
+type watchListSupport bool
+
+func (s watchListSupport) IsWatchListSemanticsUnSupported() bool { return !bool(s) }
+
+// pagedList lists in pages of listPageSize at the most recent resource version and returns
+// the objects in compact form. Continuing a list whose version has been compacted away fails
+// with "expired"; the reflector then lists again from the start.
+func pagedList(ctx context.Context, rc resourceClient, k kind, opts metav1.ListOptions) (runtime.Object, error) {
+	opts.ResourceVersion, opts.ResourceVersionMatch = "", ""
+	opts.Limit, opts.Continue = listPageSize, ""
+	out := &compactList{}
+	for {
+		page, err := rc.list(ctx, opts)
+		if err != nil {
+			return nil, err
+		}
+		err = meta.EachListItem(page, func(obj runtime.Object) error {
+			c, err := convert(k, obj)
+			if err != nil {
+				return err
+			}
+			out.Items = append(out.Items, c.(runtime.Object))
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("reading a list page: %w", err)
+		}
+		lm, err := meta.ListAccessor(page)
+		if err != nil {
+			return nil, fmt.Errorf("reading a list page's metadata: %w", err)
+		}
+		out.ResourceVersion = lm.GetResourceVersion()
+		if lm.GetContinue() == "" {
+			return out, nil
+		}
+		opts.Continue = lm.GetContinue()
+	}
+}
+
+// compactList is a list of compact objects, in the shape the reflector reads a list in
+// (meta.ListAccessor for its version, an Items slice of runtime.Objects).
+type compactList struct {
+	metav1.TypeMeta
+	metav1.ListMeta
+	Items []runtime.Object
+}
+
+// DeepCopyObject returns the list itself: nothing modifies a compact list or its items.
+func (l *compactList) DeepCopyObject() runtime.Object { return l }

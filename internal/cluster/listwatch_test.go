@@ -1,0 +1,106 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+)
+
+// A list that cannot be streamed is read in pages at the most recent version, each page
+// converted before the next is asked for, whatever version and limit the reflector asked for.
+func TestPagedListConvertsPageByPage(t *testing.T) {
+	var seen []metav1.ListOptions
+	pages := [][]discoveryv1.EndpointSlice{
+		{*epSlice("a-1", "a", ipv4, httpPort, apiEP("10.0.0.1", "")), *epSlice("b-1", "b", ipv4, httpPort)},
+		{*epSlice("c-1", "c", ipv4, httpPort, apiEP("10.0.0.3", ""))},
+	}
+	rc := resourceClient{
+		list: func(_ context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			seen = append(seen, o)
+			i := len(seen) - 1
+			l := &discoveryv1.EndpointSliceList{Items: pages[i]}
+			l.ResourceVersion = "7"
+			if i < len(pages)-1 {
+				l.Continue = "page-" + string(rune('1'+i))
+			}
+			return l, nil
+		},
+	}
+	lw := newListWatch(rc, kindSlice, "node-a", true)
+	obj, err := lw.(cache.ListerWatcherWithContext).ListWithContext(context.Background(), metav1.ListOptions{ResourceVersion: "0", Limit: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	list := obj.(*compactList)
+	if len(list.Items) != 3 || list.ResourceVersion != "7" {
+		t.Fatalf("list %+v, want three items at version 7", list)
+	}
+	for i, item := range list.Items {
+		if s, ok := item.(*sliceInfo); !ok || s.key.name != []string{"a-1", "b-1", "c-1"}[i] {
+			t.Errorf("item %d is %#v, want the compact slice", i, item)
+		}
+	}
+	if len(seen) != 2 {
+		t.Fatalf("%d pages asked for, want 2", len(seen))
+	}
+	for i, o := range seen {
+		if o.ResourceVersion != "" || o.Limit != listPageSize || o.LabelSelector != "!service.kubernetes.io/headless" {
+			t.Errorf("page %d asked with %+v, want the most recent version, limit %d and the headless selector", i, o, listPageSize)
+		}
+	}
+	if seen[0].Continue != "" || seen[1].Continue != "page-1" {
+		t.Errorf("continue tokens %q, %q; want none, then the first page's", seen[0].Continue, seen[1].Continue)
+	}
+
+	failing := resourceClient{list: func(context.Context, metav1.ListOptions) (runtime.Object, error) {
+		return nil, errors.New("refused")
+	}}
+	if _, err := pagedList(context.Background(), failing, kindSlice, metav1.ListOptions{}); err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Errorf("a failed page: %v, want its error", err)
+	}
+}
+
+// Each kind lists and watches with kube-proxy's selectors.
+func TestListWatchSelectors(t *testing.T) {
+	for _, tc := range []struct {
+		kind         kind
+		label, field string
+		list         runtime.Object
+	}{
+		{kindService, "!service.kubernetes.io/service-proxy-name", "spec.clusterIP!=None", &corev1.ServiceList{}},
+		{kindSlice, "!service.kubernetes.io/headless", "", &discoveryv1.EndpointSliceList{}},
+		{kindNode, "", "metadata.name=node-a", &corev1.NodeList{}},
+	} {
+		var got []metav1.ListOptions
+		rc := resourceClient{
+			list: func(_ context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				got = append(got, o)
+				return tc.list, nil
+			},
+			watch: func(_ context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				got = append(got, o)
+				return watch.NewEmptyWatch(), nil
+			},
+		}
+		lw := newListWatch(rc, tc.kind, "node-a", false).(cache.ListerWatcherWithContext)
+		if _, err := lw.ListWithContext(context.Background(), metav1.ListOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := lw.WatchWithContext(context.Background(), metav1.ListOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range got {
+			if o.LabelSelector != tc.label || o.FieldSelector != tc.field {
+				t.Errorf("kind %d: options %+v, want label %q, field %q", tc.kind, o, tc.label, tc.field)
+			}
+		}
+	}
+}

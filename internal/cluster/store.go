@@ -1,0 +1,312 @@
+package cluster
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/client-go/tools/cache"
+)
+
+// kind is one of the three resources the view watches.
+type kind int
+
+const (
+	kindService kind = iota
+	kindSlice
+	kindNode
+	numKinds
+)
+
+// state is the view's copy of the API in compact form: the Services kube-proxy programs, the
+// EndpointSlices it reads indexed by their Service, and this node. The reflectors write it
+// through one kindStore each; the recompute reads it. Objects are immutable, so a reader may
+// keep using what it took out after the lock is released.
+type state struct {
+	nodeName string
+	// changed is told which Service's ports may have changed (all: the node's zone, which
+	// selects topology hints for every Service), after the change is in place. heard is told
+	// of every event and list: each is proof the connection to the API works. synced is
+	// called once, when every kind has been listed.
+	changed func(key objKey, all bool)
+	heard   func()
+	synced  func()
+
+	mu        sync.Mutex
+	services  map[objKey]*serviceInfo
+	slices    map[objKey]*sliceInfo
+	byService map[objKey][]*sliceInfo
+	node      *nodeInfo // nil until this node is seen
+	listed    [numKinds]bool
+}
+
+func newState(nodeName string) *state {
+	return &state{
+		nodeName:  nodeName,
+		changed:   func(objKey, bool) {},
+		heard:     func() {},
+		synced:    func() {},
+		services:  map[objKey]*serviceInfo{},
+		slices:    map[objKey]*sliceInfo{},
+		byService: map[objKey][]*sliceInfo{},
+	}
+}
+
+// hasSynced is whether every kind has been listed once.
+func (s *state) hasSynced() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.allListed()
+}
+
+func (s *state) allListed() bool {
+	for _, l := range s.listed {
+		if !l {
+			return false
+		}
+	}
+	return true
+}
+
+// service returns a Service and its slices (a copy of the index's list), or nil when the
+// Service is not programmed.
+func (s *state) service(key objKey) (*serviceInfo, []*sliceInfo) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	svc := s.services[key]
+	if svc == nil {
+		return nil, nil
+	}
+	return svc, slices.Clone(s.byService[key])
+}
+
+// serviceKeys lists the Services kept.
+func (s *state) serviceKeys() []objKey {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	keys := make([]objKey, 0, len(s.services))
+	for k := range s.services {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// thisNode returns this node's zone, and whether its Node object exists.
+func (s *state) thisNode() (zone string, found bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.node == nil {
+		return "", false
+	}
+	return s.node.zone, true
+}
+
+// kept reports whether the store keeps an object at all: kube-proxy lists Services without
+// the service-proxy-name label and EndpointSlices without the headless label
+// (cmd/kube-proxy/app/server.go), and a skipped Service has no ports to compute. The list
+// selectors already leave those out; checking again here keeps them out of a watch that does
+// not apply the selectors, and drops an object that gained such a label.
+func (s *state) kept(obj any) bool {
+	switch o := obj.(type) {
+	case *serviceInfo:
+		return !o.skip && !o.otherProxy && len(o.families) > 0
+	case *sliceInfo:
+		return o.service != "" && !o.headless // endpointSliceCacheKeys needs the label
+	case *nodeInfo:
+		return o.name == s.nodeName // the field selector's job; a fake ignores it
+	}
+	return false
+}
+
+// put adds or replaces one object. The caller holds mu.
+func (s *state) put(k kind, obj any) {
+	switch o := obj.(type) {
+	case *serviceInfo:
+		s.removeLocked(k, o.key)
+		if s.kept(o) {
+			s.services[o.key] = o
+		}
+		s.changed(o.key, false)
+	case *sliceInfo:
+		s.removeLocked(k, o.key)
+		if s.kept(o) {
+			s.slices[o.key] = o
+			sk := o.serviceKey()
+			s.byService[sk] = append(s.byService[sk], o)
+			s.changed(sk, false)
+		}
+	case *nodeInfo:
+		if !s.kept(o) {
+			return
+		}
+		if s.node == nil || s.node.zone != o.zone {
+			s.changed(objKey{}, true)
+		}
+		s.node = o
+	}
+}
+
+// removeLocked deletes the object of kind k with key, if kept. The caller holds mu.
+func (s *state) removeLocked(k kind, key objKey) {
+	switch k {
+	case kindService:
+		if _, ok := s.services[key]; ok {
+			delete(s.services, key)
+			s.changed(key, false)
+		}
+	case kindSlice:
+		old, ok := s.slices[key]
+		if !ok {
+			return
+		}
+		delete(s.slices, key)
+		sk := old.serviceKey()
+		list := slices.DeleteFunc(s.byService[sk], func(x *sliceInfo) bool { return x == old })
+		if len(list) == 0 {
+			delete(s.byService, sk)
+		} else {
+			s.byService[sk] = list
+		}
+		s.changed(sk, false)
+	case kindNode:
+		if s.node != nil && s.node.name == key.name {
+			s.node = nil
+			s.changed(objKey{}, true)
+		}
+	}
+}
+
+// replace makes the objects of kind k exactly list (a full list or a relist).
+func (s *state) replace(k kind, list []any) error {
+	converted := make([]any, 0, len(list))
+	for _, obj := range list {
+		c, err := convert(k, obj)
+		if err != nil {
+			return err
+		}
+		converted = append(converted, c)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch k {
+	case kindService:
+		for key := range s.services {
+			s.changed(key, false)
+		}
+		s.services = make(map[objKey]*serviceInfo, len(converted))
+	case kindSlice:
+		for key := range s.byService {
+			s.changed(key, false)
+		}
+		s.slices = make(map[objKey]*sliceInfo, len(converted))
+		s.byService = make(map[objKey][]*sliceInfo, len(converted))
+	case kindNode:
+		if s.node != nil {
+			s.node = nil
+			s.changed(objKey{}, true)
+		}
+	}
+	for _, c := range converted {
+		s.put(k, c)
+	}
+	first := !s.listed[k]
+	s.listed[k] = true
+	if first && s.allListed() {
+		s.synced()
+	}
+	return nil
+}
+
+// convert turns an API object, or its compact form, into the compact form of kind k.
+func convert(k kind, obj any) (any, error) {
+	switch k {
+	case kindService:
+		return toServiceInfo(obj)
+	case kindSlice:
+		return toSliceInfo(obj)
+	case kindNode:
+		return toNodeInfo(obj)
+	}
+	return nil, fmt.Errorf("unknown kind %d", k)
+}
+
+// deletedKey is the key of a deleted object, API object or compact form.
+func deletedKey(obj any) (objKey, error) {
+	switch o := obj.(type) {
+	case *serviceInfo:
+		return o.key, nil
+	case *sliceInfo:
+		return o.key, nil
+	case *nodeInfo:
+		return objKey{name: o.name}, nil
+	case cache.DeletedFinalStateUnknown:
+		return deletedKey(o.Obj)
+	}
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return objKey{}, fmt.Errorf("key of deleted object: %w", err)
+	}
+	if m.GetNamespace() == "" {
+		return objKey{name: m.GetName()}, nil // cluster-scoped: the Node
+	}
+	return keyOf(m.GetNamespace(), m.GetName()), nil
+}
+
+// kindStore is the store one reflector writes: client-go's ReflectorStore on top of state.
+// Its Transformer converts each object of a streamed list as it arrives (the reflector's
+// temporary store applies it), so that a full list of API objects never exists at once.
+type kindStore struct {
+	s    *state
+	kind kind
+}
+
+var (
+	_ cache.TransformingStore      = kindStore{}
+	_ cache.ReflectorBookmarkStore = kindStore{}
+)
+
+func (k kindStore) Add(obj any) error    { return k.update(obj) }
+func (k kindStore) Update(obj any) error { return k.update(obj) }
+
+func (k kindStore) update(obj any) error {
+	k.s.heard()
+	c, err := convert(k.kind, obj)
+	if err != nil {
+		return err
+	}
+	k.s.mu.Lock()
+	defer k.s.mu.Unlock()
+	k.s.put(k.kind, c)
+	return nil
+}
+
+func (k kindStore) Delete(obj any) error {
+	k.s.heard()
+	key, err := deletedKey(obj)
+	if err != nil {
+		return err
+	}
+	k.s.mu.Lock()
+	defer k.s.mu.Unlock()
+	k.s.removeLocked(k.kind, key)
+	return nil
+}
+
+func (k kindStore) Replace(list []any, _ string) error {
+	k.s.heard()
+	return k.s.replace(k.kind, list)
+}
+
+// Resync has nothing to do: there are no handlers to replay to.
+func (k kindStore) Resync() error { return nil }
+
+func (k kindStore) Transformer() cache.TransformFunc {
+	return func(obj any) (any, error) { return convert(k.kind, obj) }
+}
+
+// Bookmark is a watch bookmark: the watch works, although nothing changed.
+func (k kindStore) Bookmark(string) error {
+	k.s.heard()
+	return nil
+}

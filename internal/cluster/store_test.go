@@ -1,0 +1,154 @@
+package cluster
+
+import (
+	"slices"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+)
+
+// recordingState is a state whose callbacks are recorded.
+type recordingState struct {
+	*state
+	changed  map[objKey]bool
+	all      int
+	heard    int
+	syncedAt int // how many kinds had been replaced when synced was called; 0: not called
+	replaced int
+}
+
+func newRecordingState(nodeName string) *recordingState {
+	r := &recordingState{state: newState(nodeName), changed: map[objKey]bool{}}
+	r.state.changed = func(k objKey, all bool) {
+		if all {
+			r.all++
+		} else {
+			r.changed[k] = true
+		}
+	}
+	r.state.heard = func() { r.heard++ }
+	r.state.synced = func() { r.syncedAt = r.replaced + 1 }
+	return r
+}
+
+func (r *recordingState) store(k kind) kindStore { return kindStore{r.state, k} }
+
+func (r *recordingState) reset() { r.changed, r.all = map[objKey]bool{}, 0 }
+
+func (r *recordingState) sliceNames(svc string) []string {
+	_, sls := r.service(keyOf("ns", svc))
+	var names []string
+	for _, s := range sls {
+		names = append(names, s.key.name)
+	}
+	slices.Sort(names)
+	return names
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestStore(t *testing.T) {
+	r := newRecordingState("node-a")
+	svcs, sls, nodes := r.store(kindService), r.store(kindSlice), r.store(kindNode)
+
+	must(t, svcs.Replace([]any{service("a"), service("b"), service("mesh", func(s *corev1.Service) {
+		s.Labels = map[string]string{labelServiceProxyName: "other"}
+	})}, "1"))
+	// A streamed list hands over objects its Transformer already converted.
+	converted, err := sls.Transformer()(epSlice("a-1", "a", ipv4, httpPort, apiEP("10.0.0.1", "")))
+	must(t, err)
+	must(t, sls.Replace([]any{converted, epSlice("a-2", "a", ipv4, httpPort), epSlice("b-1", "b", ipv4, httpPort)}, "1"))
+	if r.syncedAt != 0 || r.hasSynced() {
+		t.Fatal("synced before every kind was listed")
+	}
+	r.replaced = 2
+	must(t, nodes.Replace([]any{node("node-b", "zone-b"), node("node-a", "zone-a")}, "1"))
+	if r.syncedAt != 3 || !r.hasSynced() {
+		t.Fatalf("synced callback after %d lists, hasSynced %v; want after the third", r.syncedAt-1, r.hasSynced())
+	}
+	if zone, found := r.thisNode(); zone != "zone-a" || !found {
+		t.Errorf("this node: zone %q, found %v; want zone-a (other nodes ignored)", zone, found)
+	}
+	if got := r.serviceKeys(); len(got) != 2 {
+		t.Errorf("services kept %v, want a and b (not the other proxy's)", got)
+	}
+	if got := r.sliceNames("a"); !slices.Equal(got, []string{"a-1", "a-2"}) {
+		t.Errorf("slices of a: %v", got)
+	}
+	if r.heard != 3 {
+		t.Errorf("heard %d times, want once per list", r.heard)
+	}
+
+	r.reset()
+	// A slice moves to another Service: both change.
+	must(t, sls.Update(epSlice("a-2", "b", ipv4, httpPort)))
+	if got := r.sliceNames("b"); !slices.Equal(got, []string{"a-2", "b-1"}) || !slices.Equal(r.sliceNames("a"), []string{"a-1"}) {
+		t.Errorf("after the move: a %v, b %v", r.sliceNames("a"), got)
+	}
+	if !r.changed[keyOf("ns", "a")] || !r.changed[keyOf("ns", "b")] {
+		t.Errorf("changed %v, want a and b", r.changed)
+	}
+
+	r.reset()
+	// A slice that gains the headless label, and one without a Service label, are dropped.
+	headless := epSlice("b-1", "b", ipv4, httpPort)
+	headless.Labels[corev1.IsHeadlessService] = ""
+	must(t, sls.Update(headless))
+	must(t, sls.Add(&discoveryv1.EndpointSlice{ObjectMeta: epSlice("x", "", ipv4, nil).ObjectMeta}))
+	if got := r.sliceNames("b"); !slices.Equal(got, []string{"a-2"}) || len(r.slices) != 2 {
+		t.Errorf("after the headless label: b %v, %d slices kept", got, len(r.slices))
+	}
+
+	r.reset()
+	// A Service turned ExternalName is no longer kept; deleting its slice works from the
+	// deleted object's last state.
+	must(t, svcs.Update(service("a", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeExternalName })))
+	if svc, _ := r.service(keyOf("ns", "a")); svc != nil || !r.changed[keyOf("ns", "a")] {
+		t.Errorf("ExternalName Service still kept (%v) or not marked changed (%v)", svc, r.changed)
+	}
+	must(t, sls.Delete(epSlice("a-1", "a", ipv4, httpPort)))
+	if _, ok := r.slices[keyOf("ns", "a-1")]; ok {
+		t.Error("deleted slice still kept")
+	}
+
+	r.reset()
+	// A relist drops what is gone and marks every Service before and after changed.
+	must(t, svcs.Replace([]any{service("c")}, "2"))
+	if got := r.serviceKeys(); len(got) != 1 || got[0] != keyOf("ns", "c") {
+		t.Errorf("after the relist: %v", got)
+	}
+	for _, k := range []string{"b", "c"} {
+		if !r.changed[keyOf("ns", k)] {
+			t.Errorf("relist did not mark %s changed: %v", k, r.changed)
+		}
+	}
+
+	r.reset()
+	// The node: an update of another label changes nothing, a zone change everything.
+	n := node("node-a", "zone-a")
+	n.Labels["x"] = "y"
+	must(t, nodes.Update(n))
+	if r.all != 0 {
+		t.Error("a node update without a zone change marked every Service")
+	}
+	must(t, nodes.Update(node("node-a", "zone-b")))
+	must(t, nodes.Delete(node("node-a", "")))
+	if _, found := r.thisNode(); found || r.all != 2 {
+		t.Errorf("after a zone change and the delete: found %v, all marked %d times; want not found, twice", found, r.all)
+	}
+
+	heard := r.heard
+	must(t, sls.Bookmark("9"))
+	if r.heard != heard+1 {
+		t.Error("a bookmark is not heard")
+	}
+	if err := svcs.Add(node("n", "")); err == nil {
+		t.Error("a Node given to the Service store: no error")
+	}
+}
