@@ -1,6 +1,7 @@
 package kubeproxy
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -8,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/common/promslog"
 )
 
@@ -118,4 +121,36 @@ func TestFollowMemoryFlat(t *testing.T) {
 	if growth > 8<<20 {
 		t.Errorf("heap in use grew by %d bytes while reading a %d byte log", growth, written)
 	}
+}
+
+// BenchmarkScanMetrics reads kube-proxy's real metrics (v1.36.3, 1,150 lines, 103 KiB) with the
+// line scan, and, for comparison, with the full expfmt parse the collector used before.
+func BenchmarkScanMetrics(b *testing.B) {
+	body, err := os.ReadFile(filepath.Join("testdata", "kube-proxy-v1.36.3-metrics.txt"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	lines := float64(bytes.Count(body, []byte{'\n'}))
+	b.Run("scan", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetBytes(int64(len(body)))
+		for b.Loop() {
+			var m kpMetrics
+			if _, err := scanMetrics(bytes.NewReader(body), maxMetricsBodyBytes, metricsLineBytes, false, &m); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/lines, "ns/line")
+	})
+	b.Run("expfmt", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetBytes(int64(len(body)))
+		for b.Loop() {
+			parser := expfmt.NewTextParser(model.UTF8Validation)
+			if _, err := parser.TextToMetricFamilies(bytes.NewReader(body)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/lines, "ns/line")
+	})
 }

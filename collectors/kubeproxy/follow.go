@@ -40,7 +40,15 @@ type followedFile struct {
 	cri        []byte
 	criTS      []byte
 	criSkipped bool
+	// head is the file's first bytes (up to fingerprintBytes) as they were first read: when
+	// the file's first bytes differ from it, the file was truncated and written again.
+	head []byte
 }
+
+// fingerprintBytes is how much of a file's start tells one content of it from the next. Log
+// lines start with a time to the microsecond or finer, so a file truncated and written again
+// starts with other bytes.
+const fingerprintBytes = 256
 
 // followStats is what the follower has counted; the collector publishes a copy.
 type followStats struct {
@@ -59,9 +67,12 @@ type followStats struct {
 // it starts are read from their end (so a restarted exporter starts at the end again); files
 // that appear later (a rotation's new file, a new kube-proxy pod) are read from their start.
 // Files are told apart by device and inode: a file renamed away (rotation) is read to its end
-// and closed; a file whose size drops below what was read (copytruncate) is read again from
-// its start. Memory is bounded: one shared read buffer, and per file at most maxLine bytes of
-// an unfinished line and of joined CRI partial records. Longer lines are skipped and counted.
+// and closed. A file truncated in place (copytruncate) is read again from its start: it is
+// told by its size dropping below what was read, or, when it has grown past that again before
+// the next poll, by its first bytes no longer being those first read from it (its
+// fingerprint). Memory is bounded: one shared read buffer, and per file a fingerprint of
+// fingerprintBytes and at most maxLine bytes of an unfinished line and of joined CRI partial
+// records. Longer lines are skipped and counted.
 type follower struct {
 	patterns    []string
 	maxLine     int
@@ -243,7 +254,7 @@ func (fl *follower) open(path string, id fileID, atEnd bool) {
 		f.Close()
 		return
 	}
-	ff := &followedFile{path: path, f: f, id: id}
+	ff := &followedFile{path: path, f: f, id: id, head: make([]byte, 0, fingerprintBytes)}
 	if atEnd {
 		end, err := f.Seek(0, io.SeekEnd)
 		if err != nil {
@@ -252,6 +263,9 @@ func (fl *follower) open(path string, id fileID, atEnd bool) {
 			return
 		}
 		ff.offset = end
+		// The lines before the end are not read, but the fingerprint is taken now.
+		n, _ := f.ReadAt(ff.head[:min(end, fingerprintBytes)], 0)
+		ff.head = ff.head[:n]
 	}
 	fl.files[id] = ff
 	fl.logger.Debug("following kube-proxy log", "path", path, "offset", ff.offset)
@@ -292,16 +306,24 @@ func (fl *follower) openError() error {
 
 // read reads ff from its offset to its current end.
 func (fl *follower) read(ff *followedFile) {
-	if fi, err := ff.f.Stat(); err == nil && fi.Size() < ff.offset {
-		// Truncated in place (copytruncate): what is there now was written after the truncation.
-		fl.logger.Debug("kube-proxy log truncated, reading it from the start", "path", ff.path)
-		ff.offset = 0
-		ff.carry, ff.skipping = ff.carry[:0], false
-		ff.cri, ff.criTS, ff.criSkipped = ff.cri[:0], ff.criTS[:0], false
+	if fi, err := ff.f.Stat(); err == nil {
+		// Truncated in place (copytruncate): what is there now was written after the
+		// truncation, and is read from the start.
+		switch {
+		case fi.Size() < ff.offset:
+			fl.logger.Debug("kube-proxy log truncated, reading it from the start", "path", ff.path)
+			ff.restart()
+		case !fl.sameHead(ff):
+			fl.logger.Debug("kube-proxy log truncated and written past the old offset (its first bytes changed), reading it from the start", "path", ff.path)
+			ff.restart()
+		}
 	}
 	for {
 		n, err := ff.f.ReadAt(fl.buf, ff.offset)
 		if n > 0 {
+			if ff.offset < fingerprintBytes && int64(len(ff.head)) == ff.offset {
+				ff.head = append(ff.head, fl.buf[:min(n, fingerprintBytes-len(ff.head))]...)
+			}
 			ff.offset += int64(n)
 			fl.consume(ff, fl.buf[:n])
 		}
@@ -312,6 +334,36 @@ func (fl *follower) read(ff *followedFile) {
 			return
 		}
 	}
+}
+
+// sameHead tells whether ff's first bytes are still its fingerprint. A file truncated and
+// written again by a writer without O_APPEND starts with a hole of zeros up to where the
+// writer was, which is not before where reading stopped: that file is read on from the old
+// offset, as it was, with the zeros as its new fingerprint.
+func (fl *follower) sameHead(ff *followedFile) bool {
+	if len(ff.head) == 0 {
+		return true
+	}
+	now := fl.buf[:len(ff.head)]
+	if n, _ := ff.f.ReadAt(now, 0); n < len(now) {
+		return false // it shrank since its size was taken
+	}
+	if bytes.Equal(now, ff.head) {
+		return true
+	}
+	if bytes.Count(now, []byte{0}) == len(now) {
+		ff.head = append(ff.head[:0], now...)
+		return true
+	}
+	return false
+}
+
+// restart makes ff read from its start, as a new file.
+func (ff *followedFile) restart() {
+	ff.offset = 0
+	ff.head = ff.head[:0]
+	ff.carry, ff.skipping = ff.carry[:0], false
+	ff.cri, ff.criTS, ff.criSkipped = ff.cri[:0], ff.criTS[:0], false
 }
 
 // consume splits data into lines, keeping an unfinished last line for the next read.

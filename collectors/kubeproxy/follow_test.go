@@ -139,6 +139,110 @@ func TestFollowTruncation(t *testing.T) {
 	tf.expect(tf.poll(time.Second), 7, 5, 1)
 }
 
+// copytruncate, and the file grows past where reading stopped before the next poll: its size
+// alone cannot tell, its first bytes do. Every line written after the truncation is read.
+func TestFollowTruncationRegrownWithinAPoll(t *testing.T) {
+	dir := t.TempDir()
+	log := filepath.Join(dir, "kube-proxy.log")
+	appendFile(t, log, infoLine)
+	tf := newTestFollower(t, 4096, log)
+	tf.expect(tf.poll(0), 0, 0, 1)
+	var nine []string
+	for range 9 {
+		nine = append(nine, errLine)
+	}
+	appendFile(t, log, append(nine, infoLine)...)
+	tf.expect(tf.poll(time.Second), 10, 9, 1)
+
+	// logrotate's copytruncate, then kube-proxy writes 10 failures before the next poll: the
+	// file ends past the old offset, inside the tenth line.
+	if err := os.Truncate(log, 0); err != nil {
+		t.Fatal(err)
+	}
+	appendFile(t, log, append(nine, errLine)...)
+	if fi, err := os.Stat(log); err != nil || fi.Size() <= int64(2*len(infoLine)+9*len(errLine)) {
+		t.Fatalf("the test needs the file past the old offset: %v, %v", fi, err)
+	}
+	tf.expect(tf.poll(time.Second), 20, 19, 1)
+	appendFile(t, log, errLine)
+	tf.expect(tf.poll(time.Second), 21, 20, 1)
+
+	// Again, now that the fingerprint was taken from the rewritten file, with lines that start
+	// alike: the new file's first bytes differ from the old one's only past the klog header.
+	if err := os.Truncate(log, 0); err != nil {
+		t.Fatal(err)
+	}
+	other := strings.Replace(errLine, "*v1.Service", "*v1.Node", 1)
+	appendFile(t, log, append([]string{other}, append(nine, errLine, errLine)...)...)
+	s := tf.poll(time.Second)
+	tf.expect(s, 33, 31, 1)
+	if s.errors[resNodes][verbWatch] != 1 {
+		t.Errorf("%d node watch errors, want 1", s.errors[resNodes][verbWatch])
+	}
+}
+
+// A file opened at its end (it existed when the exporter started) has its first bytes taken
+// when opened: a copytruncate that regrows it past that end before the first poll is seen too.
+func TestFollowTruncationRegrownBeforeFirstRead(t *testing.T) {
+	dir := t.TempDir()
+	log := filepath.Join(dir, "kube-proxy.log")
+	appendFile(t, log, infoLine, infoLine, infoLine)
+	tf := newTestFollower(t, 4096, log)
+	tf.expect(tf.poll(0), 0, 0, 1)
+	if err := os.Truncate(log, 0); err != nil {
+		t.Fatal(err)
+	}
+	appendFile(t, log, errLine, errLine)
+	tf.expect(tf.poll(time.Second), 2, 2, 1)
+}
+
+// A file shorter than the fingerprint when first read: the fingerprint grows with it, and a
+// copytruncate is still seen.
+func TestFollowTruncationOfAShortFile(t *testing.T) {
+	dir := t.TempDir()
+	log := filepath.Join(dir, "0.log")
+	tf := newTestFollower(t, 4096, filepath.Join(dir, "*.log"))
+	tf.expect(tf.poll(0), 0, 0, 0)
+	appendFile(t, log, "a\n")
+	tf.expect(tf.poll(10*time.Second), 1, 0, 1) // read from its start: a file that appeared later
+	appendFile(t, log, infoLine)
+	tf.expect(tf.poll(time.Second), 2, 0, 1)
+	if err := os.Truncate(log, 0); err != nil {
+		t.Fatal(err)
+	}
+	appendFile(t, log, errLine)
+	tf.expect(tf.poll(time.Second), 3, 1, 1)
+}
+
+// A writer without O_APPEND goes on writing where it was after a copytruncate, leaving a hole of
+// zeros before: the file is read on from where reading stopped, as before, so its next line is
+// read whole and not joined to the zeros.
+func TestFollowTruncationByAWriterWithoutAppend(t *testing.T) {
+	dir := t.TempDir()
+	log := filepath.Join(dir, "kube-proxy.log")
+	appendFile(t, log, infoLine)
+	tf := newTestFollower(t, 4096, log)
+	tf.expect(tf.poll(0), 0, 0, 1)
+	appendFile(t, log, errLine, infoLine)
+	tf.expect(tf.poll(time.Second), 2, 1, 1)
+	f, err := os.OpenFile(log, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Truncate(0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte(errLine+errLine), int64(2*len(infoLine)+len(errLine))); err != nil {
+		t.Fatal(err)
+	}
+	tf.expect(tf.poll(time.Second), 4, 3, 1)
+	if _, err := f.WriteAt([]byte(errLine), int64(2*len(infoLine)+3*len(errLine))); err != nil {
+		t.Fatal(err)
+	}
+	tf.expect(tf.poll(time.Second), 5, 4, 1)
+}
+
 func TestFollowLateFileAndNoFile(t *testing.T) {
 	dir := t.TempDir()
 	pattern := filepath.Join(dir, "kube-system_kube-proxy-*", "kube-proxy", "*.log")

@@ -124,6 +124,7 @@ type Collector struct {
 	probe      *probeResult
 	upNote     string
 	healthNote string
+	scanNote   string
 }
 
 // New builds the collector; it opens and asks nothing until Run.
@@ -251,6 +252,36 @@ func (c *Collector) note(res *probeResult) {
 		}
 		c.healthNote = health
 	}
+	if scan := scanNote(res); scan != c.scanNote {
+		switch {
+		case scan != "":
+			c.logger.Warn(scan, "url", c.cfg.MetricsURL, "lines", res.scan.lines, "long_lines", res.scan.longLines,
+				"long_lines_read", res.scan.longLinesRead, "ip_family_samples_left_out", res.scan.droppedFamilies)
+		case res.up:
+			c.logger.Info("kube-proxy's metrics are read whole again", "url", c.cfg.MetricsURL)
+		}
+		c.scanNote = scan
+	}
+}
+
+// scanNote says what a poll could not read of kube-proxy's metrics, if anything.
+func scanNote(res *probeResult) string {
+	if !res.up {
+		return ""
+	}
+	var parts []string
+	if res.scan.truncated {
+		parts = append(parts, fmt.Sprintf("kube-proxy's metrics go on past %d MiB: the rest is not read", maxMetricsBodyBytes>>20))
+	}
+	if res.scan.longLinesRead > 0 {
+		parts = append(parts, fmt.Sprintf("lines of the kube-proxy metrics read here are longer than %d KiB and were skipped", metricsLineBytes>>10))
+	} else if res.scan.longLines > 0 {
+		parts = append(parts, fmt.Sprintf("lines of kube-proxy's metrics longer than %d KiB were skipped (none of the metrics read here)", metricsLineBytes>>10))
+	}
+	if res.scan.droppedFamilies > 0 {
+		parts = append(parts, fmt.Sprintf("kube-proxy's sync timestamps have more than %d ip_family values: the others are left out", maxIPFamilies))
+	}
+	return strings.Join(parts, "; ")
 }
 
 var (

@@ -4,14 +4,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"net/url"
 	"strings"
 	"time"
-
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 )
 
 // kube-proxy's own metric names read here (pkg/proxy/metrics in Kubernetes).
@@ -51,6 +48,7 @@ type probeResult struct {
 	restoreFailures     float64 // 0 when kube-proxy has not failed yet (it exports no series then)
 	invalidDropped      float64
 	hasInvalidDropped   bool
+	scan                metricsScan // what the scan of the metrics skipped or left out
 }
 
 // prober polls kube-proxy's HTTP endpoints.
@@ -95,8 +93,12 @@ func (p *prober) get(ctx context.Context, u string, accept string) (*http.Respon
 	return p.client.Do(req)
 }
 
+// acceptText asks for the Prometheus text format 0.0.4, which kube-proxy serves when asked
+// (OpenMetrics text is read too, should it answer that anyway).
+const acceptText = "text/plain; version=0.0.4; charset=utf-8"
+
 func (p *prober) probeMetrics(ctx context.Context, res *probeResult) {
-	resp, err := p.get(ctx, p.metricsURL, string(expfmt.NewFormat(expfmt.TypeTextPlain)))
+	resp, err := p.get(ctx, p.metricsURL, acceptText)
 	if err != nil {
 		res.upReason = err.Error()
 		return
@@ -106,93 +108,20 @@ func (p *prober) probeMetrics(ctx context.Context, res *probeResult) {
 		res.upReason = fmt.Sprintf("GET %s: %s", p.metricsURL, resp.Status)
 		return
 	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(io.LimitReader(resp.Body, maxMetricsBodyBytes))
+	var m kpMetrics
+	scan, err := scanMetrics(resp.Body, maxMetricsBodyBytes, metricsLineBytes, isOpenMetrics(resp.Header.Get("Content-Type")), &m)
 	if err != nil {
 		res.upReason = fmt.Sprintf("read the metrics of %s: %v", p.metricsURL, err)
 		return
 	}
 	res.up = true
-	readFamilies(families, res)
+	res.scan = scan
+	m.apply(res)
 }
 
-// readFamilies takes what an on-call needs from kube-proxy's metrics.
-func readFamilies(families map[string]*dto.MetricFamily, res *probeResult) {
-	// Per IP family: the last applied sync and the last queued one.
-	type family struct{ last, queued time.Time }
-	byFamily := map[string]*family{}
-	at := func(m *dto.Metric) *family {
-		key := labelValue(m, "ip_family")
-		f := byFamily[key]
-		if f == nil {
-			f = &family{}
-			byFamily[key] = f
-		}
-		return f
-	}
-	for _, m := range metricsOf(families, kpLastSync) {
-		at(m).last = secondsTime(value(m))
-	}
-	for _, m := range metricsOf(families, kpLastQueued) {
-		at(m).queued = secondsTime(value(m))
-	}
-	for _, f := range byFamily {
-		if !f.last.IsZero() && (!res.hasLastSync || f.last.Before(res.lastSync)) {
-			res.lastSync, res.hasLastSync = f.last, true
-		}
-		// A queued change is pending while kube-proxy queued a sync after its last applied one.
-		if f.queued.After(f.last) && (res.pendingSince.IsZero() || f.queued.Before(res.pendingSince)) {
-			res.pendingSince = f.queued
-		}
-	}
-	res.endpointsPending, res.hasEndpointsPending = sum(families, kpEndpointsPending)
-	res.servicesPending, res.hasServicesPending = sum(families, kpServicesPending)
-	ipt, _ := sum(families, kpIPTablesRestore)
-	nft, _ := sum(families, kpNFTablesSync)
-	res.restoreFailures = ipt + nft
-	res.invalidDropped, res.hasInvalidDropped = sum(families, kpInvalidDropped)
-}
-
-func metricsOf(families map[string]*dto.MetricFamily, name string) []*dto.Metric {
-	if f := families[name]; f != nil {
-		return f.GetMetric()
-	}
-	return nil
-}
-
-// sum adds a family's series (over ip_family); ok is false when kube-proxy does not export it
-// (a labelled counter has no series until its first increment).
-func sum(families map[string]*dto.MetricFamily, name string) (float64, bool) {
-	f := families[name]
-	if f == nil {
-		return 0, false
-	}
-	var total float64
-	for _, m := range f.GetMetric() {
-		total += value(m)
-	}
-	return total, true
-}
-
-func value(m *dto.Metric) float64 {
-	switch {
-	case m.Gauge != nil:
-		return m.Gauge.GetValue()
-	case m.Counter != nil:
-		return m.Counter.GetValue()
-	case m.Untyped != nil:
-		return m.Untyped.GetValue()
-	}
-	return 0
-}
-
-func labelValue(m *dto.Metric, name string) string {
-	for _, l := range m.GetLabel() {
-		if l.GetName() == name {
-			return l.GetValue()
-		}
-	}
-	return ""
+func isOpenMetrics(contentType string) bool {
+	mediaType, _, err := mime.ParseMediaType(contentType)
+	return err == nil && mediaType == "application/openmetrics-text"
 }
 
 func secondsTime(s float64) time.Time {
