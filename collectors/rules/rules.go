@@ -129,13 +129,13 @@ func (c *Collector) Run(ctx context.Context) {
 		case <-timer.C:
 		}
 		started := c.now()
-		next := c.check()
+		next, ran := c.check()
 		// Wait for the next change, or the next deadline, but at least MinCheckGap.
 		wait := c.cfg.CheckInterval
 		if !next.IsZero() {
 			wait = min(wait, next.Sub(c.now()))
 		}
-		if gap := c.cfg.MinCheckGap - c.now().Sub(started); gap > 0 {
+		if gap := c.cfg.MinCheckGap - c.now().Sub(started); gap > 0 && ran {
 			select {
 			case <-ctx.Done():
 				return
@@ -150,17 +150,18 @@ func (c *Collector) Run(ctx context.Context) {
 var errNoAPI = errors.New("no Kubernetes API view: drift cannot be checked (see --kubeconfig)")
 
 // check runs one comparison and publishes it. It returns when a difference seen now comes of
-// age (zero when none is pending), for Run to check again then.
-func (c *Collector) check() time.Time {
+// age (zero when none is pending), for Run to check again then, and whether it ran at all (not
+// before the rules' first read).
+func (c *Collector) check() (time.Time, bool) {
 	start := c.now()
 	if c.cfg.View == nil {
 		c.publish(&checkResult{at: start, err: errNoAPI})
-		return time.Time{}
+		return time.Time{}, true
 	}
 	snap := c.cfg.View.Snapshot()
 	st := c.cfg.Rules.State()
 	if st == nil {
-		return time.Time{} // not read yet: nothing to say, and nothing wrong
+		return time.Time{}, false // not read yet: nothing to say, and nothing wrong
 	}
 	var res checkResult
 	switch {
@@ -187,7 +188,7 @@ func (c *Collector) check() time.Time {
 			cf.Confirm()
 		}
 	}
-	return res.nextDeadline
+	return res.nextDeadline, true
 }
 
 // noteMode logs once, and again on a change, what this node's rules allow.

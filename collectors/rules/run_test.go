@@ -138,7 +138,7 @@ func TestCheckAsksTheViewToConfirm(t *testing.T) {
 	}
 	now := t0
 	c.now = func() time.Time { return now }
-	if next := c.check(); !next.Equal(t0.Add(10 * time.Second)) {
+	if next, _ := c.check(); !next.Equal(t0.Add(10 * time.Second)) {
 		t.Errorf("next deadline %v, want the grace period's end %v", next, t0.Add(10*time.Second))
 	}
 	now = t0.Add(11 * time.Second)
