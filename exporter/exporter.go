@@ -41,6 +41,7 @@ func Main(args []string) int {
 		exporterOwn   = app.Flag("web.disable-exporter-metrics", "Exclude the exporter's own process and Go runtime metrics.").Bool()
 		webConfig     = webflag.AddFlags(app, DefaultListenAddress)
 		paths         = addPathFlags(app)
+		statusCfg     = addStatusFlags(app)
 	)
 	regs, api, host := registrations(app, paths)
 	promslogConfig := &promslog.Config{}
@@ -49,6 +50,10 @@ func Main(args []string) int {
 	app.HelpFlag.Short('h')
 	if _, err := app.Parse(args); err != nil {
 		fmt.Fprintf(os.Stderr, "proxyhealth: %v\n", err)
+		return 2
+	}
+	if statusCfg.Window <= 0 {
+		fmt.Fprintln(os.Stderr, "proxyhealth: --status.window must be positive")
 		return 2
 	}
 	logger := promslog.New(promslogConfig)
@@ -81,6 +86,9 @@ func Main(args []string) int {
 		go api.view.Run(ctx)
 	}
 	set := newCollectorSet(built, logger)
+	// The verdict (/status and the landing page) reads the collectors' last results.
+	judge := newStatus(sourcesOf(built, api.view, host.source, api.cfg.NodeName), statusCfg.Window)
+	go judge.run(ctx)
 
 	registry := prometheus.NewRegistry()
 	registry.MustRegister(versioncollector.NewCollector("proxyhealth"), set)
@@ -118,8 +126,9 @@ func Main(args []string) int {
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	mux.Handle("/status", judge)
 	if *telemetryPath != "/" {
-		mux.Handle("/", landingPage(*telemetryPath, set))
+		mux.Handle("/", landingPage(*telemetryPath, set, judge))
 	}
 
 	server := &http.Server{Handler: mux}

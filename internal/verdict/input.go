@@ -75,8 +75,10 @@ type KubeProxyFacts struct {
 	// polled yet); Err then says why.
 	Checked bool
 	Err     string
-	// Up is false only when its metrics endpoint did not answer throughout the window.
-	Up bool
+	// Up is false only when its metrics endpoint did not answer throughout the window;
+	// DownFor is then how long it has not answered, as far as is known.
+	Up      bool
+	DownFor time.Duration
 	// DownReason is why it did not answer (the last poll's error).
 	DownReason string
 	// Healthy is kube-proxy's own verdict (/livez or /healthz); nil when not asked.

@@ -217,8 +217,12 @@ func (e *evaluation) kubeProxy() kubeProxyFindings {
 			out.because = append(out.because, "kube-proxy does not answer, so nothing updates its rules")
 			ev := e.kubeProxyEvidence()
 			ev.ProxyMode = e.in.Rules.Mode
+			downFor := k.DownFor
+			if downFor <= 0 {
+				downFor = e.in.Window
+			}
 			summary := fmt.Sprintf("kube-proxy's %s rules are on this node but its metrics endpoint has not answered for %s: nothing updates those rules.",
-				e.in.Rules.Mode, formatDuration(e.in.Window))
+				e.in.Rules.Mode, formatDuration(downFor))
 			out.down = &Finding{Cause: KubeProxyDown, Severity: Warning, Summary: summary, Evidence: ev,
 				Runbook: runbook(anchorKubeProxyDown)}
 		case e.in.Rules.Mode == "":

@@ -257,7 +257,9 @@ func boolRank(b bool) int {
 
 func formatTime(t time.Time) string { return t.UTC().Format(time.RFC3339) }
 
-// formatDuration rounds d for a sentence: 45s, 14m, 3h20m, 2d4h.
+// FormatDuration rounds d for a sentence: 45s, 14m, 3h20m, 2d4h.
+func FormatDuration(d time.Duration) string { return formatDuration(d) }
+
 func formatDuration(d time.Duration) string {
 	switch {
 	case d < time.Minute:

@@ -329,6 +329,10 @@ func TestKubeProxyDown(t *testing.T) {
 	if ev.ProxyMode != "iptables" || ev.DownReason == "" || !strings.Contains(r.Findings[0].Summary, "has not answered for 10m") {
 		t.Errorf("evidence %+v, summary %q", ev, r.Findings[0].Summary)
 	}
+	in.KubeProxy.DownFor = 25 * time.Minute
+	if s := Evaluate(in).Findings[0].Summary; !strings.Contains(s, "has not answered for 25m") {
+		t.Errorf("summary %q", s)
+	}
 	// No kube-proxy rules: no kube-proxy on this node, nothing to say.
 	in.Rules.Mode = "none"
 	only(t, Evaluate(in))
