@@ -35,6 +35,9 @@ const DefaultListenAddress = ":9869"
 // Main parses args, runs the exporter until SIGINT/SIGTERM and returns the process exit code.
 func Main(args []string) int {
 	app := kingpin.New("proxyhealth", "Prometheus exporter that tells whether Service traffic on this node is silently breaking, and why.")
+	app.Command("serve", "Run the exporter (the default command).").Default()
+	diagnoseCmd := app.Command("diagnose", diagnoseHelp)
+	diagnoseCfg := addDiagnoseFlags(diagnoseCmd)
 	var (
 		telemetryPath = app.Flag("web.telemetry-path", "Path under which to expose metrics.").Default("/metrics").String()
 		maxRequests   = app.Flag("web.max-requests", "Maximum number of parallel scrape requests. 0 disables the limit.").Default("40").Int()
@@ -48,9 +51,18 @@ func Main(args []string) int {
 	promslogflag.AddFlags(app, promslogConfig)
 	app.Version(version.Print("proxyhealth"))
 	app.HelpFlag.Short('h')
-	if _, err := app.Parse(args); err != nil {
+	cmd, err := app.Parse(args)
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "proxyhealth: %v\n", err)
+		if wantsDiagnose(args) {
+			return exitCannotDiagnose
+		}
 		return 2
+	}
+	if cmd == diagnoseCmd.FullCommand() {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+		defer stop()
+		return runDiagnose(ctx, *diagnoseCfg, regs, api, host, paths, diagnoseLogger(args, promslogConfig), os.Stdout, os.Stderr)
 	}
 	if statusCfg.Window <= 0 {
 		fmt.Fprintln(os.Stderr, "proxyhealth: --status.window must be positive")

@@ -53,7 +53,8 @@ type Flows struct {
 	Unreplied []UnrepliedSeries
 }
 
-var errNotListening = errors.New("the conntrack event listener has not started")
+// ErrNotListening is Flows' error before the event listener has started.
+var ErrNotListening = errors.New("the conntrack event listener has not started")
 
 // Flows returns the listener's counts and the flows unreplied now, from the tracker's state:
 // it waits on nothing but the tracker's lock.
@@ -61,7 +62,7 @@ func (c *Collector) Flows() Flows {
 	c.mu.Lock()
 	err := c.listenErr
 	if err == nil && c.sock == nil {
-		err = errNotListening
+		err = ErrNotListening
 	}
 	c.mu.Unlock()
 

@@ -29,7 +29,7 @@ func TestStatsAndFlowsAccessors(t *testing.T) {
 	}
 
 	// Before Run: not listening.
-	if f := c.Flows(); !errors.Is(f.Err, errNotListening) || len(f.Unreplied) != 0 {
+	if f := c.Flows(); !errors.Is(f.Err, ErrNotListening) || len(f.Unreplied) != 0 {
 		t.Errorf("before Run: %+v", f)
 	}
 	// One flow ended unreplied (client and endpoint on one bridge), one open and unreplied.
