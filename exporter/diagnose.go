@@ -448,7 +448,7 @@ func newDiagnosis(cfg diagnoseConfig, regs []registration, api *apiView, host *h
 	}
 	if rc, ok := built["rules"].(*rules.Collector); ok {
 		d.driftReady = func() time.Time {
-			if lc := rc.LastCheck(); lc.Fresh && lc.Err == nil {
+			if lc := rc.LastCheck(); lc.Compared && lc.Fresh && lc.Err == nil {
 				return lc.At
 			}
 			return time.Time{}
@@ -481,7 +481,7 @@ func waitReady(ctx context.Context, timeout time.Duration, src *factSources) {
 			ready = false
 		}
 		if src.rules != nil && src.api != nil && src.api.Snapshot().Fresh {
-			if lc := src.rules.LastCheck(); lc.At.IsZero() || !lc.Fresh {
+			if lc := src.rules.LastCheck(); lc.At.IsZero() || !lc.Compared {
 				ready = false
 			}
 		}
@@ -502,7 +502,7 @@ func waitDriftSettled(ctx context.Context, rc *rules.Collector, until time.Time)
 	defer cancel()
 	for {
 		lc := rc.LastCheck()
-		if !lc.At.Before(until) && !lc.Unconfirmed {
+		if !lc.At.Before(until) && lc.Compared && !lc.Unconfirmed {
 			return nil
 		}
 		if sleepCtx(ctx, 100*time.Millisecond) != nil {

@@ -300,9 +300,11 @@ func (s *factSources) conntrackInput(in *verdict.Input, samples []factSample) {
 		c.Drop = delta(first.stats.Drop, last.stats.Drop)
 		c.EarlyDrop = delta(first.stats.EarlyDrop, last.stats.EarlyDrop)
 	}
-	// Flows are judged only when they were followed throughout.
-	for _, sm := range samples {
-		if sm.flows.Err != nil {
+	// Flows are judged only when they were followed throughout: a listener that failed in
+	// the window may have missed some. One that had not started yet had counted nothing, so
+	// only the last sample's says they are not followed.
+	for i, sm := range samples {
+		if sm.flows.Err != nil && (i == len(samples)-1 || !errors.Is(sm.flows.Err, conntrack.ErrNotListening)) {
 			c.FlowsErr = sm.flows.Err.Error()
 		}
 	}

@@ -197,6 +197,24 @@ func TestFactsUnavailable(t *testing.T) {
 	if in.Conntrack.StatsErr != h.ct.err.Error() || in.Conntrack.FlowsErr != h.ct.flows.Err.Error() {
 		t.Errorf("conntrack %+v", in.Conntrack)
 	}
+	// A listener not started at the first sample had counted nothing: flows are judged from
+	// then; one not started at the last is not following them.
+	h = newHealthyNode()
+	src = h.sources()
+	early := src.sample()
+	early.flows.Err = conntrack.ErrNotListening
+	if in := src.input([]factSample{early, src.sample()}, inputOptions{}); in.Conntrack.FlowsErr != "" {
+		t.Errorf("listener started after the first sample: %q", in.Conntrack.FlowsErr)
+	}
+	if in := src.input([]factSample{src.sample(), early}, inputOptions{}); in.Conntrack.FlowsErr == "" {
+		t.Error("listener not started at the last sample: flows judged")
+	}
+	failed := src.sample()
+	failed.flows.Err = errors.New("receive conntrack events: no buffer space")
+	if in := src.input([]factSample{failed, src.sample()}, inputOptions{}); in.Conntrack.FlowsErr == "" {
+		t.Error("listener failed in the window: flows judged")
+	}
+
 	h = newHealthyNode()
 	h.set.s.ConntrackEvents = intp(0)
 	src = h.sources()

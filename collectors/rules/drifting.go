@@ -40,6 +40,9 @@ type CheckSummary struct {
 	// Fresh is whether the API view is fresh now: drift is reported only while it is, so a
 	// stale view never reads as stale rules.
 	Fresh bool
+	// Compared is whether the last check compared the rules with a fresh view (a check while
+	// the view was stale, or before it synced, compared nothing).
+	Compared bool
 	// Checked is the number of service ports compared (0 while the view is not fresh).
 	Checked int
 	// Drifting are the drifting service ports, most differing endpoints first.
@@ -65,7 +68,7 @@ func (c *Collector) LastCheck() CheckSummary {
 	if res == nil {
 		return out
 	}
-	out.At, out.Mode, out.Err, out.Unconfirmed = res.at, res.mode, res.err, res.unconfirmed
+	out.At, out.Mode, out.Err, out.Unconfirmed, out.Compared = res.at, res.mode, res.err, res.unconfirmed, res.fresh
 	if !fresh {
 		return out
 	}

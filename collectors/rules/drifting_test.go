@@ -123,7 +123,7 @@ func TestLastCheckAccessor(t *testing.T) {
 	c.check()
 
 	got := c.LastCheck()
-	if !got.At.Equal(at) || got.Mode != hostrules.ModeIPTables || !got.Fresh || got.Checked != 2 || got.Err != nil {
+	if !got.At.Equal(at) || got.Mode != hostrules.ModeIPTables || !got.Fresh || !got.Compared || got.Checked != 2 || got.Err != nil {
 		t.Errorf("summary %+v", got)
 	}
 	want := DriftingPort{Name: dns, Port: 53, Stale: aps("10.244.3.7:53"), Missing: aps("10.244.4.1:53", "10.244.4.2:53"),
@@ -151,5 +151,14 @@ func TestLastCheckAccessor(t *testing.T) {
 	view.set(&stale)
 	if got := c.LastCheck(); got.Fresh || got.Checked != 0 || len(got.Drifting) != 0 || !got.At.Equal(at) {
 		t.Errorf("with the view gone stale: %+v, want the check's time and nothing drifting", got)
+	}
+	// A check with the stale view compared nothing, even once the view is fresh again.
+	c.check()
+	view.set(view.snap)
+	fresh := *view.snap
+	fresh.Fresh = true
+	view.set(&fresh)
+	if got := c.LastCheck(); !got.Fresh || got.Compared {
+		t.Errorf("check made with a stale view: %+v, want Compared false", got)
 	}
 }
