@@ -15,7 +15,11 @@ import (
 	"github.com/proxyhealth/proxyhealth/internal/verdict"
 )
 
-const verdictExporterPort = 19874
+// The verdict labs' exporters (each lab has a node namespace of its own).
+const (
+	verdictExporterPort       = 19877
+	verdictKernelExporterPort = 19878
+)
 
 // labReport is /status, and diagnose's JSON, as a client reads them.
 type labReport struct {
@@ -240,5 +244,141 @@ func TestVerdictStaleRules(t *testing.T) {
 	r, code, stderr = diagnose(t, cp, kubeconfig)
 	if code != 0 || r.Verdict != "healthy" {
 		t.Errorf("diagnose after healing: exit %d, want 0:\n%s\nstderr:\n%s", code, r.raw, stderr)
+	}
+}
+
+// diagnoseDuring runs diagnose in the lab's node namespace over window while during runs (after
+// diagnose has had startAfter to start listening), and returns its JSON report and exit code.
+func diagnoseDuring(t *testing.T, l *Lab, window, startAfter time.Duration, during func(), extra ...string) (labReport, int, string) {
+	t.Helper()
+	args := append([]string{"netns", "exec", l.Node, exporterBin, "diagnose", "--window=" + window.String(), "--output=json"}, extra...)
+	cmd := exec.Command("ip", args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(startAfter)
+	during()
+	err := cmd.Wait()
+	code := 0
+	var exit *exec.ExitError
+	switch {
+	case errors.As(err, &exit):
+		code = exit.ExitCode()
+	case err != nil:
+		t.Fatalf("diagnose: %v\n%s", err, stderr.String())
+	}
+	return parseReport(t, stdout.String()), code, stderr.String()
+}
+
+// finding returns r's finding of cause, or fails.
+func (r labReport) finding(t *testing.T, cause string) int {
+	t.Helper()
+	for i, f := range r.Findings {
+		if f.Cause == cause {
+			return i
+		}
+	}
+	t.Fatalf("no %s finding:\n%s", cause, r.raw)
+	return -1
+}
+
+// TestVerdictKernel is incidents 1 and 2 told as a verdict on the real kernel, by the running
+// exporter's /status and by diagnose: bridge netfilter off with same-bridge connections failing
+// is bridge_netfilter_off (critical, naming lab/web:80/tcp), and INVALID packets that nothing
+// drops with be_liberal off are invalid_not_dropped. The lab runs no API server and no
+// kube-proxy: stale rules and kube-proxy are not checked, and say so.
+func TestVerdictKernel(t *testing.T) {
+	requireExporter(t)
+	l := newLab(t)
+	l.ServeTCP(l.B, "0.0.0.0:"+podPort)
+	const window = 30 * time.Second
+	e := l.StartExporter("proxyhealth", verdictKernelExporterPort, nil, "--no-collector.kubeproxy", "--status.window="+window.String())
+	noKubeProxy := []string{"--no-collector.kubeproxy"}
+
+	// Healthy but not everything checkable: no finding, exit code 3 with the reasons.
+	r, code, stderr := diagnoseDuring(t, l, 2*time.Second, 0, func() {}, noKubeProxy...)
+	if code != 3 || r.Verdict != "healthy" || len(r.Findings) != 0 || !strings.Contains(stderr, "stale_rules: no Kubernetes API configured") ||
+		!strings.Contains(stderr, "kube_proxy_down, kube_proxy_stuck, kube_proxy_watch_failing: the kubeproxy collector is off") {
+		t.Errorf("diagnose on the quiet lab: exit %d, stderr:\n%s\nreport:\n%s", code, stderr, r.raw)
+	}
+	waitFor(t, 10*time.Second, "/status healthy", func() (bool, string) {
+		r := e.status(t)
+		return r.Verdict == "healthy" && len(r.Findings) == 0, r.raw
+	})
+
+	// Incident 1.
+	l.Sysctl("net.bridge.bridge-nf-call-iptables=0")
+	t.Cleanup(func() { l.Sysctl("net.bridge.bridge-nf-call-iptables=1") })
+	web := verdict.Service{Namespace: "lab", Name: "web", Port: 80, Protocol: "tcp"}
+	r, code, stderr = diagnoseDuring(t, l, 8*time.Second, 2*time.Second, func() {
+		if ok := l.Connect(l.A, webVIP+":80", 3, 2*time.Second); ok != 0 {
+			t.Errorf("bridge-nf-call-iptables=0: %d of 3 connections succeeded", ok)
+		}
+	}, noKubeProxy...)
+	if code != 2 || r.Verdict != "broken" {
+		t.Errorf("diagnose, incident 1: exit %d verdict %s, want 2 and broken\nstderr:\n%s", code, r.Verdict, stderr)
+	}
+	checkBridge := func(what string, r labReport) {
+		t.Helper()
+		f := r.Findings[r.finding(t, "bridge_netfilter_off")]
+		if f.Severity != "critical" || f.Service != nil || !strings.Contains(f.Summary, "net.bridge.bridge-nf-call-iptables is 0") ||
+			!strings.Contains(f.Summary, "connections to lab/web:80/tcp fail") || !strings.HasSuffix(f.Runbook, "#proxyhealthbridgenetfilteroff") {
+			t.Errorf("%s: %+v", what, f)
+		}
+		var ev struct {
+			Findings []struct {
+				Cause    string `json:"cause"`
+				Evidence struct {
+					BridgeNF int `json:"bridge_nf_call_iptables"`
+					Ended    int `json:"ended"`
+					Open     int `json:"open"`
+					Services []struct {
+						Service verdict.Service `json:"service"`
+						Ended   int             `json:"ended"`
+						Open    int             `json:"open"`
+					} `json:"services"`
+				} `json:"evidence"`
+			} `json:"findings"`
+		}
+		if err := json.Unmarshal([]byte(r.raw), &ev); err != nil {
+			t.Fatal(err)
+		}
+		b := ev.Findings[r.finding(t, "bridge_netfilter_off")].Evidence
+		if b.BridgeNF != 0 || b.Ended+b.Open != 3 || len(b.Services) != 1 || b.Services[0].Service != web || b.Services[0].Ended+b.Services[0].Open != 3 {
+			t.Errorf("%s: evidence %+v, want the 3 connections to lab/web", what, b)
+		}
+		if slices.Contains(r.causes(), "unreplied_flows") {
+			t.Errorf("%s: the same-bridge flows are also told as unreplied_flows:\n%s", what, r.raw)
+		}
+	}
+	checkBridge("diagnose", r)
+	waitFor(t, 15*time.Second, "/status: bridge_netfilter_off with the 3 connections", func() (bool, string) {
+		l.ReapExpired()
+		r := e.status(t)
+		return slices.Contains(r.causes(), "bridge_netfilter_off") && strings.Contains(r.raw, `"ended": 3`), r.raw
+	})
+	checkBridge("/status", e.status(t))
+	l.Sysctl("net.bridge.bridge-nf-call-iptables=1")
+
+	// Incident 2: be_liberal off (the lab's setting) and no INVALID drop in KUBE-FORWARD.
+	r, code, stderr = diagnoseDuring(t, l, 5*time.Second, 2*time.Second, func() { l.SendInvalid(l.A, podC+":"+blackPort, 50) }, noKubeProxy...)
+	i := r.finding(t, "invalid_not_dropped")
+	if f := r.Findings[i]; f.Severity != "warning" || !strings.Contains(f.Summary, "50 packets INVALID") || !strings.HasSuffix(f.Runbook, "#proxyhealthinvalidpacketsnotdropped") {
+		t.Errorf("diagnose, incident 2: %+v", f)
+	}
+	if code != 3 {
+		t.Errorf("diagnose, incident 2: exit %d, want 3 (a warning, and stale rules and kube-proxy not checked)\nstderr:\n%s", code, stderr)
+	}
+	waitFor(t, 10*time.Second, "/status: invalid_not_dropped", func() (bool, string) {
+		r := e.status(t)
+		return slices.Contains(r.causes(), "invalid_not_dropped"), r.raw
+	})
+	// The drop rule makes the same packets harmless.
+	l.MustExec(l.Node, "iptables-nft", "-A", "KUBE-FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
+	r, _, _ = diagnoseDuring(t, l, 5*time.Second, 2*time.Second, func() { l.SendInvalid(l.A, podC+":"+blackPort, 50) }, noKubeProxy...)
+	if slices.Contains(r.causes(), "invalid_not_dropped") {
+		t.Errorf("diagnose with an INVALID drop rule: still invalid_not_dropped:\n%s", r.raw)
 	}
 }
