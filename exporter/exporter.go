@@ -33,23 +33,43 @@ const DefaultListenAddress = ":9869"
 // Main parses args, runs the exporter until SIGINT/SIGTERM and returns the process exit code.
 func Main(args []string) int {
 	app := kingpin.New("proxyhealth", "Prometheus exporter that tells whether Service traffic on this node is silently breaking, and why.")
+	app.Command("serve", "Run the exporter (the default command).").Default()
+	diagnoseCmd := app.Command("diagnose", diagnoseHelp)
+	diagnoseCfg := addDiagnoseFlags(diagnoseCmd)
 	var srv serverFlags
 	srv.addFlags(app)
 	var (
 		webConfig = webflag.AddFlags(app, DefaultListenAddress)
 		paths     = addPathFlags(app)
+		statusCfg = addStatusFlags(app)
 	)
 	regs, api, host := registrations(app, paths)
 	promslogConfig := &promslog.Config{}
 	promslogflag.AddFlags(app, promslogConfig)
 	app.Version(version.Print("proxyhealth"))
 	app.HelpFlag.Short('h')
-	if _, err := app.Parse(args); err != nil {
+	cmd, err := app.Parse(args)
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "proxyhealth: %v\n", nameBadFlag(args, err))
+		if wantsDiagnose(args) {
+			return exitCannotDiagnose
+		}
 		return 2
 	}
 	if err := srv.validate(); err != nil {
 		fmt.Fprintf(os.Stderr, "proxyhealth: %v\n", err)
+		if wantsDiagnose(args) {
+			return exitCannotDiagnose
+		}
+		return 2
+	}
+	if cmd == diagnoseCmd.FullCommand() {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+		defer stop()
+		return runDiagnose(ctx, *diagnoseCfg, regs, api, host, paths, diagnoseLogger(args, promslogConfig), os.Stdout, os.Stderr)
+	}
+	if statusCfg.Window <= 0 {
+		fmt.Fprintln(os.Stderr, "proxyhealth: --status.window must be positive")
 		return 2
 	}
 	logger := promslog.New(promslogConfig)
@@ -104,6 +124,9 @@ func Main(args []string) int {
 		go api.view.Run(ctx)
 	}
 	set := newCollectorSet(built, logger)
+	// The verdict (/status and the landing page) reads the collectors' last results.
+	judge := newStatus(sourcesOf(built, api.view, host.source, api.cfg.NodeName), statusCfg.Window)
+	go judge.run(ctx)
 
 	registry := newRegistry(set, !srv.exporterOwn)
 	if host.source != nil {
@@ -128,7 +151,8 @@ func Main(args []string) int {
 		addPprof(mux)
 		logger.Warn("the profiler is served under /debug/pprof/ (--web.enable-pprof)")
 	}
-	mux.Handle("/", landingPage(srv.telemetryPath, srv.enablePprof, set))
+	mux.Handle("/status", judge)
+	mux.Handle("/", landingPage(srv.telemetryPath, srv.enablePprof, set, judge))
 
 	server := newServer(mux, logger)
 	errc := make(chan error, 1)

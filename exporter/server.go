@@ -29,9 +29,6 @@ func (f *serverFlags) addFlags(app *kingpin.Application) {
 	app.Flag("web.shutdown-timeout", "On SIGTERM, how long requests in flight may take to finish before their connections are closed (keep it under the pod's termination grace period).").Default("5s").DurationVar(&f.shutdownTimeout)
 }
 
-// reservedPaths are served by the exporter itself: the telemetry path must be none of them.
-var reservedPaths = []string{"/", "/debug/pprof/"}
-
 func (f *serverFlags) validate() error {
 	p := f.telemetryPath
 	switch {
@@ -41,6 +38,8 @@ func (f *serverFlags) validate() error {
 		return fmt.Errorf("--web.telemetry-path %q is under /debug/pprof/, the profiler's", p)
 	case p == "/":
 		return errors.New("--web.telemetry-path must not be /, the landing page's")
+	case p == "/status":
+		return errors.New("--web.telemetry-path must not be /status, the verdict's")
 	case f.maxRequests < 0:
 		return fmt.Errorf("--web.max-requests must not be negative, got %d", f.maxRequests)
 	case f.shutdownTimeout <= 0:

@@ -17,12 +17,22 @@ type diffKey struct {
 	stale bool // in the rules, not in the API; else missing: in the API, not in the rules
 }
 
+// maxDriftAddresses bounds the endpoint addresses a drifting service port keeps per kind
+// (stale, missing); the counts are always whole.
+const maxDriftAddresses = 20
+
 // portDrift is one service port whose rules have differed from the API past the grace period.
 type portDrift struct {
 	name           cluster.ServicePortName
 	port           uint16
 	stale, missing int
 	since          time.Time // when its oldest current difference was first seen
+	// staleAddrs and missingAddrs are the endpoints counted in stale and missing, sorted, at
+	// most maxDriftAddresses of each.
+	staleAddrs, missingAddrs []netip.AddrPort
+	// programmed and expected are the distinct endpoints compared for the port at the check
+	// (over its IP families): in kube-proxy's rules, and in the API for this node.
+	programmed, expected int
 }
 
 // checkResult is one drift check, which a scrape reads.
@@ -101,8 +111,10 @@ func (e *driftEngine) check(snap *cluster.Snapshot, rules map[bool]programmedRul
 		}
 		if k.stale {
 			d.stale++
+			d.staleAddrs = append(d.staleAddrs, k.ep)
 		} else {
 			d.missing++
+			d.missingAddrs = append(d.missingAddrs, k.ep)
 		}
 		if first.Before(d.since) {
 			d.since = first
@@ -111,6 +123,8 @@ func (e *driftEngine) check(snap *cluster.Snapshot, rules map[bool]programmedRul
 	for i := range snap.Ports {
 		sp := &snap.Ports[i]
 		compared := false
+		// What was compared per family, counted only for a port found drifting.
+		var compProgrammed, compExpected [2][]netip.AddrPort
 		for _, ipv6 := range []bool{false, true} {
 			r := rules[ipv6]
 			if r == nil || !hasFamily(sp.ClusterIPs, ipv6) {
@@ -124,6 +138,8 @@ func (e *driftEngine) check(snap *cluster.Snapshot, rules map[bool]programmedRul
 			programmed := append(slices.Clip(r.endpoints(clusterChain)), r.endpoints(localChain)...)
 			expected := append(slices.Clip(sp.ClusterEndpoints), sp.LocalEndpoints...)
 			stale, missing := diffEndpoints(programmed, expected, ipv6)
+			fam := familyIndex(ipv6)
+			compProgrammed[fam], compExpected[fam] = programmed, expected
 			for _, ep := range stale {
 				note(diffKey{sp.Name, ipv6, ep, true}, sp.Port)
 			}
@@ -133,6 +149,14 @@ func (e *driftEngine) check(snap *cluster.Snapshot, rules map[bool]programmedRul
 		}
 		if compared {
 			res.checked++
+		}
+		if d := drifts[sp.Name]; d != nil {
+			d.programmed, d.expected = 0, 0
+			for _, ipv6 := range []bool{false, true} {
+				fam := familyIndex(ipv6)
+				d.programmed += countDistinct(compProgrammed[fam], ipv6)
+				d.expected += countDistinct(compExpected[fam], ipv6)
+			}
 		}
 	}
 	e.since = next
@@ -147,6 +171,7 @@ func (e *driftEngine) check(snap *cluster.Snapshot, rules map[bool]programmedRul
 		}
 	}
 	for _, d := range drifts {
+		d.staleAddrs, d.missingAddrs = boundAddrs(d.staleAddrs), boundAddrs(d.missingAddrs)
 		res.drifting = append(res.drifting, *d)
 	}
 	sort.Slice(res.drifting, func(i, j int) bool {
@@ -157,6 +182,33 @@ func (e *driftEngine) check(snap *cluster.Snapshot, rules map[bool]programmedRul
 		return a.name.String()+a.name.Protocol < b.name.String()+b.name.Protocol
 	})
 	return res
+}
+
+// boundAddrs sorts addrs and keeps the first maxDriftAddresses, in a slice of their own.
+func boundAddrs(addrs []netip.AddrPort) []netip.AddrPort {
+	if len(addrs) == 0 {
+		return nil
+	}
+	slices.SortFunc(addrs, netip.AddrPort.Compare)
+	return slices.Clone(addrs[:min(len(addrs), maxDriftAddresses)])
+}
+
+func familyIndex(ipv6 bool) int {
+	if ipv6 {
+		return 1
+	}
+	return 0
+}
+
+// countDistinct counts the distinct endpoints of one family in eps.
+func countDistinct(eps []netip.AddrPort, ipv6 bool) int {
+	seen := make(map[netip.AddrPort]struct{}, len(eps))
+	for _, ep := range eps {
+		if ep.Addr().Unmap().Is6() == ipv6 {
+			seen[ep] = struct{}{}
+		}
+	}
+	return len(seen)
 }
 
 func hasFamily(ips []netip.Addr, ipv6 bool) bool {

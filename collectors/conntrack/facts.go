@@ -1,0 +1,95 @@
+package conntrack
+
+import (
+	"cmp"
+	"errors"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Stats are the kernel's conntrack table figures: its fill, and per-CPU counters summed
+// (counters since boot).
+type Stats struct {
+	Entries, Limit                         uint64
+	Invalid, InsertFailed, Drop, EarlyDrop uint64
+}
+
+// Stats reads the kernel's table statistics now: one netlink query, the same a scrape makes.
+func (c *Collector) Stats() (Stats, error) {
+	st, err := c.stats()
+	if err != nil {
+		return Stats{}, err
+	}
+	return Stats{
+		Entries:      st.entries,
+		Limit:        st.limit,
+		Invalid:      st.cpu.invalid,
+		InsertFailed: st.cpu.insertFailed,
+		Drop:         st.cpu.drop,
+		EarlyDrop:    st.cpu.earlyDrop,
+	}, nil
+}
+
+// UnrepliedSeries is one service port's unreplied DNAT'ed flows of one reason, as the
+// per-service series count them.
+type UnrepliedSeries struct {
+	Namespace, Name string // empty for reason no_service
+	Port            uint16 // the Service's port number; 0 for no_service
+	Protocol        string // tcp, udp, sctp
+	Reason          string // same_bridge, local_endpoint, remote_endpoint, no_service
+	// Ended counts the flows that ended without a reply since the exporter started; Open
+	// those open and unreplied for longer than --conntrack.unreplied-after now.
+	Ended, Open uint64
+}
+
+// Flows is what the event listener knows of Service flows now.
+type Flows struct {
+	// Err is why flows are not being followed (the listener is not running); nil while they
+	// are.
+	Err error
+	// Unreplied are the per-service series (flows of ports beyond --conntrack.max-service-series
+	// are not listed), sorted by service then reason.
+	Unreplied []UnrepliedSeries
+}
+
+// ErrNotListening is Flows' error before the event listener has started.
+var ErrNotListening = errors.New("the conntrack event listener has not started")
+
+// Flows returns the listener's counts and the flows unreplied now, from the tracker's state:
+// it waits on nothing but the tracker's lock.
+func (c *Collector) Flows() Flows {
+	c.mu.Lock()
+	err := c.listenErr
+	if err == nil && c.sock == nil {
+		err = ErrNotListening
+	}
+	c.mu.Unlock()
+
+	snap := c.tracker.snapshot(time.Now().Add(-c.cfg.UnrepliedAfter).UnixNano(), c.view.Load())
+	byKey := make(map[seriesKey]*UnrepliedSeries, len(snap.unreplied)+len(snap.open))
+	get := func(k seriesKey) *UnrepliedSeries {
+		s := byKey[k]
+		if s == nil {
+			s = &UnrepliedSeries{Namespace: k.svc.Namespace, Name: k.svc.Name, Port: k.svc.Port,
+				Protocol: protocolName(k.proto), Reason: k.reason.String()}
+			byKey[k] = s
+		}
+		return s
+	}
+	for _, s := range snap.unreplied {
+		get(s.key).Ended += s.value
+	}
+	for _, s := range snap.open {
+		get(s.key).Open += s.value
+	}
+	out := Flows{Err: err, Unreplied: make([]UnrepliedSeries, 0, len(byKey))}
+	for _, s := range byKey {
+		out.Unreplied = append(out.Unreplied, *s)
+	}
+	slices.SortFunc(out.Unreplied, func(a, b UnrepliedSeries) int {
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name), cmp.Compare(a.Port, b.Port),
+			strings.Compare(a.Protocol, b.Protocol), strings.Compare(a.Reason, b.Reason))
+	})
+	return out
+}

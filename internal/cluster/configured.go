@@ -1,0 +1,11 @@
+package cluster
+
+import "errors"
+
+// Configured reports whether a way to reach the API is configured (a kubeconfig, the
+// in-cluster service account, or $KUBECONFIG): false while no such configuration was found.
+func (c *Cluster) Configured() bool { return !errors.Is(c.LastError(), errNoAPI) }
+
+// NodeName is this node's name as the view uses it (--node-name, $NODE_NAME, else the host
+// name).
+func (c *Cluster) NodeName() string { return c.cfg.NodeName }
