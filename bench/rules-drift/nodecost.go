@@ -512,8 +512,13 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	}
 	cgroups = append(cgroups, r.kpCG)
 
+	// The node's own xtables lock: /run/xtables.lock is one file for the whole machine, every
+	// network namespace included, and other work on it (another lab restoring a large legacy
+	// table) would hold kube-proxy's iptables calls past their 5 s wait. On a real node the
+	// lock is shared only by that node's processes; here the same: kube-proxy and the exporter.
+	lockEnv := "XTABLES_LOCKFILE=" + filepath.Join(dir, "xtables.lock")
 	// kube-proxy's command line, per mode.
-	kpMode, env := "iptables", []string{}
+	kpMode, env := "iptables", []string{lockEnv}
 	switch m.Mode {
 	case "iptables-legacy", "iptables-nft":
 		backend := strings.TrimPrefix(m.Mode, "iptables-")
@@ -539,8 +544,8 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 		"--healthz-bind-address", kubeProxyHealthz,
 		"--v", "1",
 	}
-	m.KubeProxyArgs = strings.Join(kpArgs[2:], " ")
-	if len(env) > 0 {
+	m.KubeProxyArgs = "XTABLES_LOCKFILE=<the node's> " + strings.Join(kpArgs[2:], " ")
+	if kpMode == "iptables" {
 		m.KubeProxyArgs = "PATH=<links to iptables-" + strings.TrimPrefix(m.Mode, "iptables-") + "-*>:$PATH " + m.KubeProxyArgs
 	}
 	kpLog := filepath.Join(dir, "kube-proxy.log")
@@ -570,7 +575,7 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	meter.begin()
 	logf("starting proxyhealth and kube-proxy (%s) in %s", m.Mode, r.nodeNS)
 	tStart := time.Now()
-	if r.exporter, err = startIn(r.expCG, "proxyhealth", append([]string{exporterBin}, expArgs...)...); err != nil {
+	if r.exporter, err = startIn(r.expCG, "proxyhealth", append([]string{"env", lockEnv, exporterBin}, expArgs...)...); err != nil {
 		return err
 	}
 	r.polled.setRoot("proxyhealth", r.exporter.cmd.Process.Pid)

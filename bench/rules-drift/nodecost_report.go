@@ -150,7 +150,7 @@ func (r *ncReport) render() string {
 	fmt.Fprintf(&b, "Both run in one network namespace (the node), the control plane (etcd, kube-apiserver) in another joined by a veth pair; kube-proxy reaches the apiserver through the benchmark's fault proxy, the exporter directly. The exporter is scraped over one kept-alive connection every %s while idle and every %s under churn (its scrape cost is in its figures); an endpoint change is a JSON patch replacing one address of one EndpointSlice, rotating over the Services. ",
 		ncIdleScrape, ncChurnScrape)
 	b.WriteString("The machine's 2 cores are shared with other work (the load average column): CPU figures are noisy, so compare the exporter with kube-proxy within one run and phase rather than across runs.\n\n")
-	fmt.Fprintf(&b, "Exporter: %s, run as `proxyhealth %s` (defaults otherwise).  \n", r.ExporterBuild, strings.Join(append([]string{"--kubeconfig=… --node-name=" + nodeName, "--web.listen-address=" + exporterAddr, "--kubeproxy.log-path=<kube-proxy's log>"}, r.ExporterArgs...), " "))
+	fmt.Fprintf(&b, "Exporter: %s, run as `XTABLES_LOCKFILE=<the node's> proxyhealth %s` (defaults otherwise; the node's own xtables lock file, shared with its kube-proxy only, since /run/xtables.lock is one for the whole machine).  \n", r.ExporterBuild, strings.Join(append([]string{"--kubeconfig=… --node-name=" + nodeName, "--web.listen-address=" + exporterAddr, "--kubeproxy.log-path=<kube-proxy's log>"}, r.ExporterArgs...), " "))
 	for _, m := range r.Modes {
 		if m.KubeProxyArgs != "" {
 			fmt.Fprintf(&b, "kube-proxy (%s): `%s`.  \n", m.Mode, m.KubeProxyArgs)
