@@ -221,6 +221,8 @@ type ncPhase struct {
 	ExpPolled             int // distinct child pids seen in the exporter's cgroup.procs
 	KPChildren            int
 	KPChildCmds           string
+	KPSyncs               int     // kube-proxy's syncs in the phase (its sync duration histogram's count)
+	KPSyncSeconds         float64 // and their total duration
 	MaxDrifted            float64 // proxyhealth_rules_services_drifted, max over the phase's scrapes
 	Scrapes, ScrapeErrors int
 	Rate                  int // endpoint changes a second asked for; 0 for other phases
@@ -512,8 +514,13 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	}
 	cgroups = append(cgroups, r.kpCG)
 
+	// The node's own xtables lock: /run/xtables.lock is one file for the whole machine, every
+	// network namespace included, and other work on it (another lab restoring a large legacy
+	// table) would hold kube-proxy's iptables calls past their 5 s wait. On a real node the
+	// lock is shared only by that node's processes; here the same: kube-proxy and the exporter.
+	lockEnv := "XTABLES_LOCKFILE=" + filepath.Join(dir, "xtables.lock")
 	// kube-proxy's command line, per mode.
-	kpMode, env := "iptables", []string{}
+	kpMode, env := "iptables", []string{lockEnv}
 	switch m.Mode {
 	case "iptables-legacy", "iptables-nft":
 		backend := strings.TrimPrefix(m.Mode, "iptables-")
@@ -539,8 +546,8 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 		"--healthz-bind-address", kubeProxyHealthz,
 		"--v", "1",
 	}
-	m.KubeProxyArgs = strings.Join(kpArgs[2:], " ")
-	if len(env) > 0 {
+	m.KubeProxyArgs = "XTABLES_LOCKFILE=<the node's> " + strings.Join(kpArgs[2:], " ")
+	if kpMode == "iptables" {
 		m.KubeProxyArgs = "PATH=<links to iptables-" + strings.TrimPrefix(m.Mode, "iptables-") + "-*>:$PATH " + m.KubeProxyArgs
 	}
 	kpLog := filepath.Join(dir, "kube-proxy.log")
@@ -570,7 +577,7 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	meter.begin()
 	logf("starting proxyhealth and kube-proxy (%s) in %s", m.Mode, r.nodeNS)
 	tStart := time.Now()
-	if r.exporter, err = startIn(r.expCG, "proxyhealth", append([]string{exporterBin}, expArgs...)...); err != nil {
+	if r.exporter, err = startIn(r.expCG, "proxyhealth", append([]string{"env", lockEnv, exporterBin}, expArgs...)...); err != nil {
 		return err
 	}
 	r.polled.setRoot("proxyhealth", r.exporter.cmd.Process.Pid)
@@ -815,13 +822,14 @@ func (r *ncRun) change(ctx context.Context) (svc int, newIP string, err error) {
 	return s, newIP, err
 }
 
-// churn makes rate endpoint changes a second for d, from a few writers fed by a ticker; a tick
-// that finds every writer busy is counted as missed rather than queued.
+// churn makes rate endpoint changes a second for d, from writers fed on a schedule: each wake
+// hands out every change due by then (so a starved benchmark process catches up rather than
+// losing ticks), and a change due while every writer is busy is counted as missed, not queued.
 func (r *ncRun) churn(ctx context.Context, rate int, d time.Duration, ph *ncPhase) error {
 	jobs := make(chan struct{})
 	var wg sync.WaitGroup
 	var applied, failed atomic.Int64
-	writers := min(max(2, rate/2), 32)
+	writers := min(max(4, 2*rate), 32)
 	for range writers {
 		wg.Add(1)
 		go func() {
@@ -837,18 +845,22 @@ func (r *ncRun) churn(ctx context.Context, rate int, d time.Duration, ph *ncPhas
 			}
 		}()
 	}
+	total := int(int64(rate) * int64(d) / int64(time.Second))
+	start := time.Now()
 	tick := time.NewTicker(time.Second / time.Duration(rate))
-	end := time.NewTimer(d)
+	issued := 0
 	var err error
-loop:
-	for {
+	for issued < total {
 		select {
 		case <-ctx.Done():
 			err = ctx.Err()
-			break loop
-		case <-end.C:
-			break loop
 		case <-tick.C:
+		}
+		if err != nil {
+			break
+		}
+		due := min(total, int(int64(time.Since(start))*int64(rate)/int64(time.Second)))
+		for ; issued < due; issued++ {
 			select {
 			case jobs <- struct{}{}:
 			default:
@@ -857,7 +869,6 @@ loop:
 		}
 	}
 	tick.Stop()
-	end.Stop()
 	close(jobs)
 	wg.Wait()
 	ph.Changes, ph.ChangeErrors = int(applied.Load()), int(failed.Load())
@@ -986,6 +997,7 @@ type meter struct {
 	t0           time.Time
 	exp0, kp0    uint64
 	load0        float64
+	syncs0       [2]float64 // kube-proxy's sync count and duration sum
 	resetFailed  bool
 	resetFailErr error
 }
@@ -1015,6 +1027,7 @@ func (mt *meter) begin() {
 	}
 	r.polled.take("proxyhealth")
 	r.polled.take("kube-proxy")
+	mt.syncs0 = r.kubeProxySyncs()
 	mt.exp0, _ = r.expCG.cpuNS()
 	mt.kp0, _ = r.kpCG.cpuNS()
 	mt.load0 = loadavg1()
@@ -1041,6 +1054,23 @@ func (mt *meter) end(ph *ncPhase) {
 		ph.ExpChildren, ph.KPChildren = ph.ExpPolled, kpPolled
 	}
 	ph.Load1 = [2]float64{mt.load0, loadavg1()}
+	if syncs := r.kubeProxySyncs(); syncs[0] >= mt.syncs0[0] {
+		ph.KPSyncs, ph.KPSyncSeconds = int(syncs[0]-mt.syncs0[0]), syncs[1]-mt.syncs0[1]
+	}
+}
+
+// kubeProxySyncs reads kube-proxy's sync count and total sync time (zero before it answers).
+func (r *ncRun) kubeProxySyncs() [2]float64 {
+	if r.kp == nil {
+		return [2]float64{}
+	}
+	body, err := r.kubeProxyMetrics()
+	if err != nil {
+		return [2]float64{}
+	}
+	n, _ := metric(body, "kubeproxy_sync_proxy_rules_duration_seconds_count")
+	sum, _ := metric(body, "kubeproxy_sync_proxy_rules_duration_seconds_sum")
+	return [2]float64{n, sum}
 }
 
 // childPoll reads the measured cgroups' process lists every 100 ms and remembers the pids

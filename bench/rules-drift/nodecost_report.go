@@ -24,8 +24,8 @@ func (r *ncReport) render() string {
 		b.WriteString("**Smoke size**: the harness works; the figures mean nothing.\n\n")
 	}
 
-	b.WriteString("| mode | phase | s | exporter CPU % | exporter peak MiB | exporter children seen | kube-proxy CPU % | kube-proxy peak MiB | ratio exporter/kube-proxy CPU | max drifted during phase | endpoint changes | scrapes | load avg (1 min) | kube-proxy children |\n")
-	b.WriteString("|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|\n")
+	b.WriteString("| mode | phase | s | exporter CPU % | exporter peak MiB | exporter children seen | kube-proxy CPU % | kube-proxy peak MiB | ratio exporter/kube-proxy CPU | max drifted during phase | endpoint changes | scrapes | load avg (1 min) | kube-proxy syncs (mean s) | kube-proxy children |\n")
+	b.WriteString("|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|---|\n")
 	for _, m := range r.Modes {
 		for _, ph := range m.Phases {
 			name := ph.Name
@@ -33,7 +33,7 @@ func (r *ncReport) render() string {
 				name = fmt.Sprintf("start-up (kube-proxy synced %.0f s, exporter checked %.0f s)", m.KubeProxySynced.Seconds(), m.ExporterChecked.Seconds())
 			}
 			if ph.AllPhases {
-				fmt.Fprintf(&b, "| %s | **%s** | %.0f | | **%.1f** | %s | | %.1f | | %s | | %d | | %d |\n",
+				fmt.Fprintf(&b, "| %s | **%s** | %.0f | | **%.1f** | %s | | %.1f | | %s | | %d | | | %d |\n",
 					m.Mode, name, ph.Wall.Seconds(), bytesMiB(ph.ExpPeak), children(ph.ExpChildren, "", ph.ExpPolled, r.ForkWatch == ""),
 					bytesMiB(ph.KPPeak), num(ph.MaxDrifted, ph.Scrapes), ph.Scrapes, ph.KPChildren)
 				continue
@@ -52,14 +52,18 @@ func (r *ncReport) render() string {
 			case ph.Changes > 0:
 				changes = fmt.Sprint(ph.Changes)
 			}
-			fmt.Fprintf(&b, "| %s | %s | %.0f | %.2f | %.1f | %s | %.2f | %.1f | %s | %s | %s | %d | %.1f → %.1f | %s |\n",
+			syncs := fmt.Sprint(ph.KPSyncs)
+			if ph.KPSyncs > 0 {
+				syncs += fmt.Sprintf(" (%.2f)", ph.KPSyncSeconds/float64(ph.KPSyncs))
+			}
+			fmt.Fprintf(&b, "| %s | %s | %.0f | %.2f | %.1f | %s | %.2f | %.1f | %s | %s | %s | %d | %.1f → %.1f | %s | %s |\n",
 				m.Mode, name, ph.Wall.Seconds(), ph.ExpCPU, bytesMiB(ph.ExpPeak),
 				children(ph.ExpChildren, ph.ExpChildCmds, ph.ExpPolled, r.ForkWatch == ""),
 				ph.KPCPU, bytesMiB(ph.KPPeak), ratio, num(ph.MaxDrifted, ph.Scrapes), changes, ph.Scrapes,
-				ph.Load1[0], ph.Load1[1], children(ph.KPChildren, ph.KPChildCmds, -1, r.ForkWatch == ""))
+				ph.Load1[0], ph.Load1[1], syncs, children(ph.KPChildren, ph.KPChildCmds, -1, r.ForkWatch == ""))
 		}
 		if m.Err != "" && len(m.Phases) == 0 {
-			fmt.Fprintf(&b, "| %s | failed before start-up | | | | | | | | | | | | |\n", m.Mode)
+			fmt.Fprintf(&b, "| %s | failed before start-up | | | | | | | | | | | | | |\n", m.Mode)
 		}
 	}
 	b.WriteString("\n")
@@ -149,8 +153,8 @@ func (r *ncReport) render() string {
 	}
 	fmt.Fprintf(&b, "Both run in one network namespace (the node), the control plane (etcd, kube-apiserver) in another joined by a veth pair; kube-proxy reaches the apiserver through the benchmark's fault proxy, the exporter directly. The exporter is scraped over one kept-alive connection every %s while idle and every %s under churn (its scrape cost is in its figures); an endpoint change is a JSON patch replacing one address of one EndpointSlice, rotating over the Services. ",
 		ncIdleScrape, ncChurnScrape)
-	b.WriteString("The machine's 2 cores are shared with other work (the load average column): CPU figures are noisy, so compare the exporter with kube-proxy within one run and phase rather than across runs.\n\n")
-	fmt.Fprintf(&b, "Exporter: %s, run as `proxyhealth %s` (defaults otherwise).  \n", r.ExporterBuild, strings.Join(append([]string{"--kubeconfig=… --node-name=" + nodeName, "--web.listen-address=" + exporterAddr, "--kubeproxy.log-path=<kube-proxy's log>"}, r.ExporterArgs...), " "))
+	b.WriteString("The machine's cores are shared with other work (the load average column): CPU figures are noisy, so compare the exporter with kube-proxy within one run and phase rather than across runs. Under churn kube-proxy batches every change that arrived during a sync into the next one, so when the machine is busy its syncs are fewer and longer (the syncs column, from its own sync duration histogram) and its CPU share lower than on a quiet machine: a busy machine flatters kube-proxy, not the exporter.\n\n")
+	fmt.Fprintf(&b, "Exporter: %s, run as `XTABLES_LOCKFILE=<the node's> proxyhealth %s` (defaults otherwise; the node's own xtables lock file, shared with its kube-proxy only, since /run/xtables.lock is one for the whole machine).  \n", r.ExporterBuild, strings.Join(append([]string{"--kubeconfig=… --node-name=" + nodeName, "--web.listen-address=" + exporterAddr, "--kubeproxy.log-path=<kube-proxy's log>"}, r.ExporterArgs...), " "))
 	for _, m := range r.Modes {
 		if m.KubeProxyArgs != "" {
 			fmt.Fprintf(&b, "kube-proxy (%s): `%s`.  \n", m.Mode, m.KubeProxyArgs)
