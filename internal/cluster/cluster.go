@@ -55,7 +55,7 @@ type Cluster struct {
 
 type errBox struct{ err error }
 
-// published is the part of a Snapshot computed from the informers' stores.
+// published is the part of a Snapshot computed from the state.
 type published struct {
 	ports      []ServicePort
 	synced     bool

@@ -97,7 +97,7 @@ func appendServicePorts(dst []ServicePort, svc *serviceInfo, endpointSlices []*s
 
 // shouldSkipService is kube-proxy's proxyutil.ShouldSkipService (pkg/proxy/util/utils.go):
 // headless Services (clusterIP None or empty) and ExternalName Services are not proxied. The
-// service-proxy-name label is filtered when listing, as kube-proxy does (see informers.go).
+// service-proxy-name label is filtered when listing, as kube-proxy does (listwatch.go).
 func shouldSkipService(svc *corev1.Service) bool {
 	if svc.Spec.ClusterIP == "" || svc.Spec.ClusterIP == corev1.ClusterIPNone {
 		return true
