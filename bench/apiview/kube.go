@@ -76,6 +76,7 @@ type kubeResult struct {
 	Services, Slices, Endpoints int
 	LocalEndpoints              int
 	ControlPlaneUp, Load        time.Duration
+	Reused                      bool // loaded by an earlier run (--etcd-data)
 	LoadRetries                 int64
 	Etcd, APIServer             memSample
 }
@@ -86,6 +87,7 @@ type kube struct {
 	res        *kubeResult
 	procs      []*proc
 	etcdDir    string
+	keepEtcd   bool
 	gogc       string
 }
 
@@ -96,14 +98,34 @@ func startKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp strin
 	if err := os.MkdirAll(k.dir, 0o700); err != nil {
 		return nil, err
 	}
-	// etcd's data on tmpfs: the load is then bound by the apiserver, not by fsync.
-	if k.etcdDir, err = os.MkdirTemp("/dev/shm", "ph-bench-av-etcd-"); err != nil {
+	// etcd's data on tmpfs: the load is then bound by the apiserver, not by fsync. With
+	// --etcd-data it is kept, and a later run with the same shape skips the load.
+	marker := fmt.Sprintf("%d services x %d endpoints, every %dth local\n", cfg.services, cfg.endpoints, cfg.localEvery)
+	loaded := false
+	if cfg.etcdData != "" {
+		k.etcdDir, k.keepEtcd = cfg.etcdData, true
+		b, err := os.ReadFile(filepath.Join(k.etcdDir, "loaded"))
+		switch {
+		case err == nil && string(b) == marker:
+			loaded = true
+		case err == nil:
+			return nil, fmt.Errorf("--etcd-data %s holds %q, not %q: remove it or pass another", k.etcdDir, strings.TrimSpace(string(b)), strings.TrimSpace(marker))
+		case !os.IsNotExist(err):
+			return nil, err
+		}
+		if ents, _ := os.ReadDir(k.etcdDir); !loaded && len(ents) > 0 {
+			return nil, fmt.Errorf("--etcd-data %s holds an unfinished load: remove it", k.etcdDir)
+		}
+		if err := os.MkdirAll(k.etcdDir, 0o700); err != nil {
+			return nil, err
+		}
+	} else if k.etcdDir, err = os.MkdirTemp("/dev/shm", "ph-bench-av-etcd-"); err != nil {
 		return nil, err
 	}
 	k.ns = newNSName()
 	k.res.NS = k.ns
 	if err := addNS(ctx, k.ns); err != nil {
-		os.RemoveAll(k.etcdDir)
+		k.removeEtcd()
 		return nil, err
 	}
 	if _, err := run(ctx, "ip", "-n", k.ns, "addr", "add", nodeIP+"/32", "dev", "lo"); err != nil {
@@ -184,6 +206,10 @@ func startKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp strin
 	if err != nil {
 		return k, err
 	}
+	if loaded {
+		k.res.ControlPlaneUp = time.Since(t0)
+		return k, k.count(ctx, client, cfg)
+	}
 	if err := createNode(ctx, client); err != nil {
 		return k, err
 	}
@@ -196,7 +222,51 @@ func startKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp strin
 	}
 	k.res.Load = time.Since(t0)
 	logf("loaded in %s", k.res.Load.Round(time.Millisecond))
+	if k.keepEtcd {
+		return k, os.WriteFile(filepath.Join(k.etcdDir, "loaded"), []byte(marker), 0o600)
+	}
 	return k, nil
+}
+
+// count fills in the figures of a load done by an earlier run (--etcd-data).
+func (k *kube) count(ctx context.Context, client kubernetes.Interface, cfg config) error {
+	logf("reusing the Services and EndpointSlices in %s", k.etcdDir)
+	sls, err := client.DiscoveryV1().EndpointSlices("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("counting the EndpointSlices: %w", err)
+	}
+	svcs, err := client.CoreV1().Services("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("counting the Services: %w", err)
+	}
+	k.res.Reused = true
+	for _, s := range svcs.Items {
+		if s.Namespace != "default" {
+			k.res.Services++
+		}
+	}
+	for _, s := range sls.Items {
+		if s.Labels[discoveryv1.LabelManagedBy] != "ph-bench" {
+			continue
+		}
+		k.res.Slices++
+		k.res.Endpoints += len(s.Endpoints)
+		for _, e := range s.Endpoints {
+			if e.NodeName != nil && *e.NodeName == nodeName {
+				k.res.LocalEndpoints++
+			}
+		}
+	}
+	if k.res.Services != cfg.services || k.res.Slices != cfg.services {
+		return fmt.Errorf("--etcd-data %s holds %d Services and %d EndpointSlices, want %d of each", k.etcdDir, k.res.Services, k.res.Slices, cfg.services)
+	}
+	return nil
+}
+
+func (k *kube) removeEtcd() {
+	if !k.keepEtcd {
+		os.RemoveAll(k.etcdDir)
+	}
 }
 
 func (k *kube) start(name string, args ...string) (*proc, error) {
@@ -228,7 +298,7 @@ func (k *kube) stop() {
 			fmt.Fprintln(os.Stderr, err)
 		}
 	}
-	os.RemoveAll(k.etcdDir)
+	k.removeEtcd()
 }
 
 // viewResult is viewrun's output (the same JSON field names).
@@ -265,13 +335,17 @@ type viewResult struct {
 // endpoint. The peak is viewrun's own VmHWM, read by viewrun itself: exec starts a fresh
 // memory map, whereas a child's rusage maxrss would start at the peak of this process, which
 // forked it (the kernel carries the old map's high-water mark into maxrss across exec).
-func (k *kube) runView(ctx context.Context, bin string, cfg config) (viewResult, error) {
+func (k *kube) runView(ctx context.Context, bin, cpuProfile string) (viewResult, error) {
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Minute)
 	defer cancel()
 	var r viewResult
-	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", k.ns, bin,
+	args := []string{"netns", "exec", k.ns, bin,
 		"--kubeconfig", k.kubeconfig, "--node-name", nodeName,
-		"--ports", strconv.Itoa(k.res.Services), "--endpoints", strconv.Itoa(k.res.Endpoints))
+		"--ports", strconv.Itoa(k.res.Services), "--endpoints", strconv.Itoa(k.res.Endpoints)}
+	if cpuProfile != "" {
+		args = append(args, "--cpuprofile", cpuProfile)
+	}
+	cmd := exec.CommandContext(ctx, "ip", args...)
 	cmd.Env = os.Environ()
 	if k.gogc != "" {
 		cmd.Env = append(cmd.Env, "GOGC="+k.gogc)

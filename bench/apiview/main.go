@@ -38,6 +38,8 @@ type config struct {
 	out                 string
 	keepTmp             bool
 	gogc                string
+	etcdData            string
+	profiles            string
 }
 
 func main() { os.Exit(runMain(os.Args[1:])) }
@@ -56,6 +58,8 @@ func runMain(args []string) int {
 	fs.StringVar(&cfg.out, "out", "", "also write the markdown report to this file")
 	fs.BoolVar(&cfg.keepTmp, "keep-tmp", false, "keep the temporary directory (process logs, builds)")
 	fs.StringVar(&cfg.gogc, "gogc", "", "GOGC for viewrun (default: unset, Go's 100, as the exporter runs)")
+	fs.StringVar(&cfg.profiles, "profiles", "", "write each run's CPU profile until sync into this directory (viewrun-<build>-<run>.pprof, build 0 being --base when given)")
+	fs.StringVar(&cfg.etcdData, "etcd-data", "", "keep etcd's data in this directory (on /dev/shm, say), and reuse it when a run of the same shape loaded it: skips the load")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -173,9 +177,13 @@ func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
 		return rep, err
 	}
 	for i := range cfg.reps {
-		for _, b := range builds {
+		for j, b := range builds {
 			logf("run %d of %s", i+1, b.Name)
-			r, err := k.runView(ctx, b.Bin, cfg)
+			profile := ""
+			if cfg.profiles != "" {
+				profile = filepath.Join(cfg.profiles, fmt.Sprintf("viewrun-%d-%d.pprof", j, i+1))
+			}
+			r, err := k.runView(ctx, b.Bin, profile)
 			if err != nil {
 				return rep, fmt.Errorf("%s: %w", b.Name, err)
 			}

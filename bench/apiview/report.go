@@ -50,13 +50,18 @@ func (r *report) render() string {
 	fmt.Fprintf(&b, "## API view alone at %d services x %d endpoints\n\n", r.cfg.services, r.cfg.endpoints)
 	fmt.Fprintf(&b, "%s, Linux %s, %s (%d cores), commit %s. `%s`\n\n", r.Date, r.Kernel, r.CPU, r.Cores, r.Commit, r.Cmdline)
 	k := r.Kube
-	if k == nil || k.Load == 0 {
+	if k == nil || (k.Load == 0 && !k.Reused) {
 		b.WriteString("The control plane failed before the load ended.\n")
 		return b.String()
 	}
 	fmt.Fprintf(&b, "etcd and kube-apiserver %s in namespace %s (loopback, token auth), up in %.1f s. ", r.Version, k.NS, k.ControlPlaneUp.Seconds())
-	fmt.Fprintf(&b, "Loaded %d Services and %d EndpointSlices (%d ready endpoints, %d of them on this node) with %d parallel clients in %.1f s (%d retried calls).\n\n",
-		k.Services, k.Slices, k.Endpoints, k.LocalEndpoints, r.cfg.workers, k.Load.Seconds(), k.LoadRetries)
+	if k.Reused {
+		fmt.Fprintf(&b, "%d Services and %d EndpointSlices (%d ready endpoints, %d of them on this node), loaded by an earlier run into etcd's data in %s.\n\n",
+			k.Services, k.Slices, k.Endpoints, k.LocalEndpoints, r.cfg.etcdData)
+	} else {
+		fmt.Fprintf(&b, "Loaded %d Services and %d EndpointSlices (%d ready endpoints, %d of them on this node) with %d parallel clients in %.1f s (%d retried calls).\n\n",
+			k.Services, k.Slices, k.Endpoints, k.LocalEndpoints, r.cfg.workers, k.Load.Seconds(), k.LoadRetries)
+	}
 	b.WriteString("Each figure is the median of the runs, with the range when there are several. The peak is the process's VmHWM, read by itself once the view held every service port and endpoint and 5 s more had passed; ")
 	b.WriteString("the floor is its VmRSS before the view started (binary, runtime, client-go's package state); the live heap is HeapAlloc after a forced collection.\n\n")
 	b.WriteString("| build | runs | peak RSS (VmHWM) MiB | RSS at sync MiB | floor RSS MiB | heap in use at sync MiB | live heap after sync MiB | allocated until sync MiB | sync s | GCs |\n")

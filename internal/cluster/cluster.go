@@ -56,7 +56,7 @@ type Cluster struct {
 
 type errBox struct{ err error }
 
-// published is the part of a Snapshot computed from the informers' stores.
+// published is the part of a Snapshot computed from the state.
 type published struct {
 	ports      []ServicePort
 	synced     bool
@@ -271,12 +271,18 @@ func (c *Cluster) recomputeLoop(ctx context.Context) {
 
 // recompute recomputes the Services that changed and publishes a new snapshot: the previous
 // one's ports of the other Services, and the changed ones' new ports.
+//
+// Nothing is computed until every kind has been listed: a partial view is of no use
+// (consumers wait for Synced, and Fresh needs it), and computing one on the way costs
+// memory at the initial list's peak. The view's sync marks every Service, so the changes
+// dropped until then are all recomputed.
 func (c *Cluster) recompute() {
-	synced := c.st.hasSynced()
 	c.mu.Lock()
 	dirty, all := c.dirty, c.allDirty
 	c.dirty, c.allDirty = map[objKey]struct{}{}, false
 	c.mu.Unlock()
+	// Read after taking the changes: the sync's own marks then come with it or after it.
+	synced := c.st.hasSynced()
 
 	zone, found := c.st.thisNode()
 	if zone != c.zone {
@@ -288,6 +294,9 @@ func (c *Cluster) recompute() {
 		c.nodeSeen = true // warn once
 	}
 	c.nodeSeen = c.nodeSeen || found
+	if !synced {
+		return
+	}
 
 	prev := c.state.Load()
 	var keys []objKey
@@ -302,11 +311,11 @@ func (c *Cluster) recompute() {
 		}
 		keys = slices.Collect(maps.Keys(dirty))
 	}
-	node := newThisNode(c.cfg.NodeName, c.zone)
-	var fresh []ServicePort
+	node := thisNode{name: c.cfg.NodeName, zone: c.zone}
+	fresh := make([]ServicePort, 0, len(keys)) // most Services have one port
 	for _, key := range keys {
 		if svc, endpointSlices := c.st.service(key); svc != nil {
-			fresh = append(fresh, servicePorts(svc, endpointSlices, node)...)
+			fresh = appendServicePorts(fresh, svc, endpointSlices, node)
 		}
 	}
 	var ports []ServicePort

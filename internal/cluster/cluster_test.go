@@ -293,15 +293,15 @@ func TestCompactFormsKeepWhatServicePortsReads(t *testing.T) {
 	}
 	csvc := transform(kindService, transform(kindService, svc.DeepCopy())).(*serviceInfo)
 	csl := transform(kindSlice, transform(kindSlice, sl.DeepCopy())).(*sliceInfo)
-	got := servicePorts(csvc, []*sliceInfo{csl}, newThisNode("node-a", "zone-a"))
+	got := servicePorts(csvc, []*sliceInfo{csl}, thisNode{name: "node-a", zone: "zone-a"})
 	if fmt.Sprintf("%+v", want) != fmt.Sprintf("%+v", got) {
 		t.Errorf("the compact forms changed the result:\nfrom the API objects %+v\nfrom compact forms   %+v", want, got)
 	}
 	if len(csl.endpoints) != 4 || len(csl.ports) != 1 || !slices.Equal(csl.ports[0].addrs, addrs("10.0.1.1:8080", "10.0.1.2:8080", "10.0.1.3:8080", "10.0.1.4:8080")) {
 		t.Errorf("compact slice %+v, want the four endpoints that parse, the first address of each, sorted", csl)
 	}
-	if a := csl.endpoints; a[2].attrs != a[3].attrs || a[1].attrs == a[2].attrs || a[2].attrs.terminating || !a[1].attrs.terminating {
-		t.Errorf("endpoint attributes %+v %+v %+v: want the two alike shared, the terminating one apart", *a[1].attrs, *a[2].attrs, *a[3].attrs)
+	if a := csl.endpoints; a[2] != a[3] || a[1] == a[2] || a[2].terminating || !a[1].terminating || !a[0].local || a[1].local {
+		t.Errorf("endpoint attributes %+v %+v %+v %+v: want the first local, the last two alike shared, the terminating one apart", *a[0], *a[1], *a[2], *a[3])
 	}
 	n := transform(kindNode, transform(kindNode, node("node-a", "zone-a"))).(*nodeInfo)
 	if *n != (nodeInfo{name: "node-a", zone: "zone-a"}) {

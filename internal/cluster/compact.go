@@ -41,8 +41,11 @@ type serviceInfo struct {
 	skip, otherProxy bool
 	internalLocal    bool // internalTrafficPolicy: Local
 	externalLocal    bool // externalTrafficPolicy: Local on an externally accessible type
-	families         []familyInfo
-	ports            []servicePortInfo
+	// families and clusterIPs are per IP family the Service has, primary first; clusterIPs
+	// is what each of its ServicePorts publishes as ClusterIPs.
+	families   []familyInfo
+	clusterIPs []netip.Addr
+	ports      []servicePortInfo
 }
 
 type servicePortInfo struct {
@@ -63,8 +66,9 @@ type sliceInfo struct {
 	ports []slicePortInfo
 	// endpoints holds only endpoints whose first address parses (kube-proxy uses only that
 	// one, and cannot program the others), sorted by that address; endpoints listed twice
-	// keep their order. Each port's addrs are the same endpoints' addresses with its number.
-	endpoints []endpointInfo
+	// keep their order. Each port's addrs are the same endpoints' addresses with its number;
+	// endpoints[i] is endpoint i's attributes.
+	endpoints []*endpointAttrs
 }
 
 // serviceKey is the key of the Service the slice belongs to (endpointSliceCacheKeys).
@@ -78,23 +82,23 @@ type slicePortInfo struct {
 	addrs []netip.AddrPort
 }
 
-// endpointInfo is one endpoint of a slice, without its address (see slicePortInfo.addrs).
-type endpointInfo struct {
-	node  unique.Handle[string] // zero when the endpoint names no node
-	attrs *endpointAttrs
-}
-
-// endpointAttrs are an endpoint's conditions, defaulted as the API documents them (nil ready
-// or serving means true, nil terminating false), and its topology hints. Endpoints with the
-// same ones share a copy: readyAttrs for the usual ready endpoint without hints, else one per
-// slice (the EndpointSlice controller hints each endpoint with its own zone, so a slice holds
-// a few distinct sets however many endpoints it has).
+// endpointAttrs are what kube-proxy reads of an endpoint besides its address: whether it is
+// on this node (EndpointSliceCache.isLocal: its nodeName is this node's; the view's node
+// never changes, so this is decided once, when the slice is converted), its conditions,
+// defaulted as the API documents them (nil ready or serving means true, nil terminating
+// false), and its topology hints. Endpoints with the same attributes share a copy: the
+// package's own for the usual ready endpoints without hints, else one per slice (the
+// EndpointSlice controller hints each endpoint with its own zone, so a slice holds a few
+// distinct sets however many endpoints it has).
 type endpointAttrs struct {
-	ready, serving, terminating bool
-	zones, nodes                []string // nil when there is no hint of that kind
+	local, ready, serving, terminating bool
+	zones, nodes                       []string // nil when there is no hint of that kind
 }
 
-var readyAttrs = &endpointAttrs{ready: true, serving: true}
+var (
+	readyAttrs      = &endpointAttrs{ready: true, serving: true}
+	readyLocalAttrs = &endpointAttrs{local: true, ready: true, serving: true}
+)
 
 // nodeInfo is this node: only its zone label matters (topology hints).
 type nodeInfo struct {

@@ -27,12 +27,12 @@ func toServiceInfo(obj any) (*serviceInfo, error) {
 	return nil, fmt.Errorf("expected a Service, got %T", obj)
 }
 
-func toSliceInfo(obj any) (*sliceInfo, error) {
+func toSliceInfo(obj any, nodeName string) (*sliceInfo, error) {
 	switch o := obj.(type) {
 	case *sliceInfo:
 		return o, nil
 	case *discoveryv1.EndpointSlice:
-		return newSliceInfo(o), nil
+		return newSliceInfo(o, nodeName), nil
 	}
 	return nil, fmt.Errorf("expected an EndpointSlice, got %T", obj)
 }
@@ -57,7 +57,7 @@ func newServiceInfo(svc *corev1.Service) *serviceInfo {
 	if s.skip || otherProxy {
 		return s // nothing else is read: keep the tombstone small
 	}
-	s.families = clusterIPsByFamily(svc)
+	s.families, s.clusterIPs = clusterIPsByFamily(svc)
 	s.internalLocal = svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
 	s.externalLocal = externallyAccessibleType(svc) && svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
 	s.ports = make([]servicePortInfo, len(svc.Spec.Ports))
@@ -73,9 +73,9 @@ func newServiceInfo(svc *corev1.Service) *serviceInfo {
 }
 
 // newSliceInfo keeps what EndpointSliceCache.addEndpoints (pkg/proxy/endpointslicecache.go)
-// reads of a slice: usable ports, and per endpoint its first address, conditions, node and
-// hints.
-func newSliceInfo(sl *discoveryv1.EndpointSlice) *sliceInfo {
+// reads of a slice: usable ports, and per endpoint its first address, whether it is on the
+// node nodeName, its conditions and its hints.
+func newSliceInfo(sl *discoveryv1.EndpointSlice, nodeName string) *sliceInfo {
 	_, headless := sl.Labels[corev1.IsHeadlessService]
 	s := &sliceInfo{
 		key:         keyOf(sl.Namespace, sl.Name),
@@ -100,13 +100,11 @@ func newSliceInfo(sl *discoveryv1.EndpointSlice) *sliceInfo {
 	// Stable: of two copies of an address, the later one wins (endpointsByPort).
 	slices.SortStableFunc(eps, func(a, b parsed) int { return a.addr.Compare(b.addr) })
 
-	s.endpoints = make([]endpointInfo, len(eps))
-	shared := map[attrsKey]*endpointAttrs{}
+	s.endpoints = make([]*endpointAttrs, len(eps))
+	var shared map[attrsKey]*endpointAttrs // the slice's own sets, made when one is needed
 	for i, p := range eps {
-		s.endpoints[i].attrs = sharedAttrs(shared, p.e)
-		if p.e.NodeName != nil {
-			s.endpoints[i].node = unique.Make(*p.e.NodeName)
-		}
+		local := nodeName != "" && p.e.NodeName != nil && *p.e.NodeName == nodeName
+		s.endpoints[i] = sharedAttrs(&shared, p.e, local)
 	}
 	for _, p := range sl.Ports {
 		if p.Name == nil || p.Port == nil || *p.Port <= 0 || *p.Port > 65535 {
@@ -127,14 +125,15 @@ func newSliceInfo(sl *discoveryv1.EndpointSlice) *sliceInfo {
 
 // attrsKey identifies an endpointAttrs within a slice.
 type attrsKey struct {
-	ready, serving, terminating bool
-	hints                       string
+	local, ready, serving, terminating bool
+	hints                              string
 }
 
 // sharedAttrs returns the attributes of e, shared with the slice's other endpoints that have
-// the same (seen holds the slice's sets so far).
-func sharedAttrs(seen map[attrsKey]*endpointAttrs, e *discoveryv1.Endpoint) *endpointAttrs {
+// the same (*seen holds the slice's sets so far; it is made on first use).
+func sharedAttrs(seen *map[attrsKey]*endpointAttrs, e *discoveryv1.Endpoint, local bool) *endpointAttrs {
 	k := attrsKey{
+		local:       local,
 		ready:       e.Conditions.Ready == nil || *e.Conditions.Ready,
 		serving:     e.Conditions.Serving == nil || *e.Conditions.Serving,
 		terminating: e.Conditions.Terminating != nil && *e.Conditions.Terminating,
@@ -147,6 +146,9 @@ func sharedAttrs(seen map[attrsKey]*endpointAttrs, e *discoveryv1.Endpoint) *end
 		zones, nodes = e.Hints.ForZones, e.Hints.ForNodes
 	}
 	if len(zones) == 0 && len(nodes) == 0 && k.ready && k.serving && !k.terminating {
+		if local {
+			return readyLocalAttrs
+		}
 		return readyAttrs
 	}
 	var hk strings.Builder
@@ -160,17 +162,20 @@ func sharedAttrs(seen map[attrsKey]*endpointAttrs, e *discoveryv1.Endpoint) *end
 		hk.WriteByte(0)
 	}
 	k.hints = hk.String()
-	if a, ok := seen[k]; ok {
+	if a, ok := (*seen)[k]; ok {
 		return a
 	}
-	a := &endpointAttrs{ready: k.ready, serving: k.serving, terminating: k.terminating}
+	if *seen == nil {
+		*seen = map[attrsKey]*endpointAttrs{}
+	}
+	a := &endpointAttrs{local: k.local, ready: k.ready, serving: k.serving, terminating: k.terminating}
 	for _, z := range zones {
 		a.zones = append(a.zones, unique.Make(z.Name).Value())
 	}
 	for _, n := range nodes {
 		a.nodes = append(a.nodes, unique.Make(n.Name).Value())
 	}
-	seen[k] = a
+	(*seen)[k] = a
 	return a
 }
 

@@ -21,42 +21,38 @@ import (
 func ServicePorts(svc *corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, nodeName, zone string) []ServicePort {
 	slices := make([]*sliceInfo, len(endpointSlices))
 	for i, s := range endpointSlices {
-		slices[i] = newSliceInfo(s)
+		slices[i] = newSliceInfo(s, nodeName)
 	}
-	return servicePorts(newServiceInfo(svc), slices, newThisNode(nodeName, zone))
+	return servicePorts(newServiceInfo(svc), slices, thisNode{name: nodeName, zone: zone})
 }
 
-// thisNode is the node the expected endpoints are computed for.
+// thisNode is the node the expected endpoints are computed for. Which endpoints are on it
+// was decided when the slices were converted, for the same name.
 type thisNode struct {
-	name   string
-	handle unique.Handle[string] // zero when name is "": no endpoint is then local
-	zone   string                // "" when the node has no zone label
-}
-
-func newThisNode(name, zone string) thisNode {
-	n := thisNode{name: name, zone: zone}
-	if name != "" {
-		n.handle = unique.Make(name)
-	}
-	return n
+	name string
+	zone string // "" when the node has no zone label
 }
 
 // servicePorts is ServicePorts on the compact forms.
+func servicePorts(svc *serviceInfo, endpointSlices []*sliceInfo, node thisNode) []ServicePort {
+	return appendServicePorts(nil, svc, endpointSlices, node)
+}
+
+// appendServicePorts appends svc's ports to dst, as servicePorts computes them.
 //
 // kube-proxy runs one proxier per IP family, each seeing only its family's cluster IP and
 // EndpointSlices of its address type; topology hints and the terminating fallback are
 // therefore decided per family, and the families' results are listed together here.
-func servicePorts(svc *serviceInfo, endpointSlices []*sliceInfo, node thisNode) []ServicePort {
+func appendServicePorts(dst []ServicePort, svc *serviceInfo, endpointSlices []*sliceInfo, node thisNode) []ServicePort {
 	if svc.skip || len(svc.families) == 0 {
-		return nil
+		return dst
 	}
 	families := svc.families
 	endpointsByFamily := make([]map[portKey]*portSet, len(families))
 	for i, f := range families {
-		endpointsByFamily[i] = endpointsByPort(svc, endpointSlices, f.family, node)
+		endpointsByFamily[i] = endpointsByPort(svc, endpointSlices, f.family)
 	}
 	namespace := svc.key.namespace.Value()
-	ports := make([]ServicePort, 0, len(svc.ports))
 	for _, p := range svc.ports {
 		sp := ServicePort{
 			Name: ServicePortName{
@@ -68,11 +64,10 @@ func servicePorts(svc *serviceInfo, endpointSlices []*sliceInfo, node thisNode) 
 			Port:          p.port,
 			InternalLocal: svc.internalLocal,
 			ExternalLocal: svc.externalLocal,
-			ClusterIPs:    make([]netip.Addr, 0, len(families)),
+			ClusterIPs:    svc.clusterIPs, // shared by the Service's ports, never modified
 		}
 		var only []netip.AddrPort
 		for i, f := range families {
-			sp.ClusterIPs = append(sp.ClusterIPs, f.clusterIP)
 			policy := trafficPolicy{
 				internalLocal:        svc.internalLocal,
 				externalLocal:        svc.externalLocal,
@@ -83,25 +78,26 @@ func servicePorts(svc *serviceInfo, endpointSlices []*sliceInfo, node thisNode) 
 				eps, only = set.eps, set.only
 			}
 			cluster, local := categorizeEndpoints(eps, policy, node.name, node.zone)
-			sp.ClusterEndpoints = appendAddrs(sp.ClusterEndpoints, cluster)
+			if len(families) == 1 && sameAddrs(cluster, only) {
+				// Usually every endpoint of the port's one slice is in the cluster chain:
+				// publish the slice's own sorted list rather than a copy of it (both are
+				// immutable).
+				sp.ClusterEndpoints = only
+			} else {
+				sp.ClusterEndpoints = appendAddrs(sp.ClusterEndpoints, cluster)
+			}
 			sp.LocalEndpoints = appendAddrs(sp.LocalEndpoints, local)
 		}
 		sp.ClusterEndpoints = sortAddrs(sp.ClusterEndpoints)
 		sp.LocalEndpoints = sortAddrs(sp.LocalEndpoints)
-		// Usually every endpoint of the port's one slice is in the cluster chain: publish the
-		// slice's own list rather than a copy of it (both are immutable). Only one family can
-		// have contributed then.
-		if len(families) == 1 && len(only) > 0 && slices.Equal(sp.ClusterEndpoints, only) {
-			sp.ClusterEndpoints = only
-		}
-		ports = append(ports, sp)
+		dst = append(dst, sp)
 	}
-	return ports
+	return dst
 }
 
 // shouldSkipService is kube-proxy's proxyutil.ShouldSkipService (pkg/proxy/util/utils.go):
 // headless Services (clusterIP None or empty) and ExternalName Services are not proxied. The
-// service-proxy-name label is filtered when listing, as kube-proxy does (see informers.go).
+// service-proxy-name label is filtered when listing, as kube-proxy does (listwatch.go).
 func shouldSkipService(svc *corev1.Service) bool {
 	if svc.Spec.ClusterIP == "" || svc.Spec.ClusterIP == corev1.ClusterIPNone {
 		return true
@@ -121,10 +117,9 @@ func externallyAccessibleType(svc *corev1.Service) bool {
 	return false
 }
 
-// familyInfo is what one family's proxier knows about a Service.
+// familyInfo is what one family's proxier knows about a Service besides its cluster IP.
 type familyInfo struct {
-	family    corev1.IPFamily
-	clusterIP netip.Addr
+	family corev1.IPFamily
 	// Whether the Service has external IPs or VIP-mode load-balancer ingress IPs of this
 	// family (newBaseServiceInfo filters both by family; ExternallyAccessible reads them).
 	externalIPs      bool
@@ -134,14 +129,13 @@ type familyInfo struct {
 // clusterIPsByFamily is proxyutil.GetClusterIPByFamily applied to each family, in the
 // Service's own family order (primary first); a family whose cluster IP does not parse is
 // left out, as kube-proxy could not program it either.
-func clusterIPsByFamily(svc *corev1.Service) []familyInfo {
-	var out []familyInfo
+func clusterIPsByFamily(svc *corev1.Service) (out []familyInfo, clusterIPs []netip.Addr) {
 	add := func(family corev1.IPFamily, ip string) {
 		addr, ok := parseIP(ip)
 		if !ok || familyOf(addr) != family {
 			return
 		}
-		fi := familyInfo{family: familyOf(addr), clusterIP: addr} // the constant, not the decoded string
+		fi := familyInfo{family: familyOf(addr)} // the constant, not the decoded string
 		for _, e := range svc.Spec.ExternalIPs {
 			if a, ok := parseIP(e); ok && familyOf(a) == family {
 				fi.externalIPs = true
@@ -156,20 +150,21 @@ func clusterIPsByFamily(svc *corev1.Service) []familyInfo {
 			}
 		}
 		out = append(out, fi)
+		clusterIPs = append(clusterIPs, addr)
 	}
 	if len(svc.Spec.IPFamilies) == 0 {
 		// Before dual-stack fields were set (version skew): the single ClusterIP's family.
 		if addr, ok := parseIP(svc.Spec.ClusterIP); ok {
 			add(familyOf(addr), svc.Spec.ClusterIP)
 		}
-		return out
+		return out, clusterIPs
 	}
 	for i, family := range svc.Spec.IPFamilies {
 		if i < len(svc.Spec.ClusterIPs) {
 			add(family, svc.Spec.ClusterIPs[i])
 		}
 	}
-	return out
+	return out, clusterIPs
 }
 
 // portKey is kube-proxy's ServicePortName without the Service: endpoints belong to the
@@ -192,7 +187,7 @@ type portKey struct {
 // IP) keeps the later copy unless that one is terminating. kube-proxy visits slices in map
 // order, so which copy is "later" is random there; slices are visited by name here so the
 // result is at least stable. The difference lasts until the slices agree again.
-func endpointsByPort(svc *serviceInfo, endpointSlices []*sliceInfo, family corev1.IPFamily, node thisNode) map[portKey]*portSet {
+func endpointsByPort(svc *serviceInfo, endpointSlices []*sliceInfo, family corev1.IPFamily) map[portKey]*portSet {
 	addressType := discoveryv1.AddressTypeIPv4
 	if family == corev1.IPv6Protocol {
 		addressType = discoveryv1.AddressTypeIPv6
@@ -206,51 +201,90 @@ func endpointsByPort(svc *serviceInfo, endpointSlices []*sliceInfo, family corev
 	}
 	slices.SortFunc(ordered, func(a, b *sliceInfo) int { return cmp.Compare(a.key.name, b.key.name) })
 
-	sets := map[portKey]*portSet{}
+	sets := make(map[portKey]*portSet, 1)
 	for _, s := range ordered {
 		for _, port := range s.ports {
 			key := portKey{port.name, port.protocol}
 			set := sets[key]
 			if set == nil {
-				set = &portSet{index: make(map[netip.AddrPort]int, len(port.addrs)), only: port.addrs}
+				set = &portSet{eps: make([]endpoint, 0, len(port.addrs)), only: port.addrs}
 				sets[key] = set
 			} else {
-				set.only = nil
+				set.addSource()
 			}
 			for i, addr := range port.addrs {
-				ep := newEndpoint(addr, &s.endpoints[i], node)
-				if j, exists := set.index[ep.addr]; exists {
-					if !ep.terminating {
-						set.eps[j] = ep
-					}
-					continue
-				}
-				set.index[ep.addr] = len(set.eps)
-				set.eps = append(set.eps, ep)
+				set.add(newEndpoint(addr, s.endpoints[i]))
 			}
 		}
 	}
 	return sets
 }
 
-// portSet is one service port's endpoints in one family. When a single slice contributed
-// them, only is that slice's (sorted) address list for the port.
+// portSet is one service port's endpoints in one family, deduplicated by address.
 type portSet struct {
-	eps   []endpoint
-	index map[netip.AddrPort]int
+	eps []endpoint
+	// only is the single slice's (sorted) address list for the port while one slice has
+	// contributed, and its copies of an address are then next to each other; index, built
+	// once a second slice contributes, finds them anywhere.
 	only  []netip.AddrPort
+	index map[netip.AddrPort]int
+}
+
+// addSource readies the set for a second (or later) slice.
+func (p *portSet) addSource() {
+	if p.index != nil {
+		return
+	}
+	p.only = nil
+	p.index = make(map[netip.AddrPort]int, 2*len(p.eps))
+	for i, ep := range p.eps {
+		p.index[ep.addr] = i
+	}
+}
+
+// add adds ep; of two copies of an address the later one wins, unless it is terminating.
+func (p *portSet) add(ep endpoint) {
+	j, exists := -1, false
+	if p.index != nil {
+		j, exists = p.index[ep.addr]
+	} else if n := len(p.eps); n > 0 && p.eps[n-1].addr == ep.addr {
+		j, exists = n-1, true
+	}
+	if exists {
+		if !ep.terminating {
+			p.eps[j] = ep
+		}
+		return
+	}
+	if p.index != nil {
+		p.index[ep.addr] = len(p.eps)
+	}
+	p.eps = append(p.eps, ep)
+}
+
+// sameAddrs reports whether eps are exactly the addresses addrs, in order.
+func sameAddrs(eps []endpoint, addrs []netip.AddrPort) bool {
+	if len(addrs) == 0 || len(eps) != len(addrs) {
+		return false
+	}
+	for i, ep := range eps {
+		if ep.addr != addrs[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // newEndpoint is the body of addEndpoints' loop for one endpoint and port.
-func newEndpoint(addr netip.AddrPort, e *endpointInfo, node thisNode) endpoint {
+func newEndpoint(addr netip.AddrPort, a *endpointAttrs) endpoint {
 	return endpoint{
 		addr:        addr,
-		local:       node.name != "" && e.node == node.handle, // EndpointSliceCache.isLocal
-		ready:       e.attrs.ready,
-		serving:     e.attrs.serving,
-		terminating: e.attrs.terminating,
-		zoneHints:   e.attrs.zones,
-		nodeHints:   e.attrs.nodes,
+		local:       a.local,
+		ready:       a.ready,
+		serving:     a.serving,
+		terminating: a.terminating,
+		zoneHints:   a.zones,
+		nodeHints:   a.nodes,
 	}
 }
 

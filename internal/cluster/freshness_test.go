@@ -17,7 +17,7 @@ import (
 	"time"
 )
 
-// fakeAPIServer answers just enough of the API for the informers and the probe: empty lists,
+// fakeAPIServer answers just enough of the API for the reflectors and the probe: empty lists,
 // watches that stay open and silent (a quiet cluster), and /version. While hung, every new
 // request waits without an answer, like a dead HTTP/2 connection (incident 3).
 type fakeAPIServer struct {

@@ -62,13 +62,14 @@ func listOptions(k kind, nodeName string) func(*metav1.ListOptions) {
 	}
 }
 
-// newListWatch lists and watches kind k through rc.
-func newListWatch(rc resourceClient, k kind, nodeName string, noWatchList bool) cache.ListerWatcher {
+// newListWatch lists and watches kind k through rc; convert turns the objects of a paged
+// list into their compact form (the store's Transformer).
+func newListWatch(rc resourceClient, k kind, nodeName string, noWatchList bool, convert cache.TransformFunc) cache.ListerWatcher {
 	tweak := listOptions(k, nodeName)
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
 			tweak(&opts)
-			return pagedList(ctx, rc, k, opts)
+			return pagedList(ctx, rc, convert, opts)
 		},
 		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 			tweak(&opts)
@@ -87,7 +88,7 @@ func (s watchListSupport) IsWatchListSemanticsUnSupported() bool { return !bool(
 // pagedList lists in pages of listPageSize at the most recent resource version and returns
 // the objects in compact form. Continuing a list whose version has been compacted away fails
 // with "expired"; the reflector then lists again from the start.
-func pagedList(ctx context.Context, rc resourceClient, k kind, opts metav1.ListOptions) (runtime.Object, error) {
+func pagedList(ctx context.Context, rc resourceClient, convert cache.TransformFunc, opts metav1.ListOptions) (runtime.Object, error) {
 	opts.ResourceVersion, opts.ResourceVersionMatch = "", ""
 	opts.Limit, opts.Continue = listPageSize, ""
 	out := &compactList{}
@@ -97,7 +98,7 @@ func pagedList(ctx context.Context, rc resourceClient, k kind, opts metav1.ListO
 			return nil, err
 		}
 		err = meta.EachListItem(page, func(obj runtime.Object) error {
-			c, err := convert(k, obj)
+			c, err := convert(obj)
 			if err != nil {
 				return err
 			}

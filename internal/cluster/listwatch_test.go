@@ -34,7 +34,7 @@ func TestPagedListConvertsPageByPage(t *testing.T) {
 			return l, nil
 		},
 	}
-	lw := newListWatch(rc, kindSlice, "node-a", true)
+	lw := newListWatch(rc, kindSlice, "node-a", true, kindStore{newState("node-a"), kindSlice}.Transformer())
 	obj, err := lw.(cache.ListerWatcherWithContext).ListWithContext(context.Background(), metav1.ListOptions{ResourceVersion: "0", Limit: 0})
 	if err != nil {
 		t.Fatal(err)
@@ -63,7 +63,7 @@ func TestPagedListConvertsPageByPage(t *testing.T) {
 	failing := resourceClient{list: func(context.Context, metav1.ListOptions) (runtime.Object, error) {
 		return nil, errors.New("refused")
 	}}
-	if _, err := pagedList(context.Background(), failing, kindSlice, metav1.ListOptions{}); err == nil || !strings.Contains(err.Error(), "refused") {
+	if _, err := pagedList(context.Background(), failing, kindStore{newState("node-a"), kindSlice}.Transformer(), metav1.ListOptions{}); err == nil || !strings.Contains(err.Error(), "refused") {
 		t.Errorf("a failed page: %v, want its error", err)
 	}
 }
@@ -90,7 +90,7 @@ func TestListWatchSelectors(t *testing.T) {
 				return watch.NewEmptyWatch(), nil
 			},
 		}
-		lw := newListWatch(rc, tc.kind, "node-a", false).(cache.ListerWatcherWithContext)
+		lw := newListWatch(rc, tc.kind, "node-a", false, kindStore{newState("node-a"), tc.kind}.Transformer()).(cache.ListerWatcherWithContext)
 		if _, err := lw.ListWithContext(context.Background(), metav1.ListOptions{}); err != nil {
 			t.Fatal(err)
 		}

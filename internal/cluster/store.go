@@ -33,23 +33,29 @@ type state struct {
 	heard   func()
 	synced  func()
 
-	mu        sync.Mutex
-	services  map[objKey]*serviceInfo
-	slices    map[objKey]*sliceInfo
-	byService map[objKey][]*sliceInfo
-	node      *nodeInfo // nil until this node is seen
-	listed    [numKinds]bool
+	mu       sync.Mutex
+	services map[objKey]*serviceEntry
+	slices   map[objKey]*sliceInfo // by the slice's own key, for updates and deletes
+	node     *nodeInfo             // nil until this node is seen
+	listed   [numKinds]bool
+}
+
+// serviceEntry is what one Service key has: the Service, and the slices that name it (by
+// their kubernetes.io/service-name label). Either may come first; an entry with neither is
+// removed.
+type serviceEntry struct {
+	svc    *serviceInfo // nil while the Service is not kept (not seen yet, deleted, or not programmed)
+	slices []*sliceInfo
 }
 
 func newState(nodeName string) *state {
 	return &state{
-		nodeName:  nodeName,
-		changed:   func(objKey, bool) {},
-		heard:     func() {},
-		synced:    func() {},
-		services:  map[objKey]*serviceInfo{},
-		slices:    map[objKey]*sliceInfo{},
-		byService: map[objKey][]*sliceInfo{},
+		nodeName: nodeName,
+		changed:  func(objKey, bool) {},
+		heard:    func() {},
+		synced:   func() {},
+		services: map[objKey]*serviceEntry{},
+		slices:   map[objKey]*sliceInfo{},
 	}
 }
 
@@ -69,16 +75,16 @@ func (s *state) allListed() bool {
 	return true
 }
 
-// service returns a Service and its slices (a copy of the index's list), or nil when the
-// Service is not programmed.
+// service returns a Service and its slices (a copy of the list), or nil when the Service is
+// not kept.
 func (s *state) service(key objKey) (*serviceInfo, []*sliceInfo) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	svc := s.services[key]
-	if svc == nil {
+	e := s.services[key]
+	if e == nil || e.svc == nil {
 		return nil, nil
 	}
-	return svc, slices.Clone(s.byService[key])
+	return e.svc, slices.Clone(e.slices)
 }
 
 // serviceKeys lists the Services kept.
@@ -86,8 +92,10 @@ func (s *state) serviceKeys() []objKey {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	keys := make([]objKey, 0, len(s.services))
-	for k := range s.services {
-		keys = append(keys, k)
+	for k, e := range s.services {
+		if e.svc != nil {
+			keys = append(keys, k)
+		}
 	}
 	return keys
 }
@@ -119,21 +127,39 @@ func (s *state) kept(obj any) bool {
 	return false
 }
 
+// entry returns key's entry, creating it. The caller holds mu.
+func (s *state) entry(key objKey) *serviceEntry {
+	e := s.services[key]
+	if e == nil {
+		e = &serviceEntry{}
+		s.services[key] = e
+	}
+	return e
+}
+
+// prune removes key's entry once it holds nothing. The caller holds mu.
+func (s *state) prune(key objKey, e *serviceEntry) {
+	if e.svc == nil && len(e.slices) == 0 {
+		delete(s.services, key)
+	}
+}
+
 // put adds or replaces one object. The caller holds mu.
 func (s *state) put(k kind, obj any) {
 	switch o := obj.(type) {
 	case *serviceInfo:
 		s.removeLocked(k, o.key)
 		if s.kept(o) {
-			s.services[o.key] = o
+			s.entry(o.key).svc = o
+			s.changed(o.key, false)
 		}
-		s.changed(o.key, false)
 	case *sliceInfo:
 		s.removeLocked(k, o.key)
 		if s.kept(o) {
 			s.slices[o.key] = o
 			sk := o.serviceKey()
-			s.byService[sk] = append(s.byService[sk], o)
+			e := s.entry(sk)
+			e.slices = append(e.slices, o)
 			s.changed(sk, false)
 		}
 	case *nodeInfo:
@@ -151,8 +177,9 @@ func (s *state) put(k kind, obj any) {
 func (s *state) removeLocked(k kind, key objKey) {
 	switch k {
 	case kindService:
-		if _, ok := s.services[key]; ok {
-			delete(s.services, key)
+		if e := s.services[key]; e != nil && e.svc != nil {
+			e.svc = nil
+			s.prune(key, e)
 			s.changed(key, false)
 		}
 	case kindSlice:
@@ -162,11 +189,9 @@ func (s *state) removeLocked(k kind, key objKey) {
 		}
 		delete(s.slices, key)
 		sk := old.serviceKey()
-		list := slices.DeleteFunc(s.byService[sk], func(x *sliceInfo) bool { return x == old })
-		if len(list) == 0 {
-			delete(s.byService, sk)
-		} else {
-			s.byService[sk] = list
+		if e := s.services[sk]; e != nil {
+			e.slices = slices.DeleteFunc(e.slices, func(x *sliceInfo) bool { return x == old })
+			s.prune(sk, e)
 		}
 		s.changed(sk, false)
 	case kindNode:
@@ -181,7 +206,7 @@ func (s *state) removeLocked(k kind, key objKey) {
 func (s *state) replace(k kind, list []any) error {
 	converted := make([]any, 0, len(list))
 	for _, obj := range list {
-		c, err := convert(k, obj)
+		c, err := s.convert(k, obj)
 		if err != nil {
 			return err
 		}
@@ -191,16 +216,22 @@ func (s *state) replace(k kind, list []any) error {
 	defer s.mu.Unlock()
 	switch k {
 	case kindService:
-		for key := range s.services {
-			s.changed(key, false)
+		for key, e := range s.services {
+			if e.svc != nil {
+				e.svc = nil
+				s.prune(key, e)
+				s.changed(key, false)
+			}
 		}
-		s.services = make(map[objKey]*serviceInfo, len(converted))
 	case kindSlice:
-		for key := range s.byService {
-			s.changed(key, false)
+		for key, e := range s.services {
+			if len(e.slices) > 0 {
+				e.slices = nil
+				s.prune(key, e)
+				s.changed(key, false)
+			}
 		}
 		s.slices = make(map[objKey]*sliceInfo, len(converted))
-		s.byService = make(map[objKey][]*sliceInfo, len(converted))
 	case kindNode:
 		if s.node != nil {
 			s.node = nil
@@ -219,12 +250,12 @@ func (s *state) replace(k kind, list []any) error {
 }
 
 // convert turns an API object, or its compact form, into the compact form of kind k.
-func convert(k kind, obj any) (any, error) {
+func (s *state) convert(k kind, obj any) (any, error) {
 	switch k {
 	case kindService:
 		return toServiceInfo(obj)
 	case kindSlice:
-		return toSliceInfo(obj)
+		return toSliceInfo(obj, s.nodeName)
 	case kindNode:
 		return toNodeInfo(obj)
 	}
@@ -271,7 +302,7 @@ func (k kindStore) Update(obj any) error { return k.update(obj) }
 
 func (k kindStore) update(obj any) error {
 	k.s.heard()
-	c, err := convert(k.kind, obj)
+	c, err := k.s.convert(k.kind, obj)
 	if err != nil {
 		return err
 	}
@@ -302,7 +333,7 @@ func (k kindStore) Replace(list []any, _ string) error {
 func (k kindStore) Resync() error { return nil }
 
 func (k kindStore) Transformer() cache.TransformFunc {
-	return func(obj any) (any, error) { return convert(k.kind, obj) }
+	return func(obj any) (any, error) { return k.s.convert(k.kind, obj) }
 }
 
 // Bookmark is a watch bookmark: the watch works, although nothing changed.

@@ -128,6 +128,11 @@ func TestStore(t *testing.T) {
 			t.Errorf("relist did not mark %s changed: %v", k, r.changed)
 		}
 	}
+	// Entries hold what is left: c's Service, and the slice a-2 naming b, whose Service is
+	// gone; a's entry, with neither, is removed.
+	if e := r.services[keyOf("ns", "b")]; len(r.services) != 2 || e == nil || e.svc != nil || len(e.slices) != 1 {
+		t.Errorf("entries after the relist: %d, b's %+v", len(r.services), e)
+	}
 
 	r.reset()
 	// The node: an update of another label changes nothing, a zone change everything.

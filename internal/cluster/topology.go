@@ -145,8 +145,23 @@ func availableForTopology(ep endpoint, mode, nodeName, zone string) bool {
 	return false
 }
 
+// filterEndpoints returns the endpoints of eps that keep accepts: eps itself when it
+// accepts all of them (the usual case, which then allocates nothing; nobody modifies the
+// result).
 func filterEndpoints(eps []endpoint, keep func(endpoint) bool) []endpoint {
-	var out []endpoint
+	n := 0
+	for _, ep := range eps {
+		if keep(ep) {
+			n++
+		}
+	}
+	switch n {
+	case 0:
+		return nil
+	case len(eps):
+		return eps
+	}
+	out := make([]endpoint, 0, n)
 	for _, ep := range eps {
 		if keep(ep) {
 			out = append(out, ep)

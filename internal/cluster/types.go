@@ -1,6 +1,12 @@
 // Package cluster is proxyhealth's view of the Kubernetes API: reflectors on Services,
 // EndpointSlices and this node's Node object, kept in compact form and reduced to what
 // kube-proxy on this node should have programmed, per service port.
+//
+// The path of an object: client.go (REST clients for the two API groups, one connection)
+// and listwatch.go (kube-proxy's selectors; streamed or paged lists) feed reflectors.go's
+// reflectors, which write store.go's state through convert.go's conversions to compact.go's
+// types; cluster.go recomputes the Services that changed (expected.go, topology.go: kube-proxy's
+// own logic), rebuilds the snapshot (ports.go) and tells a consumer (notify.go).
 package cluster
 
 import (
@@ -53,7 +59,7 @@ type ServicePort struct {
 // Snapshot is the view at one moment. Ports is sorted by Name.String() then Protocol.
 type Snapshot struct {
 	Ports []ServicePort
-	// Synced is true once every informer has listed its resources.
+	// Synced is true once every resource (Services, EndpointSlices, this node) has been listed.
 	Synced bool
 	// LastHeard is when the exporter last had proof its connection to the API server works
 	// (a watch event, a bookmark, or a successful probe on the same client).

@@ -17,6 +17,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/metrics"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -73,6 +74,7 @@ func run() error {
 		ports, endpoints     int
 		settle, timeout      time.Duration
 		verbose              bool
+		cpuProfile           string
 	)
 	flag.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the API server")
 	flag.StringVar(&nodeName, "node-name", "", "this node's name")
@@ -81,6 +83,7 @@ func run() error {
 	flag.DurationVar(&settle, "settle", 5*time.Second, "time after sync before the settled figures are read")
 	flag.DurationVar(&timeout, "timeout", 10*time.Minute, "give up after this long")
 	flag.BoolVar(&verbose, "v", false, "log the view's own log lines to stderr")
+	flag.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the start until sync to this file")
 	flag.Parse()
 	if kubeconfig == "" || nodeName == "" || ports < 1 {
 		return fmt.Errorf("--kubeconfig, --node-name and --ports are required")
@@ -109,6 +112,19 @@ func run() error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
+	stopProfile := func() {}
+	if cpuProfile != "" {
+		f, err := os.Create(cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		stopProfile = pprof.StopCPUProfile
+		defer stopProfile()
+	}
 	start := time.Now()
 	sampled := make(chan peakSample, 1)
 	sampleCtx, stopSampling := context.WithCancel(ctx)
@@ -138,6 +154,7 @@ func run() error {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	stopProfile()
 	res.SyncRSSKiB, _ = procStatus("VmRSS:")
 	runtime.ReadMemStats(&ms)
 	res.SyncHeapInuse, res.SyncHeapAlloc, res.SyncHeapSys, res.SyncTotalAlloc = ms.HeapInuse, ms.HeapAlloc, ms.HeapSys, ms.TotalAlloc
