@@ -95,10 +95,12 @@ func (r *ncReport) render() string {
 
 	b.WriteString("Against the targets:\n\n")
 	for _, m := range r.Modes {
-		var idle, all *ncPhase
+		var startup, idle, all *ncPhase
 		var churn []*ncPhase
 		for _, ph := range m.Phases {
 			switch {
+			case ph.Name == "start-up":
+				startup = ph
 			case ph.Name == "idle":
 				idle = ph
 			case ph.Rate > 0:
@@ -127,6 +129,14 @@ func (r *ncReport) render() string {
 		}
 		if len(churn) > 0 {
 			parts = append(parts, fmt.Sprintf("false drift while healthy: max %.0f (none: %s)", falseDrift, metStr(falseDrift == 0)))
+		}
+		if startup != nil && startup.MaxDrifted > 0 {
+			why := "kube-proxy's first sync was done only after the grace period, so that is real drift"
+			if m.KubeProxySynced <= r.Grace {
+				why = "with kube-proxy's first sync done within the grace period: false drift"
+			}
+			parts = append(parts, fmt.Sprintf("at start-up up to %.0f services drifted, kube-proxy's first sync taking %.0f s against a grace period of %.0f s (%s)",
+				startup.MaxDrifted, m.KubeProxySynced.Seconds(), r.Grace.Seconds(), why))
 		}
 		if l := m.Latency; l != nil {
 			if l.Seen {
