@@ -25,6 +25,7 @@ import (
 	webflag "github.com/prometheus/exporter-toolkit/web/kingpinflag"
 
 	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
+	"github.com/proxyhealth/proxyhealth/internal/cluster"
 )
 
 // DefaultListenAddress is proxyhealth's port in the Prometheus default port allocations style.
@@ -132,6 +133,10 @@ func Main(args []string) int {
 	if host.source != nil {
 		go host.source.Run(ctx)
 		registry.MustRegister(host.source)
+	}
+	if api.view != nil {
+		// The view's own health, whichever of its users are switched on.
+		registry.MustRegister(cluster.NewHealthCollector(api.view))
 	}
 
 	// One collection shortly after start-up (background work has had its first try by then),

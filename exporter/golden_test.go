@@ -27,6 +27,7 @@ import (
 	"github.com/proxyhealth/proxyhealth/collectors/kubeproxy"
 	"github.com/proxyhealth/proxyhealth/collectors/node"
 	"github.com/proxyhealth/proxyhealth/collectors/rules"
+	"github.com/proxyhealth/proxyhealth/internal/cluster"
 )
 
 var update = flag.Bool("update", false, "rewrite "+goldenScrape+" from this run (go test ./exporter -run Golden -update)")
@@ -116,6 +117,7 @@ func TestGoldenScrape(t *testing.T) {
 		t.Fatal(err)
 	}
 	registry := newRegistry(newCollectorSet(built, logger), true)
+	registry.MustRegister(cluster.NewHealthCollector(view))
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup

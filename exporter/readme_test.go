@@ -12,6 +12,7 @@ import (
 	versioncollector "github.com/prometheus/client_golang/prometheus/collectors/version"
 	"github.com/prometheus/common/promslog"
 
+	"github.com/proxyhealth/proxyhealth/internal/cluster"
 	"github.com/proxyhealth/proxyhealth/internal/metricsref"
 )
 
@@ -53,6 +54,7 @@ func describedMetrics(t *testing.T) map[string]string {
 		c.Describe(ch)
 	}
 	host.source.Describe(ch)
+	cluster.NewHealthCollector(api.view).Describe(ch)
 	ch <- collectorSuccessDesc
 	ch <- collectorDurationDesc
 	versioncollector.NewCollector("proxyhealth").Describe(ch)

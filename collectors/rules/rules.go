@@ -255,8 +255,6 @@ var (
 	checkDurationDesc = newDesc("rules_check_duration_seconds", "How long the last drift check took (reading the rules and comparing).")
 	lastCheckDesc     = newDesc("rules_last_check_timestamp_seconds", "When the last drift check ran.")
 	checkErrorsDesc   = newDesc("rules_check_errors_total", "Drift checks that failed to read kube-proxy's rules or the API view.")
-	lastHeardDesc     = prometheus.NewDesc("proxyhealth_api_last_heard_timestamp_seconds", "When the exporter's own API view last heard from the API server (a watch event or a probe on the same connection).", nil, nil)
-	viewFreshDesc     = prometheus.NewDesc("proxyhealth_api_view_fresh", "1 while the exporter's own API view is synced and recently heard from; drift is only reported while it is.", nil, nil)
 )
 
 func newDesc(name, help string) *prometheus.Desc {
@@ -267,7 +265,7 @@ func newDesc(name, help string) *prometheus.Desc {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{modeDesc, servicesCheckedDesc, servicesDriftedDesc, endpointsStaleDesc,
 		endpointsMissDesc, serviceDriftDesc, driftUnlistedDesc, driftAgeDesc, orphanChainsDesc, checkDurationDesc,
-		lastCheckDesc, checkErrorsDesc, lastHeardDesc, viewFreshDesc} {
+		lastCheckDesc, checkErrorsDesc} {
 		ch <- d
 	}
 }
@@ -282,10 +280,6 @@ func (c *Collector) Update(ch chan<- prometheus.Metric) error {
 	if c.cfg.View != nil {
 		snap := c.cfg.View.Snapshot()
 		fresh = snap.Fresh
-		if !snap.LastHeard.IsZero() {
-			gauge(lastHeardDesc, float64(snap.LastHeard.UnixNano())/1e9)
-		}
-		gauge(viewFreshDesc, boolFloat(snap.Fresh))
 		if !snap.Fresh {
 			// A stale own view is its own signal, never a false "kube-proxy is stale".
 			viewErr = errors.New("the exporter's API view is not fresh, so drift is not reported")
@@ -296,7 +290,6 @@ func (c *Collector) Update(ch chan<- prometheus.Metric) error {
 			}
 		}
 	} else {
-		gauge(viewFreshDesc, 0)
 		viewErr = errNoAPI
 	}
 
