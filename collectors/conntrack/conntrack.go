@@ -344,6 +344,11 @@ func (c *Collector) refreshViewLoop(ctx context.Context) {
 	defer slow.Stop()
 	fast := time.NewTicker(time.Second)
 	defer fast.Stop()
+	// A new read of the rules is taken at once when the reader tells of one.
+	var rulesChanged <-chan struct{}
+	if sub, ok := c.cfg.Rules.(interface{ Subscribe() <-chan struct{} }); ok {
+		rulesChanged = sub.Subscribe()
+	}
 	var (
 		lastNetErr string
 		ln         *localNet
@@ -392,6 +397,7 @@ func (c *Collector) refreshViewLoop(ctx context.Context) {
 		case <-slow.C:
 			reload()
 		case <-fast.C:
+		case <-rulesChanged:
 		}
 	}
 }
