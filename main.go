@@ -7,8 +7,11 @@ import (
 	"os"
 
 	"github.com/proxyhealth/proxyhealth/exporter"
+	"github.com/proxyhealth/proxyhealth/internal/buildinfo"
 )
 
 func main() {
+	// The version from the build (module version, VCS revision) unless -ldflags set it.
+	buildinfo.Set()
 	os.Exit(exporter.Main(os.Args[1:]))
 }
