@@ -53,13 +53,16 @@ cross:
 		CGO_ENABLED=0 GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) build $(IMAGE_BUILDFLAGS) -o /dev/null . ./internal/capability/setfcap; \
 	done
 
-# deploy/: the PrometheusRule is generated from alerts/proxyhealth.rules.yml by test/deploy (a
-# separate module: kustomize and the Prometheus Operator's types stay out of go.mod).
+# deploy/ and charts/: the PrometheusRule is generated from alerts/proxyhealth.rules.yml, and the
+# chart's files/ from alerts/ and dashboards/, by test/deploy (a separate module: kustomize,
+# Helm and the Prometheus Operator's types stay out of go.mod).
 deploy-generate:
 	cd test/deploy && $(GO) run . prometheusrule ../../alerts/proxyhealth.rules.yml ../../deploy/prometheus-operator/prometheusrule.yaml
+	cd test/deploy && $(GO) run . chart-files ../..
 
-# The deploy tool's tests, including that the generated PrometheusRule is current. The
-# manifests against a real apiserver: TestDeployManifests in the e2e lab.
+# The deploy tool's tests: the generated files are current, the chart lints (--strict) and
+# renders with each values file of charts/proxyhealth/ci, and renders what the kustomize overlay
+# does. The manifests against a real apiserver: TestDeployManifests in the e2e lab.
 deploy-check:
 	cd test/deploy && $(GO) vet ./... && $(GO) test -count=1 ./...
 
