@@ -171,6 +171,7 @@ func TestImage(t *testing.T) {
 			logs := func() string { b, _ := os.ReadFile(cc.p.log); return string(b) }
 			switch cc.without {
 			case "":
+				checkBuildInfo(t, s)
 				checkValue(t, s, viewFresh, nil, 1)
 				checkValue(t, s, "proxyhealth_kubeproxy_log_files_followed", nil, 1)
 				checkValue(t, s, "proxyhealth_proxy_mode", map[string]string{"mode": "iptables"}, 1)
@@ -199,6 +200,33 @@ func TestImage(t *testing.T) {
 			}
 			t.Logf("%s:\n%s", cc.name, s.Series(success))
 		})
+	}
+}
+
+// checkBuildInfo checks that the image's exporter reports the version make image stamped: the
+// commit's revision and a version.
+func checkBuildInfo(t *testing.T, s Scrape) {
+	t.Helper()
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("git", "rev-parse", "HEAD")
+	cmd.Dir = root
+	head, err := cmd.Output()
+	if err != nil {
+		t.Skipf("no git revision to compare with: %v", err)
+	}
+	fam := s["proxyhealth_build_info"]
+	if fam == nil || len(fam.Metric) != 1 {
+		t.Fatalf("proxyhealth_build_info: %s", s.Series("proxyhealth_build_info"))
+	}
+	labels := map[string]string{}
+	for _, l := range fam.Metric[0].Label {
+		labels[l.GetName()] = l.GetValue()
+	}
+	if labels["revision"] != strings.TrimSpace(string(head)) || labels["version"] == "" || labels["version"] == "(devel)" {
+		t.Errorf("proxyhealth_build_info %v: want revision %s and a version", labels, strings.TrimSpace(string(head)))
 	}
 }
 
