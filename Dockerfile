@@ -1,13 +1,23 @@
 # syntax=docker/dockerfile:1
-# proxyhealth's image: the exporter built exactly as `make build` builds it, on Debian with the
-# iptables (legacy and nft) and nftables binaries its collectors run.
+# proxyhealth's image: the static, stripped exporter and nothing else. The exporter reads
+# netfilter in its own process (netlink and the iptables-legacy socket options): it runs no
+# iptables or nft binary, needs no libc, shell, CA bundle or user database.
 #
-#   docker build --build-arg VERSION=$(git describe --tags --always --dirty) \
+# With a registry (the build stage is a golang image), for one platform or several:
+#
+#   docker buildx build --platform linux/amd64,linux/arm64 \
+#     --build-arg VERSION=$(git describe --tags --always --dirty) \
 #     --build-arg REVISION=$(git rev-parse HEAD) -t proxyhealth .
+#
+# Without one, `make image` builds the binaries on the host (make image-binaries) and hands
+# them to this file in place of the build stage (--build-context build=DIR): nothing is pulled.
 
 # The Go version of go.mod.
 ARG GO_VERSION=1.26.8
 
+# The build stage writes /out/proxyhealth (for the target platform) and /out/setfcap (for the
+# build platform: it runs during the build). Replaced by a directory with the same two files
+# when built with --build-context build=DIR.
 FROM --platform=$BUILDPLATFORM golang:${GO_VERSION}-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./
@@ -16,27 +26,23 @@ COPY . .
 ARG TARGETOS TARGETARCH
 ARG VERSION=unknown
 ARG REVISION=unknown
-# The Makefile holds the build flags (CGO_ENABLED=0, -trimpath, version stamping); CI tests the
-# binary those flags make.
-RUN GOOS=$TARGETOS GOARCH=$TARGETARCH make build VERSION="$VERSION" REVISION="$REVISION"
+# The Makefile holds the build flags (CGO_ENABLED=0, -trimpath, -s -w, version stamping).
+RUN make image-binaries OUT=/out GOOS="$TARGETOS" GOARCH="$TARGETARCH" VERSION="$VERSION" REVISION="$REVISION"
 
-FROM debian:bookworm-slim
-COPY --from=build /src/proxyhealth /usr/local/bin/proxyhealth
-# The process runs as user 65534 with the capabilities the DaemonSet adds (deploy/base). Kubernetes
-# runtimes give a non-root container its added capabilities in the bounding and permitted sets
-# but not the ambient set, so they survive exec only as file capabilities: on the exporter and
-# on the binaries it runs. With allowPrivilegeEscalation: false no binary gets more than the
-# container was given. Each file needs every capability listed here in the container's set, or
-# it fails to exec. test/e2e/deploy_caps_test.go applies these same lines in the lab.
-RUN apt-get update \
- && apt-get install -y --no-install-recommends iptables nftables libcap2-bin \
- && setcap cap_net_admin,cap_net_raw,cap_dac_read_search+ep /usr/local/bin/proxyhealth \
- && setcap cap_net_admin,cap_net_raw+ep /usr/sbin/xtables-legacy-multi \
- && setcap cap_net_admin+ep /usr/sbin/xtables-nft-multi \
- && setcap cap_net_admin+ep /usr/sbin/nft \
- && apt-get purge -y libcap2-bin \
- && apt-get autoremove -y \
- && rm -rf /var/lib/apt/lists/*
+# The exporter's file capabilities, in the permitted set only (no effective bit): the image
+# runs as user 65534, and Kubernetes runtimes give a non-root container its capabilities in the
+# permitted and bounding sets but not the ambient one, so without file capabilities they would
+# be gone at exec. Without the effective bit the kernel grants at exec the file's capabilities
+# that the container has and leaves out the others, and the exporter makes them effective
+# itself (internal/capability): a capability the DaemonSet does not grant fails the collectors
+# that need it, never the exec (with +ep the exec would fail). What each one is for:
+# deploy/README.md. This stage runs on the build platform; the attribute is copied with the file.
+FROM --platform=$BUILDPLATFORM scratch AS caps
+COPY --from=build /out/proxyhealth /out/setfcap /
+RUN ["/setfcap", "cap_net_admin,cap_net_raw,cap_dac_read_search=p", "/proxyhealth"]
+
+FROM scratch
+COPY --from=caps /proxyhealth /proxyhealth
 USER 65534:65534
 EXPOSE 9869
-ENTRYPOINT ["/usr/local/bin/proxyhealth"]
+ENTRYPOINT ["/proxyhealth"]

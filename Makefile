@@ -3,27 +3,66 @@ GO ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X github.com/prometheus/common/version.Version=$(VERSION) -X github.com/prometheus/common/version.Revision=$(REVISION)
-# The Dockerfile runs `make build`: the binary CI tests is the one the image ships.
+# Static (no cgo: the exporter raises its file capabilities in every thread, which a cgo binary
+# cannot), no build paths. The image's binary is the same, stripped (-s -w).
 BUILDFLAGS := -trimpath -ldflags '$(LDFLAGS)'
+IMAGE_BUILDFLAGS := -trimpath -ldflags '-s -w $(LDFLAGS)'
 
-.PHONY: all build image test vet unit kube alerts dashboards deploy-check deploy-generate e2e bench-smoke
+# The image: podman when present (no daemon, no registry: what CI uses), else docker (BuildKit).
+CONTAINER_ENGINE ?= $(shell command -v podman 2>/dev/null || command -v docker 2>/dev/null || echo podman)
+IMAGE ?= proxyhealth:$(VERSION)
+# The directory make image hands to the Dockerfile in place of its build stage.
+IMAGE_CONTEXT ?= .build/image
+# The platforms the exporter must build for (make cross).
+CROSS_PLATFORMS ?= linux/amd64 linux/arm64
+ifeq ($(notdir $(firstword $(CONTAINER_ENGINE))),podman)
+# The build's RUN step with the caller's own file limits: podman's default (1048576) is above
+# the hard limit of some sandboxes, CI's among them, and runc then cannot start the step. No
+# intermediate images left behind. TARGETOS for the replaced build stage's ARG line (podman
+# warns it is unset; TARGETARCH it sets).
+IMAGE_ENGINE_FLAGS ?= --layers=false --ulimit nofile=$$(ulimit -Hn):$$(ulimit -Hn) --build-arg TARGETOS=linux
+endif
+
+.PHONY: all build image image-binaries cross test vet unit kube alerts dashboards deploy-check deploy-generate e2e bench-smoke
 
 all: build
 
 build:
 	CGO_ENABLED=0 $(GO) build $(BUILDFLAGS) -o proxyhealth .
 
-# The image (Dockerfile); needs a Docker engine.
-image:
-	docker build --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) -t proxyhealth:$(VERSION) .
+# What the image holds, in $(OUT): proxyhealth for GOOS/GOARCH (default this machine's) and
+# setfcap, which sets its file capabilities during the image build, for this machine. The
+# Dockerfile's build stage runs this target.
+OUT ?= $(IMAGE_CONTEXT)/out
+image-binaries:
+	CGO_ENABLED=0 GOOS=$(GOOS) GOARCH=$(GOARCH) $(GO) build $(IMAGE_BUILDFLAGS) -o $(OUT)/proxyhealth .
+	CGO_ENABLED=0 GOOS= GOARCH= $(GO) build -trimpath -ldflags '-s -w' -o $(OUT)/setfcap ./internal/capability/setfcap
 
-# deploy/: the PrometheusRule is generated from alerts/proxyhealth.rules.yml by test/deploy (a
-# separate module: kustomize and the Prometheus Operator's types stay out of go.mod).
+# The image (Dockerfile), from the binaries built here: nothing is pulled. The Dockerfile's
+# build stage is replaced by $(IMAGE_CONTEXT) (--build-context, podman 4.3 or docker buildx).
+image:
+	$(MAKE) image-binaries OUT=$(IMAGE_CONTEXT)/out GOOS= GOARCH=
+	$(CONTAINER_ENGINE) build $(IMAGE_ENGINE_FLAGS) --build-context build=$(IMAGE_CONTEXT) \
+		--build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) -t $(IMAGE) -f Dockerfile $(IMAGE_CONTEXT)
+	@$(CONTAINER_ENGINE) image inspect --format '$(IMAGE): {{.Size}} bytes' $(IMAGE)
+
+# The exporter and setfcap build for every platform of CROSS_PLATFORMS (CI: linux/arm64 too).
+cross:
+	@set -e; for p in $(CROSS_PLATFORMS); do \
+		echo "GOOS=$${p%/*} GOARCH=$${p#*/}"; \
+		CGO_ENABLED=0 GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) build $(IMAGE_BUILDFLAGS) -o /dev/null . ./internal/capability/setfcap; \
+	done
+
+# deploy/ and charts/: the PrometheusRule is generated from alerts/proxyhealth.rules.yml, and the
+# chart's files/ from alerts/ and dashboards/, by test/deploy (a separate module: kustomize,
+# Helm and the Prometheus Operator's types stay out of go.mod).
 deploy-generate:
 	cd test/deploy && $(GO) run . prometheusrule ../../alerts/proxyhealth.rules.yml ../../deploy/prometheus-operator/prometheusrule.yaml
+	cd test/deploy && $(GO) run . chart-files ../..
 
-# The deploy tool's tests, including that the generated PrometheusRule is current. The
-# manifests against a real apiserver: TestDeployManifests in the e2e lab.
+# The deploy tool's tests: the generated files are current, the chart lints (--strict) and
+# renders with each values file of charts/proxyhealth/ci, and renders what the kustomize overlay
+# does. The manifests against a real apiserver: TestDeployManifests in the e2e lab.
 deploy-check:
 	cd test/deploy && $(GO) vet ./... && $(GO) test -count=1 ./...
 
@@ -59,7 +98,7 @@ dashboards:
 # The kernel lab: incidents 1 and 2 reproduced in network namespaces, asserted on real scrapes;
 # the control-plane lab (etcd, kube-apiserver, kube-proxy) reproduces incident 3.
 e2e:
-	$(GO) test -tags e2e -count=1 -v ./test/e2e/
+	$(GO) test -tags e2e -count=1 -timeout 30m -v ./test/e2e/
 
 # The conntrack event and rules drift benchmarks at smoke size, and the node-cost benchmark's
 # smoke for the iptables-legacy mode (about a minute): prove the harnesses, assert no figures.
@@ -68,4 +107,4 @@ bench-smoke:
 	$(GO) run ./bench/rules-drift --smoke
 	$(GO) run ./bench/rules-drift node-cost --mode iptables-legacy --smoke
 
-test: vet unit kube alerts dashboards deploy-check e2e bench-smoke
+test: vet unit cross kube alerts dashboards deploy-check e2e bench-smoke

@@ -8,8 +8,16 @@ import (
 	"os"
 
 	"github.com/proxyhealth/proxyhealth/exporter"
+	"github.com/proxyhealth/proxyhealth/internal/buildinfo"
+	"github.com/proxyhealth/proxyhealth/internal/capability"
 )
 
 func main() {
+	// The version from the build (module version, VCS revision) unless -ldflags set it.
+	buildinfo.Set()
+	// The image's binary holds its capabilities in the permitted set only (a capability the
+	// container lacks must not fail the exec): make them effective before any thread uses them.
+	// What it could not raise, the start-up log says and the collectors that need it report.
+	_, _ = capability.Raise()
 	os.Exit(exporter.Main(os.Args[1:]))
 }

@@ -25,6 +25,7 @@ import (
 	webflag "github.com/prometheus/exporter-toolkit/web/kingpinflag"
 
 	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
+	"github.com/proxyhealth/proxyhealth/internal/capability"
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
 )
 
@@ -75,6 +76,7 @@ func Main(args []string) int {
 	}
 	logger := promslog.New(promslogConfig)
 	logger.Info("starting proxyhealth", "version", version.Info(), "build_context", version.BuildContext())
+	logger.Info("capabilities", capability.LogAttrs()...)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

@@ -5,8 +5,12 @@
 //	deploytool render DIR                  the kustomization at DIR, as one YAML stream
 //	deploytool prometheusrule RULES OUT    writes the PrometheusRule made from a Prometheus rules file
 //	deploytool prometheusrule -check RULES OUT   fails when OUT is not what RULES generates
-//	deploytool crds                        the PodMonitor and PrometheusRule CRDs of the operator
+//	deploytool crds                        the PodMonitor, ServiceMonitor and PrometheusRule CRDs of the operator
 //	                                       release whose API types this module uses
+//	deploytool chart-files [-check] ROOT   writes (or checks) the files the chart at
+//	                                       charts/proxyhealth carries from alerts/ and dashboards/
+//	deploytool template CHART RELEASE NAMESPACE [VALUES...]
+//	                                       the chart rendered as helm template does
 package main
 
 import (
@@ -31,7 +35,7 @@ func main() {
 
 func run(args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: deploytool render DIR | prometheusrule [-check] RULES OUT | crds")
+		return errors.New("usage: deploytool render DIR | prometheusrule [-check] RULES OUT | crds | chart-files [-check] ROOT | template CHART RELEASE NAMESPACE [VALUES...]")
 	}
 	switch args[0] {
 	case "render":
@@ -72,6 +76,29 @@ func run(args []string) error {
 			return nil
 		}
 		return os.WriteFile(rest[1], gen, 0o644)
+	case "chart-files":
+		rest := args[1:]
+		if len(rest) == 2 && rest[0] == "-check" {
+			return CheckChartFiles(rest[1])
+		}
+		if len(rest) != 1 {
+			return errors.New("usage: deploytool chart-files [-check] ROOT")
+		}
+		return WriteChartFiles(rest[0])
+	case "template":
+		if len(args) < 4 {
+			return errors.New("usage: deploytool template CHART RELEASE NAMESPACE [VALUES...]")
+		}
+		vals, err := readValues(args[4:]...)
+		if err != nil {
+			return err
+		}
+		out, err := RenderChart(args[1], args[2], args[3], vals)
+		if err != nil {
+			return err
+		}
+		_, err = os.Stdout.Write(out)
+		return err
 	case "crds":
 		out, err := crds()
 		if err != nil {
@@ -117,7 +144,7 @@ func render(dir string) ([]byte, error) {
 // apiserver; it is the release of the API types this module requires (go.mod).
 const operatorModule = "github.com/prometheus-operator/prometheus-operator"
 
-// crds returns the PodMonitor and PrometheusRule CRDs from the operator's module source, fetched
+// crds returns the PodMonitor, ServiceMonitor and PrometheusRule CRDs from the operator's module source, fetched
 // into the module cache with `go mod download` (checksum-verified like any module).
 func crds() ([]byte, error) {
 	version, err := apisVersion()
@@ -132,7 +159,7 @@ func crds() ([]byte, error) {
 		return nil, fmt.Errorf("go mod download %s@%s: %v %s", operatorModule, version, err, info.Error)
 	}
 	var b bytes.Buffer
-	for _, name := range []string{"monitoring.coreos.com_podmonitors.yaml", "monitoring.coreos.com_prometheusrules.yaml"} {
+	for _, name := range []string{"monitoring.coreos.com_podmonitors.yaml", "monitoring.coreos.com_servicemonitors.yaml", "monitoring.coreos.com_prometheusrules.yaml"} {
 		crd, err := os.ReadFile(filepath.Join(info.Dir, "example", "prometheus-operator-crd", name))
 		if err != nil {
 			return nil, err

@@ -16,6 +16,8 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/proxyhealth/proxyhealth/internal/capability"
 )
 
 // The capabilities the collectors need, found by running them without each one.
@@ -24,9 +26,9 @@ var collectors = []string{"conntrack", "node", "rules", "kubeproxy"}
 // capsFirstPort is the first of the ports the capability scenarios' exporters listen on.
 const capsFirstPort = 19880
 
-// deployedContainer reads the exporter's container and pod security settings from
-// deploy/base/daemonset.yaml: the test runs the exporter with exactly what the manifest grants.
-func deployedContainer(t *testing.T) (*corev1.PodSecurityContext, corev1.Container) {
+// deployedDaemonSet reads deploy/base/daemonset.yaml: the tests run the exporter with exactly
+// what the manifest grants.
+func deployedDaemonSet(t *testing.T) appsv1.DaemonSet {
 	t.Helper()
 	root, err := repoRoot()
 	if err != nil {
@@ -43,66 +45,17 @@ func deployedContainer(t *testing.T) (*corev1.PodSecurityContext, corev1.Contain
 	if len(ds.Spec.Template.Spec.Containers) != 1 {
 		t.Fatalf("deploy/base/daemonset.yaml: want one container, have %d", len(ds.Spec.Template.Spec.Containers))
 	}
-	return ds.Spec.Template.Spec.SecurityContext, ds.Spec.Template.Spec.Containers[0]
+	return ds
 }
 
-// setcapRE matches the Dockerfile's `setcap <caps>+ep <path>` lines.
-var setcapRE = regexp.MustCompile(`setcap\s+(\S+)\+ep\s+(\S+)`)
-
-// imageFileCaps returns the file capabilities the Dockerfile sets, by path in the image.
-func imageFileCaps(t *testing.T) map[string]string {
+// deployedContainer returns the DaemonSet's pod security settings and its container, after
+// checking the least privilege deploy/README.md describes: a non-root user, every capability
+// dropped but those added, a read-only root filesystem, no privilege escalation. It returns
+// the added capabilities in capability's lower-case spelling (net_admin).
+func deployedContainer(t *testing.T) (*corev1.PodSecurityContext, corev1.Container, []string) {
 	t.Helper()
-	root, err := repoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(filepath.Join(root, "Dockerfile"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]string{}
-	for _, m := range setcapRE.FindAllStringSubmatch(string(b), -1) {
-		out[m[2]] = m[1]
-	}
-	if len(out) == 0 {
-		t.Fatal("the Dockerfile sets no file capabilities")
-	}
-	return out
-}
-
-// capsCase is one exporter run with a set of capabilities.
-type capsCase struct {
-	name    string
-	mode    string // "ambient" or "filecaps"
-	caps    []string
-	without string // the capability left out, "" for the manifest's set
-	e       *Exporter
-	p       *proc
-}
-
-// TestDeployCapabilities proves the DaemonSet's least privilege on a lab node: the exporter as
-// the manifest's user with exactly the capabilities the manifest adds, a read-only root
-// filesystem and a private writable /run (the manifest's emptyDir), kube-proxy's rules in the
-// legacy backend (the one that needs the most), kube-proxy's log readable by root only, and a
-// real apiserver. Every collector succeeds; without any one of the capabilities the collectors
-// that need it fail. Two ways of holding the capabilities:
-//
-//   - ambient: the capabilities ambient (setpriv), as a runtime that sets the ambient set would
-//     give them; the iptables and nft binaries are the system's;
-//   - filecaps: what runc does for a non-root container (capexec: bounding, permitted and
-//     effective only, no_new_privs) with the Dockerfile's file capabilities applied to copies
-//     of the exporter and of the iptables and nft binaries (this machine is Debian bookworm,
-//     like the image). There a missing capability makes the exec itself fail: the container
-//     does not start.
-func TestDeployCapabilities(t *testing.T) {
-	requireKube(t)
-	requireExporter(t)
-	for _, tool := range []string{"setcap", "unshare", "iptables-legacy-restore"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not found (apt-get install -y libcap2-bin util-linux iptables)", tool)
-		}
-	}
-	podSC, c := deployedContainer(t)
+	ds := deployedDaemonSet(t)
+	podSC, c := ds.Spec.Template.Spec.SecurityContext, ds.Spec.Template.Spec.Containers[0]
 	sc := c.SecurityContext
 	switch {
 	case podSC == nil || podSC.RunAsUser == nil || *podSC.RunAsUser != 65534 || podSC.RunAsNonRoot == nil || !*podSC.RunAsNonRoot:
@@ -118,9 +71,60 @@ func TestDeployCapabilities(t *testing.T) {
 	for _, c := range sc.Capabilities.Add {
 		granted = append(granted, strings.ToLower(string(c)))
 	}
-	t.Logf("the manifest grants %v as user %d", granted, *podSC.RunAsUser)
-	fileCaps := imageFileCaps(t)
+	return podSC, c, granted
+}
 
+// setfcapRE matches the Dockerfile's step that sets the exporter's file capabilities:
+// RUN ["/setfcap", "SPEC", "/proxyhealth"].
+var setfcapRE = regexp.MustCompile(`RUN \["/setfcap", "([^"]+)", "([^"]+)"\]`)
+
+// imageFileCaps returns the file capabilities the Dockerfile gives the exporter, and checks
+// that they are the DaemonSet's and in the permitted set only: a capability the container was
+// not given must not fail the exec.
+func imageFileCaps(t *testing.T, granted []string) capability.File {
+	t.Helper()
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(root, "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := setfcapRE.FindAllStringSubmatch(string(b), -1)
+	if len(m) != 1 || m[0][2] != "/proxyhealth" {
+		t.Fatalf("the Dockerfile does not set the exporter's file capabilities in one step: %q", m)
+	}
+	f, err := capability.ParseFile(m[0][1])
+	if err != nil {
+		t.Fatalf("the Dockerfile's file capabilities: %v", err)
+	}
+	if f.Effective || f.Inheritable != 0 {
+		t.Fatalf("the Dockerfile's file capabilities %s are not permitted-only", f)
+	}
+	want, err := capability.Parse(strings.Join(granted, ","))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Permitted != want {
+		t.Fatalf("the Dockerfile's file capabilities %s are not the DaemonSet's %s", f, want)
+	}
+	return f
+}
+
+// capsNode is a lab node set up like one the DaemonSet runs on: kube-proxy's rules in the
+// legacy backend (the one that needs the most capabilities), a real apiserver, the exporter's
+// read-only ServiceAccount, and kube-proxy's log readable by root only.
+type capsNode struct {
+	l          *Lab
+	cp         *ControlPlane
+	share      string // a directory tree anyone may enter
+	kubeconfig string // the ServiceAccount's kubeconfig, world-readable
+	hostRoot   string // stands for the host's / (its var/log holds kube-proxy's pod log)
+}
+
+func newCapsNode(t *testing.T) *capsNode {
+	t.Helper()
 	l := newLabRules(t, labRawRules)
 	// kube-proxy's rules in the legacy backend, as on a node whose kube-proxy uses it.
 	l.MustExecInput(l.Node, kubeProxyRules(), "iptables-legacy-restore")
@@ -135,48 +139,105 @@ func TestDeployCapabilities(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(tmp) })
-	share := mkdirMode(t, tmp, "share", 0o755)
-	kubeconfig := filepath.Join(share, "kubeconfig")
+	n := &capsNode{l: l, cp: cp, share: mkdirMode(t, tmp, "share", 0o755)}
+	n.kubeconfig = filepath.Join(n.share, "kubeconfig")
 	b, err := os.ReadFile(cp.readOnlyKubeconfig("proxyhealth-caps.kubeconfig", apiserverAddr))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(kubeconfig, b, 0o644); err != nil {
+	if err := os.WriteFile(n.kubeconfig, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	podLogs := mkdirMode(t, share, "var/log/pods/kube-system_kube-proxy-lab_0000/kube-proxy", 0o755)
+	n.hostRoot = mkdirMode(t, n.share, "host", 0o755)
+	podLogs := mkdirMode(t, n.hostRoot, "var/log/pods/kube-system_kube-proxy-lab_0000/kube-proxy", 0o755)
 	logLine := `2026-01-02T03:04:05.000000000Z stderr F I0102 03:04:05.000000       1 proxier.go:800] "SyncProxyRules complete"` + "\n"
 	if err := os.WriteFile(filepath.Join(podLogs, "0.log"), []byte(logLine), 0o640); err != nil {
 		t.Fatal(err)
 	}
-	logGlob := filepath.Join(share, "var/log/pods/kube-system_kube-proxy-*/kube-proxy/*.log")
+	return n
+}
 
-	// The image's binaries with the Dockerfile's file capabilities, alone on PATH.
-	capBin := mkdirMode(t, share, "bin", 0o755)
-	imageBins := map[string]string{
-		"/usr/local/bin/proxyhealth":     exporterBin,
-		"/usr/sbin/xtables-legacy-multi": "/usr/sbin/xtables-legacy-multi",
-		"/usr/sbin/xtables-nft-multi":    "/usr/sbin/xtables-nft-multi",
-		"/usr/sbin/nft":                  "/usr/sbin/nft",
+// wantSuccess is collector_success per collector when the capability without is missing ("":
+// none).
+func wantSuccess(without string) map[string]float64 {
+	want := map[string]float64{}
+	for _, c := range collectors {
+		want[c] = 1
 	}
-	for imagePath, src := range imageBins {
-		spec, ok := fileCaps[imagePath]
-		if !ok {
-			t.Fatalf("the Dockerfile sets no file capabilities on %s", imagePath)
-		}
-		dst := filepath.Join(capBin, filepath.Base(imagePath))
-		mustRun(t, "cp", src, dst)
-		mustRun(t, "setcap", spec+"+ep", dst)
+	for _, c := range capsNeededBy[without] {
+		want[c] = 0
 	}
-	for _, link := range []string{"iptables-legacy", "iptables-legacy-save", "ip6tables-legacy", "ip6tables-legacy-save"} {
-		if err := os.Symlink("xtables-legacy-multi", filepath.Join(capBin, link)); err != nil {
-			t.Fatal(err)
+	return want
+}
+
+// pollSuccess scrapes e until collector_success is want for every collector and has held for
+// ten scrapes in a row. Collectors report after their first background pass (1 s intervals in
+// these tests) and the API view's first sync; ten scrapes are 2 s, two more passes.
+func pollSuccess(t *testing.T, e *Exporter, want map[string]float64) Scrape {
+	t.Helper()
+	held := 0
+	return e.Poll(t, 30*time.Second, fmt.Sprintf("collector success %v held for 2 s", want), nil, func(s Scrape) (bool, string) {
+		for c, v := range want {
+			got, ok, err := s.Value(success, map[string]string{"collector": c})
+			if err != nil || !ok || got != v {
+				held = 0
+				return false, s.Series(success) + s.Series(viewFresh)
+			}
+		}
+		held++
+		return held >= 10, ""
+	})
+}
+
+// capsCase is one exporter run with a set of capabilities.
+type capsCase struct {
+	name      string
+	mode      string // "ambient" or "filecaps"
+	caps      []string
+	without   string // the capability left out, "" for the manifest's set
+	container string // TestImage: the podman container's name
+	e         *Exporter
+	p         *proc
+}
+
+// TestDeployCapabilities proves the DaemonSet's least privilege on a lab node: the exporter as
+// the manifest's user with exactly the capabilities the manifest adds and a read-only root
+// filesystem, kube-proxy's rules in the legacy backend, kube-proxy's log readable by root only,
+// and a real apiserver. Every collector succeeds; without any one of the capabilities the
+// collectors that need it fail, and the others keep serving. Two ways of holding the
+// capabilities:
+//
+//   - ambient: the capabilities ambient (setpriv), as a runtime that sets the ambient set would
+//     give them (podman does for a non-root user);
+//   - filecaps: what runc does for a non-root Kubernetes container (capexec: bounding,
+//     permitted and effective only, none ambient, no_new_privs) with the Dockerfile's file
+//     capabilities (permitted only) on a copy of the exporter, which raises them itself. A
+//     capability missing from the container is then missing from the exporter; the exec
+//     still succeeds.
+//
+// TestImage runs the image itself the same way under podman.
+func TestDeployCapabilities(t *testing.T) {
+	requireKube(t)
+	requireExporter(t)
+	for _, tool := range []string{"unshare", "setpriv", "iptables-legacy-restore"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not found (apt-get install -y util-linux iptables)", tool)
 		}
 	}
-	for _, link := range []string{"iptables-nft", "iptables-nft-save", "ip6tables-nft", "ip6tables-nft-save"} {
-		if err := os.Symlink("xtables-nft-multi", filepath.Join(capBin, link)); err != nil {
-			t.Fatal(err)
-		}
+	podSC, _, granted := deployedContainer(t)
+	t.Logf("the manifest grants %v as user %d", granted, *podSC.RunAsUser)
+	fileCaps := imageFileCaps(t, granted)
+
+	n := newCapsNode(t)
+	l := n.l
+	logGlob := filepath.Join(n.hostRoot, "var/log/pods/kube-system_kube-proxy-*/kube-proxy/*.log")
+
+	// The image's exporter with the Dockerfile's file capabilities.
+	capBin := mkdirMode(t, n.share, "bin", 0o755)
+	capExporter := filepath.Join(capBin, "proxyhealth")
+	mustRun(t, "cp", exporterBin, capExporter)
+	if err := capability.WriteFile(capExporter, fileCaps); err != nil {
+		t.Fatal(err)
 	}
 	capexec := filepath.Join(binDir, "capexec")
 	root, _ := repoRoot()
@@ -200,9 +261,9 @@ func TestDeployCapabilities(t *testing.T) {
 	for i, cc := range cases {
 		port := capsFirstPort + i
 		addr := fmt.Sprintf("127.0.0.1:%d", port)
-		// The container: a read-only root filesystem and a private, writable /run.
+		// The container: a read-only root filesystem.
 		args := []string{"netns", "exec", l.Node, "unshare", "--mount", "--propagation", "private", "sh", "-c",
-			`mount -o remount,bind,ro / && mount -t tmpfs -o mode=1777,size=1m run /run && exec "$@"`, "container"}
+			`mount -o remount,bind,ro / && exec "$@"`, "container"}
 		capList := strings.Join(cc.caps, ",")
 		exporter := exporterBin
 		switch cc.mode {
@@ -214,13 +275,13 @@ func TestDeployCapabilities(t *testing.T) {
 			args = append(args, "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
 				"--inh-caps="+sets, "--ambient-caps="+sets, "--bounding-set="+sets)
 		case "filecaps":
-			args = append(args, "env", "PATH="+capBin, capexec, "-uid", "65534", "-gid", "65534", "-caps", capList, "--")
-			exporter = filepath.Join(capBin, "proxyhealth")
+			args = append(args, capexec, "-uid", "65534", "-gid", "65534", "-caps", capList, "--")
+			exporter = capExporter
 		}
 		args = append(args, exporter,
 			"--web.listen-address="+addr,
 			"--log.level=info",
-			"--kubeconfig="+kubeconfig,
+			"--kubeconfig="+n.kubeconfig,
 			"--node-name="+labNodeName,
 			"--api.fresh-within=5s", "--api.probe-interval=1s",
 			"--rules.check-interval=1s", "--node.rules-check-interval=1s",
@@ -233,20 +294,6 @@ func TestDeployCapabilities(t *testing.T) {
 
 	for _, cc := range cases {
 		t.Run(cc.name, func(t *testing.T) {
-			if cc.mode == "filecaps" && cc.without != "" {
-				// The exporter's file capabilities cannot all be had: exec fails.
-				select {
-				case <-cc.p.done:
-				case <-time.After(10 * time.Second):
-					t.Fatalf("the exporter started without %s; want exec refused (file capabilities %s)", cc.without, fileCaps["/usr/local/bin/proxyhealth"])
-				}
-				out, _ := os.ReadFile(cc.p.log)
-				if !strings.Contains(string(out), "operation not permitted") {
-					t.Fatalf("want exec refused with EPERM, got:\n%s", out)
-				}
-				t.Logf("without %s the container does not start: %s", cc.without, strings.TrimSpace(string(out)))
-				return
-			}
 			waitFor(t, 15*time.Second, cc.name+" /metrics", func() (bool, string) {
 				if cc.p.Exited() {
 					out, _ := os.ReadFile(cc.p.log)
@@ -255,28 +302,8 @@ func TestDeployCapabilities(t *testing.T) {
 				_, err := l.Get(l.Node, cc.e.URL)
 				return err == nil, fmt.Sprint(err)
 			})
-			checkProcessCaps(t, cc)
-			want := map[string]float64{}
-			for _, c := range collectors {
-				want[c] = 1
-			}
-			for _, c := range capsNeededBy[cc.without] {
-				want[c] = 0
-			}
-			// Collectors report after their first background pass (1 s intervals here) and the
-			// API view's first sync; a state must then hold for ten scrapes in a row (2 s, two more passes).
-			held := 0
-			s := cc.e.Poll(t, 30*time.Second, fmt.Sprintf("collector success %v held for 2 s", want), nil, func(s Scrape) (bool, string) {
-				for c, v := range want {
-					got, ok, err := s.Value(success, map[string]string{"collector": c})
-					if err != nil || !ok || got != v {
-						held = 0
-						return false, s.Series(success) + s.Series(viewFresh)
-					}
-				}
-				held++
-				return held >= 10, ""
-			})
+			checkProcessCaps(t, cc.p.cmd.Process.Pid, cc.caps)
+			s := pollSuccess(t, cc.e, wantSuccess(cc.without))
 			if cc.without == "" {
 				checkValue(t, s, viewFresh, nil, 1)
 				checkValue(t, s, "proxyhealth_kubeproxy_log_files_followed", nil, 1)
@@ -290,34 +317,37 @@ func TestDeployCapabilities(t *testing.T) {
 
 // capsNeededBy names, per capability, the collectors that fail without it here.
 var capsNeededBy = map[string][]string{
-	// conntrack netlink; every iptables and nft read.
+	// conntrack netlink; nf_tables netlink (the iptables-nft backend and native nftables) for
+	// the INVALID drop rule (node) and kube-proxy's rules (rules).
 	"net_admin": {"conntrack", "node", "rules"},
-	// iptables-legacy-save: the legacy filter table (node) and nat table (rules). The conntrack
-	// collector's Service map from the legacy KUBE-SERVICES is unreadable too, but it names
-	// Services from the API view as well, so it logs that and still succeeds.
+	// The raw socket the iptables-legacy tables are read through: the legacy filter table
+	// (node) and nat table (rules). The conntrack collector's Service map from the legacy
+	// KUBE-SERVICES is unreadable too, but it names Services from the API view as well, so it
+	// logs that and still succeeds.
 	"net_raw": {"node", "rules"},
 	// /proc/net/ip_tables_names (whether a legacy table exists: node, rules) and kube-proxy's
 	// log (kubeproxy).
 	"dac_read_search": {"node", "rules", "kubeproxy"},
 }
 
-// checkProcessCaps checks the running exporter's credentials: user 65534 and exactly the
-// case's capabilities effective.
-func checkProcessCaps(t *testing.T, cc *capsCase) {
+// checkProcessCaps checks a running exporter's credentials, user 65534 and exactly caps
+// effective, and returns its /proc status.
+func checkProcessCaps(t *testing.T, pid int, caps []string) string {
 	t.Helper()
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cc.p.cmd.Process.Pid))
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var want uint64
-	for _, c := range cc.caps {
-		want |= 1 << map[string]uint{"dac_read_search": 2, "net_admin": 12, "net_raw": 13}[c]
+	want, err := capability.Parse(strings.Join(caps, ","))
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, line := range []string{"Uid:\t65534\t65534\t65534\t65534", fmt.Sprintf("CapEff:\t%016x", want)} {
+	for _, line := range []string{"Uid:\t65534\t65534\t65534\t65534", fmt.Sprintf("CapEff:\t%016x", uint64(want))} {
 		if !strings.Contains(string(status), line+"\n") {
 			t.Fatalf("want %q in the exporter's status:\n%s", line, status)
 		}
 	}
+	return string(status)
 }
 
 // mkdirMode creates dir/rel with mode on every element it creates below dir.

@@ -214,8 +214,14 @@ func TestDeployManifests(t *testing.T) {
 
 	t.Run("base_dry_run", func(t *testing.T) {
 		for _, o := range base {
-			if o.GetNamespace() != "" {
-				t.Errorf("the base sets a namespace on %s: it should be namespace-agnostic", describe(o))
+			// Namespaced objects in "default", explicitly: an overlay moves them and the
+			// binding's subject together, and kubectl -n cannot move them alone.
+			want := "default"
+			if o.GetKind() == "ClusterRole" || o.GetKind() == "ClusterRoleBinding" {
+				want = ""
+			}
+			if o.GetNamespace() != want {
+				t.Errorf("the base puts %s in namespace %q, want %q", describe(o), o.GetNamespace(), want)
 			}
 			if err := c.create(t, o, true); err != nil {
 				t.Errorf("dry run of %s: %v", describe(o), err)
@@ -245,6 +251,33 @@ func TestDeployManifests(t *testing.T) {
 		_ = unstructured.SetNestedField(pm.Object, "x", "spec", "noSuchField")
 		if err := c.create(t, pm, true); err == nil || !strings.Contains(err.Error(), "noSuchField") {
 			t.Errorf("a PodMonitor with an unknown field passed the dry run (err %v): the CRD is not validating", err)
+		}
+	})
+
+	// The chart (charts/proxyhealth), rendered with each of its test values files as helm
+	// template does, in namespace proxyhealth (which overlay_dry_run created). The paths are
+	// relative to test/e2e and test/deploy alike.
+	t.Run("chart_dry_run", func(t *testing.T) {
+		files, err := filepath.Glob("../../charts/proxyhealth/ci/*-values.yaml")
+		if err != nil || len(files) == 0 {
+			t.Fatalf("no chart values files: %v", err)
+		}
+		created := map[string]bool{ns: true}
+		for _, f := range files {
+			objs := decodeObjects(t, tool("template", "../../charts/proxyhealth", "proxyhealth", ns, f))
+			for _, o := range objs {
+				if n := o.GetNamespace(); n != "" && !created[n] {
+					nsObj := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": n}}}
+					if err := c.create(t, nsObj, false); err != nil && !apierrors.IsAlreadyExists(err) {
+						t.Fatalf("creating namespace %s: %v", n, err)
+					}
+					created[n] = true
+				}
+				if err := c.create(t, o, true); err != nil {
+					t.Errorf("%s: dry run of %s: %v", filepath.Base(f), describe(o), err)
+				}
+			}
+			t.Logf("%s: %d objects accepted", filepath.Base(f), len(objs))
 		}
 	})
 

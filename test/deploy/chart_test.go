@@ -1,0 +1,571 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+)
+
+const root = "../.."
+
+// object is one rendered manifest: its kind, namespace and name, and its YAML.
+type object struct {
+	Kind, Namespace, Name string
+	Labels                map[string]string
+	raw                   []byte
+}
+
+// objects splits a manifest stream into objects.
+func objects(t *testing.T, stream []byte) []object {
+	t.Helper()
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(stream), 4096)
+	var out []object
+	for {
+		var m map[string]any
+		if err := dec.Decode(&m); err != nil {
+			if errors.Is(err, io.EOF) {
+				return out
+			}
+			t.Fatal(err)
+		}
+		if len(m) == 0 {
+			continue
+		}
+		raw, err := json.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var meta struct {
+			Kind     string
+			Metadata struct {
+				Name, Namespace string
+				Labels          map[string]string
+			}
+		}
+		if err := json.Unmarshal(raw, &meta); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, object{Kind: meta.Kind, Namespace: meta.Metadata.Namespace, Name: meta.Metadata.Name, Labels: meta.Metadata.Labels, raw: raw})
+	}
+}
+
+// decodeStrict decodes o into v refusing unknown fields: a field the API type does not have is
+// a typo in a template.
+func (o object) decodeStrict(t *testing.T, v any) {
+	t.Helper()
+	dec := json.NewDecoder(bytes.NewReader(o.raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		t.Fatalf("%s %s/%s: %v", o.Kind, o.Namespace, o.Name, err)
+	}
+}
+
+// typed decodes every object into its API type, strictly, and fails on an unknown kind.
+func typed(t *testing.T, objs []object) {
+	t.Helper()
+	for _, o := range objs {
+		var v any
+		switch o.Kind {
+		case "ServiceAccount":
+			v = &corev1.ServiceAccount{}
+		case "Service":
+			v = &corev1.Service{}
+		case "ConfigMap":
+			v = &corev1.ConfigMap{}
+		case "Namespace":
+			v = &corev1.Namespace{}
+		case "ClusterRole":
+			v = &rbacv1.ClusterRole{}
+		case "ClusterRoleBinding":
+			v = &rbacv1.ClusterRoleBinding{}
+		case "DaemonSet":
+			v = &appsv1.DaemonSet{}
+		case "PodMonitor":
+			v = &monitoringv1.PodMonitor{}
+		case "ServiceMonitor":
+			v = &monitoringv1.ServiceMonitor{}
+		case "PrometheusRule":
+			v = &monitoringv1.PrometheusRule{}
+		default:
+			t.Fatalf("unexpected kind %s", o.Kind)
+		}
+		o.decodeStrict(t, v)
+	}
+}
+
+// byKind indexes objects by kind; a kind rendered twice fails (except ConfigMaps).
+func byKind(t *testing.T, objs []object) map[string]object {
+	t.Helper()
+	m := map[string]object{}
+	for _, o := range objs {
+		if _, dup := m[o.Kind]; dup && o.Kind != "ConfigMap" {
+			t.Fatalf("two %s objects", o.Kind)
+		}
+		m[o.Kind] = o
+	}
+	return m
+}
+
+func renderChart(t *testing.T, release, namespace string, valuesFiles ...string) []object {
+	t.Helper()
+	vals, err := readValues(valuesFiles...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := RenderChart(filepath.Join(root, chartDir), release, namespace, vals)
+	if err != nil {
+		t.Fatalf("helm template with %v: %v", valuesFiles, err)
+	}
+	return objects(t, out)
+}
+
+func renderKustomize(t *testing.T, dir string) []object {
+	t.Helper()
+	out, err := render(dir)
+	if err != nil {
+		t.Fatalf("kustomize %s: %v", dir, err)
+	}
+	return objects(t, out)
+}
+
+// ciValues are the chart's values files for tests (charts/proxyhealth/ci).
+func ciValues(t *testing.T) []string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(root, chartDir, "ci", "*-values.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no values files in %s/ci: %v", chartDir, err)
+	}
+	return files
+}
+
+// TestChartFilesAreCurrent: the rules and dashboards in the chart are alerts/ and dashboards/.
+func TestChartFilesAreCurrent(t *testing.T) {
+	if err := CheckChartFiles(root); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestChartFilesCheckFindsChanges: the check names a changed, a missing and an extra file.
+func TestChartFilesCheckFindsChanges(t *testing.T) {
+	dir := t.TempDir()
+	write := func(p, s string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, p), []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(sourceRules, "groups:\n  - name: g\n    rules:\n      - alert: A\n        expr: up == 0\n")
+	write(sourceDashboards+"/a.json", "{}\n")
+	write(sourceDashboards+"/b.json", "{\"b\": 1}\n")
+	if err := WriteChartFiles(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckChartFiles(dir); err != nil {
+		t.Fatalf("just generated: %v", err)
+	}
+	write(sourceDashboards+"/a.json", "{\"changed\": true}\n")
+	if err := os.Remove(filepath.Join(dir, chartDashboards, "b.json")); err != nil {
+		t.Fatal(err)
+	}
+	write(chartDashboards+"/c.json", "{}\n")
+	err := CheckChartFiles(dir)
+	for _, want := range []string{"a.json differs", "b.json is missing", "c.json has no source"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("want %q in %v", want, err)
+		}
+	}
+	if err := WriteChartFiles(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckChartFiles(dir); err != nil {
+		t.Fatalf("regenerated: %v", err)
+	}
+}
+
+// TestChartLint: helm lint --strict, with the defaults and with each values file.
+func TestChartLint(t *testing.T) {
+	for _, f := range append([]string{""}, ciValues(t)...) {
+		name := "defaults"
+		var files []string
+		if f != "" {
+			name, files = filepath.Base(f), []string{f}
+		}
+		t.Run(name, func(t *testing.T) {
+			vals, err := readValues(files...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := LintChart(filepath.Join(root, chartDir), "proxyhealth", vals); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestChartTemplate renders the chart with each values file and checks what each is for.
+func TestChartTemplate(t *testing.T) {
+	checks := map[string]func(t *testing.T, objs []object, k map[string]object){
+		"default-values.yaml": func(t *testing.T, objs []object, k map[string]object) {
+			for _, kind := range []string{"PodMonitor", "ServiceMonitor", "PrometheusRule", "Service", "ConfigMap"} {
+				if _, ok := k[kind]; ok {
+					t.Errorf("a %s by default", kind)
+				}
+			}
+			var ds appsv1.DaemonSet
+			k["DaemonSet"].decodeStrict(t, &ds)
+			pod := ds.Spec.Template.Spec
+			if pod.NodeSelector["kubernetes.io/os"] != "linux" {
+				t.Errorf("nodeSelector %v", pod.NodeSelector)
+			}
+			if len(pod.Tolerations) != 1 || pod.Tolerations[0].Operator != corev1.TolerationOpExists || pod.Tolerations[0].Key != "" {
+				t.Errorf("tolerations %v: want every taint tolerated", pod.Tolerations)
+			}
+			if img := pod.Containers[0].Image; img != "ghcr.io/proxyhealth/proxyhealth:v0.1.0" {
+				t.Errorf("image %s: want the tag v<appVersion>", img)
+			}
+			var crb rbacv1.ClusterRoleBinding
+			k["ClusterRoleBinding"].decodeStrict(t, &crb)
+			if s := crb.Subjects; len(s) != 1 || s[0].Namespace != "proxyhealth" || s[0].Name != k["ServiceAccount"].Name {
+				t.Errorf("binding subjects %+v", s)
+			}
+		},
+		"kube-prometheus-stack-values.yaml": func(t *testing.T, objs []object, k map[string]object) {
+			for _, kind := range []string{"PodMonitor", "PrometheusRule"} {
+				if k[kind].Labels["release"] != "kube-prometheus-stack" {
+					t.Errorf("%s labels %v: no release label", kind, k[kind].Labels)
+				}
+			}
+		},
+		"everything-values.yaml": func(t *testing.T, objs []object, k map[string]object) {
+			for _, o := range objs {
+				want := "monitoring"
+				switch o.Kind {
+				case "ClusterRole", "ClusterRoleBinding":
+					want = ""
+				case "PodMonitor", "PrometheusRule":
+					// Their own namespace (where a Prometheus looks for them) over namespaceOverride.
+					want = "prometheus"
+				case "ConfigMap":
+					want = "grafana"
+				}
+				if o.Namespace != want {
+					t.Errorf("%s %s in namespace %q, want %q", o.Kind, o.Name, o.Namespace, want)
+				}
+				if o.Labels["team"] != "network" {
+					t.Errorf("%s %s lacks the common label: %v", o.Kind, o.Name, o.Labels)
+				}
+				if o.Labels["app.kubernetes.io/name"] != "ph" {
+					t.Errorf("%s %s: app.kubernetes.io/name %q", o.Kind, o.Name, o.Labels["app.kubernetes.io/name"])
+				}
+			}
+			var ds appsv1.DaemonSet
+			k["DaemonSet"].decodeStrict(t, &ds)
+			pod := ds.Spec.Template.Spec
+			c := pod.Containers[0]
+			if c.Image != "registry.example.com/mirror/proxyhealth:v0.1.0-rc.1@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef" || c.ImagePullPolicy != corev1.PullAlways {
+				t.Errorf("image %s %s", c.Image, c.ImagePullPolicy)
+			}
+			if !slices.Equal(c.Args, []string{"--web.listen-address=:9970", "--node-name=$(NODE_NAME)", "--rules.grace-period=2m", "--log.format=json"}) {
+				t.Errorf("args %q", c.Args)
+			}
+			if len(c.Env) != 2 || c.Env[1].Name != "GOMEMLIMIT" || c.Ports[0].ContainerPort != 9970 {
+				t.Errorf("env %v ports %v", c.Env, c.Ports)
+			}
+			if len(pod.ImagePullSecrets) != 2 || pod.ImagePullSecrets[0].Name != "pull-secret" || pod.ImagePullSecrets[1].Name != "other-secret" {
+				t.Errorf("imagePullSecrets %v", pod.ImagePullSecrets)
+			}
+			if pod.PriorityClassName != "system-node-critical" || pod.Affinity == nil || ds.Spec.UpdateStrategy.Type != appsv1.OnDeleteDaemonSetStrategyType {
+				t.Errorf("priority class, affinity or update strategy not set")
+			}
+			if len(pod.Volumes) != 2 || len(c.VolumeMounts) != 2 {
+				t.Errorf("volumes %v mounts %v", pod.Volumes, c.VolumeMounts)
+			}
+			var crb rbacv1.ClusterRoleBinding
+			k["ClusterRoleBinding"].decodeStrict(t, &crb)
+			if s := crb.Subjects; len(s) != 1 || s[0].Namespace != "monitoring" || s[0].Name != "node-proxyhealth" {
+				t.Errorf("binding subjects %+v: want the ServiceAccount in the overridden namespace", s)
+			}
+			var pm monitoringv1.PodMonitor
+			k["PodMonitor"].decodeStrict(t, &pm)
+			ep := pm.Spec.PodMetricsEndpoints[0]
+			if string(ep.Interval) != "15s" || string(ep.ScrapeTimeout) != "5s" || len(ep.RelabelConfigs) != 2 || len(ep.MetricRelabelConfigs) != 1 {
+				t.Errorf("pod monitor endpoint %+v", ep)
+			}
+			if !slices.Equal(pm.Spec.NamespaceSelector.MatchNames, []string{"monitoring"}) {
+				t.Errorf("pod monitor namespaces %v", pm.Spec.NamespaceSelector.MatchNames)
+			}
+			var sm monitoringv1.ServiceMonitor
+			k["ServiceMonitor"].decodeStrict(t, &sm)
+			var svc corev1.Service
+			k["Service"].decodeStrict(t, &svc)
+			if svc.Spec.Ports[0].Port != 9970 || sm.Spec.Endpoints[0].Port != svc.Spec.Ports[0].Name {
+				t.Errorf("service port %v, monitor port %q", svc.Spec.Ports, sm.Spec.Endpoints[0].Port)
+			}
+			var pr monitoringv1.PrometheusRule
+			k["PrometheusRule"].decodeStrict(t, &pr)
+			var alerts []string
+			up := ""
+			for _, g := range pr.Spec.Groups {
+				for _, r := range g.Rules {
+					alerts = append(alerts, r.Alert)
+					if r.Record == "proxyhealth:up" {
+						up = r.Expr.String()
+					}
+				}
+			}
+			if slices.Contains(alerts, "ProxyHealthConntrackTableNearlyFull") || slices.Contains(alerts, "ProxyHealthExporterAbsent") || !slices.Contains(alerts, "ProxyHealthExporterDown") {
+				t.Errorf("alerts %v: want the two disabled ones out, the others in", alerts)
+			}
+			if up != `up{job="ph"}` {
+				t.Errorf("proxyhealth:up is %q: want the job of the renamed pods", up)
+			}
+			dashboards := 0
+			for _, o := range objs {
+				if o.Kind != "ConfigMap" {
+					continue
+				}
+				dashboards++
+				var cm corev1.ConfigMap
+				o.decodeStrict(t, &cm)
+				if cm.Labels["grafana_dashboard"] != "1" || cm.Annotations["grafana_folder"] != "Kubernetes" || len(cm.Data) != 1 {
+					t.Errorf("dashboard ConfigMap %s: labels %v annotations %v", cm.Name, cm.Labels, cm.Annotations)
+				}
+				for key, v := range cm.Data {
+					src, err := os.ReadFile(filepath.Join(root, sourceDashboards, key))
+					if err != nil {
+						t.Fatal(err)
+					}
+					if v != strings.TrimSuffix(string(src), "\n") {
+						t.Errorf("dashboard %s differs from %s", cm.Name, key)
+					}
+				}
+			}
+			srcs, _ := filepath.Glob(filepath.Join(root, sourceDashboards, "*.json"))
+			if dashboards != len(srcs) {
+				t.Errorf("%d dashboard ConfigMaps for %d dashboards", dashboards, len(srcs))
+			}
+		},
+		"external-rbac-values.yaml": func(t *testing.T, objs []object, k map[string]object) {
+			for _, kind := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding"} {
+				if _, ok := k[kind]; ok {
+					t.Errorf("a %s with rbac.create and serviceAccount.create false", kind)
+				}
+			}
+			var ds appsv1.DaemonSet
+			k["DaemonSet"].decodeStrict(t, &ds)
+			pod := ds.Spec.Template.Spec
+			if pod.ServiceAccountName != "proxyhealth-reader" || pod.HostNetwork || len(pod.Volumes) != 0 || pod.DNSPolicy != "" {
+				t.Errorf("service account %q, host network %v, volumes %v, dnsPolicy %q", pod.ServiceAccountName, pod.HostNetwork, pod.Volumes, pod.DNSPolicy)
+			}
+		},
+	}
+	files := ciValues(t)
+	if len(files) != len(checks) {
+		t.Errorf("%d values files, %d checks: each values file needs its check", len(files), len(checks))
+	}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			objs := renderChart(t, "proxyhealth", "proxyhealth", f)
+			typed(t, objs)
+			k := byKind(t, objs)
+			for _, kind := range []string{"DaemonSet"} {
+				if _, ok := k[kind]; !ok {
+					t.Fatalf("no %s", kind)
+				}
+			}
+			check, ok := checks[filepath.Base(f)]
+			if !ok {
+				t.Fatalf("no check for %s", f)
+			}
+			check(t, objs, k)
+		})
+	}
+}
+
+// TestChartMatchesKustomize: the chart, with the values of a kube-prometheus-stack install,
+// renders the DaemonSet, RBAC and monitors the kustomize example overlay does, in everything
+// but names and labels: the same pod (args, env, securityContext, volumes, probes, resources,
+// nodeSelector, tolerations), the same ClusterRole rules bound to the ServiceAccount in the
+// namespace it is in, the same scrape and the same rules, both monitors labelled for the
+// Prometheus that selects them.
+func TestChartMatchesKustomize(t *testing.T) {
+	kust := byKind(t, renderKustomize(t, filepath.Join(root, "deploy/overlays/example")))
+	chart := byKind(t, renderChart(t, "proxyhealth", kust["DaemonSet"].Namespace,
+		filepath.Join(root, chartDir, "ci", "kube-prometheus-stack-values.yaml")))
+
+	same := func(what string, a, b any) {
+		t.Helper()
+		ja, _ := json.MarshalIndent(a, "", "  ")
+		jb, _ := json.MarshalIndent(b, "", "  ")
+		if !bytes.Equal(ja, jb) {
+			t.Errorf("%s differs:\nkustomize: %s\nchart:     %s", what, ja, jb)
+		}
+	}
+
+	var kds, cds appsv1.DaemonSet
+	kust["DaemonSet"].decodeStrict(t, &kds)
+	chart["DaemonSet"].decodeStrict(t, &cds)
+	kpod, cpod := kds.Spec.Template.Spec, cds.Spec.Template.Spec
+	same("the pod spec", kpod, cpod)
+	same("the update strategy", kds.Spec.UpdateStrategy, cds.Spec.UpdateStrategy)
+	if kds.Namespace != cds.Namespace {
+		t.Errorf("DaemonSet namespaces %q and %q", kds.Namespace, cds.Namespace)
+	}
+
+	for _, objs := range []map[string]object{kust, chart} {
+		var sa corev1.ServiceAccount
+		var cr rbacv1.ClusterRole
+		var crb rbacv1.ClusterRoleBinding
+		var ds appsv1.DaemonSet
+		objs["ServiceAccount"].decodeStrict(t, &sa)
+		objs["ClusterRole"].decodeStrict(t, &cr)
+		objs["ClusterRoleBinding"].decodeStrict(t, &crb)
+		objs["DaemonSet"].decodeStrict(t, &ds)
+		want := []rbacv1.Subject{{Kind: "ServiceAccount", Name: sa.Name, Namespace: sa.Namespace}}
+		if !slices.Equal(crb.Subjects, want) || crb.RoleRef.Name != cr.Name || ds.Spec.Template.Spec.ServiceAccountName != sa.Name || sa.Namespace != ds.Namespace {
+			t.Errorf("the binding %+v -> %s does not bind ClusterRole %s to ServiceAccount %s/%s of DaemonSet %s/%s",
+				crb.Subjects, crb.RoleRef.Name, cr.Name, sa.Namespace, sa.Name, ds.Namespace, ds.Name)
+		}
+	}
+	var kcr, ccr rbacv1.ClusterRole
+	kust["ClusterRole"].decodeStrict(t, &kcr)
+	chart["ClusterRole"].decodeStrict(t, &ccr)
+	same("the ClusterRole's rules", kcr.Rules, ccr.Rules)
+
+	var kpm, cpm monitoringv1.PodMonitor
+	kust["PodMonitor"].decodeStrict(t, &kpm)
+	chart["PodMonitor"].decodeStrict(t, &cpm)
+	same("the scrape", kpm.Spec.PodMetricsEndpoints, cpm.Spec.PodMetricsEndpoints)
+	same("the job label", kpm.Spec.JobLabel, cpm.Spec.JobLabel)
+	for _, pm := range []monitoringv1.PodMonitor{kpm, cpm} {
+		sel := pm.Spec.Selector.MatchLabels
+		for k, v := range sel {
+			if kds.Spec.Template.Labels[k] != v && cds.Spec.Template.Labels[k] != v {
+				t.Errorf("PodMonitor %s selects %s=%s, which its pods lack", pm.Name, k, v)
+			}
+		}
+	}
+
+	var kpr, cpr monitoringv1.PrometheusRule
+	kust["PrometheusRule"].decodeStrict(t, &kpr)
+	chart["PrometheusRule"].decodeStrict(t, &cpr)
+	same("the rules", kpr.Spec, cpr.Spec)
+
+	for _, kind := range []string{"PodMonitor", "PrometheusRule"} {
+		if kust[kind].Labels["release"] == "" || kust[kind].Labels["release"] != chart[kind].Labels["release"] {
+			t.Errorf("%s release labels: kustomize %q, chart %q", kind, kust[kind].Labels["release"], chart[kind].Labels["release"])
+		}
+	}
+}
+
+// TestKustomizeNamespace: the namespace is set in one place and everything follows it,
+// including the ClusterRoleBinding's subject. The base puts its objects in "default"
+// explicitly, so that `kubectl apply -k deploy/base -n X` is refused instead of leaving the
+// binding's subject behind; an overlay's namespace (or `kustomize edit set namespace` in a copy
+// of the base) moves the objects and the subject together.
+func TestKustomizeNamespace(t *testing.T) {
+	base, err := filepath.Abs(filepath.Join(root, "deploy/base"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(t *testing.T, objs []object, ns string) {
+		t.Helper()
+		k := byKind(t, objs)
+		for _, o := range objs {
+			want := ns
+			if o.Kind == "ClusterRole" || o.Kind == "ClusterRoleBinding" || o.Kind == "Namespace" {
+				want = ""
+			}
+			if o.Namespace != want {
+				t.Errorf("%s %s in namespace %q, want %q", o.Kind, o.Name, o.Namespace, want)
+			}
+		}
+		var crb rbacv1.ClusterRoleBinding
+		k["ClusterRoleBinding"].decodeStrict(t, &crb)
+		if len(crb.Subjects) != 1 || crb.Subjects[0].Namespace != ns || crb.Subjects[0].Name != k["ServiceAccount"].Name {
+			t.Errorf("the binding's subject %+v is not ServiceAccount %s/%s", crb.Subjects, ns, k["ServiceAccount"].Name)
+		}
+	}
+	t.Run("base", func(t *testing.T) { check(t, renderKustomize(t, base), "default") })
+	t.Run("overlay", func(t *testing.T) {
+		dir := t.TempDir()
+		rel, err := filepath.Rel(dir, base) // kustomize refuses an absolute base
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: monitoring\nresources:\n- %s\n", rel)
+		if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		check(t, renderKustomize(t, dir), "monitoring")
+	})
+	t.Run("edit_set_namespace", func(t *testing.T) {
+		// What `kustomize edit set namespace monitoring` does to a copy of the base.
+		dir := t.TempDir()
+		entries, err := os.ReadDir(base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range entries {
+			b, err := os.ReadFile(filepath.Join(base, e.Name()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if e.Name() == "kustomization.yaml" {
+				var m map[string]any
+				if err := yaml.Unmarshal(b, &m); err != nil {
+					t.Fatal(err)
+				}
+				if m["namespace"] != "default" {
+					t.Fatalf("the base's namespace is %v, want default", m["namespace"])
+				}
+				m["namespace"] = "monitoring"
+				if b, err = yaml.Marshal(m); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := os.WriteFile(filepath.Join(dir, e.Name()), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		check(t, renderKustomize(t, dir), "monitoring")
+	})
+	t.Run("example_overlay", func(t *testing.T) {
+		objs := renderKustomize(t, filepath.Join(root, "deploy/overlays/example"))
+		var ns string
+		for _, o := range objs {
+			if o.Kind == "Namespace" {
+				ns = o.Name
+			}
+		}
+		var rest []object
+		for _, o := range objs {
+			switch o.Kind {
+			case "PodMonitor", "PrometheusRule":
+				if o.Namespace != ns {
+					t.Errorf("%s in %q, want %q", o.Kind, o.Namespace, ns)
+				}
+			default:
+				rest = append(rest, o)
+			}
+		}
+		check(t, rest, ns)
+	})
+}
