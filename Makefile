@@ -1,5 +1,8 @@
-# proxyhealth: build and test. `sudo make test` is what CI runs (.ci/run).
+# proxyhealth: build and test. `make test` is what CI runs (.ci/run).
 GO ?= go
+# The exporter and the tests need root (netlink, network namespaces): when not root, the run and
+# test targets go through sudo where it exists, keeping PATH so that the same go is used.
+SUDO := $(if $(filter 0,$(shell id -u)),,$(if $(shell command -v sudo 2>/dev/null),sudo env PATH="$$PATH" HOME="$$HOME",))
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X github.com/prometheus/common/version.Version=$(VERSION) -X github.com/prometheus/common/version.Revision=$(REVISION)
@@ -23,7 +26,7 @@ ifeq ($(notdir $(firstword $(CONTAINER_ENGINE))),podman)
 IMAGE_ENGINE_FLAGS ?= --layers=false --ulimit nofile=$$(ulimit -Hn):$$(ulimit -Hn) --build-arg TARGETOS=linux
 endif
 
-.PHONY: all build image image-binaries cross test vet unit kube alerts dashboards deploy-check deploy-generate e2e bench-smoke
+.PHONY: all build run image image-binaries cross test test-all vet unit kube alerts dashboards deploy-check deploy-generate e2e bench-smoke
 
 all: build
 
@@ -107,4 +110,13 @@ bench-smoke:
 	$(GO) run ./bench/rules-drift --smoke
 	$(GO) run ./bench/rules-drift node-cost --mode iptables-legacy --smoke
 
-test: vet unit cross kube alerts dashboards deploy-check e2e bench-smoke
+# Run the exporter on this host: http://localhost:9869/
+run: build
+	$(SUDO) ./proxyhealth
+
+# Every test, as CI runs them: the Debian packages first (test/deps.sh), then the rest, as root.
+test:
+	$(SUDO) test/deps.sh
+	$(SUDO) $(MAKE) test-all
+
+test-all: vet unit cross kube alerts dashboards deploy-check e2e bench-smoke
