@@ -28,7 +28,7 @@ const (
 
 func requireNetns(t *testing.T, bins ...string) {
 	t.Helper()
-	if os.Getenv(inNetnsEnv) != "1" {
+	if !nftnltest.InNetns() {
 		t.Skip("needs root and unshare(1) to run in a network namespace of its own")
 	}
 	for _, b := range bins {
