@@ -328,6 +328,7 @@ type viewResult struct {
 		HeapFree     uint64  `json:"heap_free_bytes"`
 		Stacks       uint64  `json:"stacks_bytes"`
 		RuntimeOther uint64  `json:"runtime_other_bytes"`
+		Profiling    uint64  `json:"profiling_bytes"`
 	} `json:"peak"`
 }
 

@@ -78,13 +78,13 @@ func (r *report) render() string {
 			spread(bd.field(func(v viewResult) float64 { return float64(v.NumGC) }), "%.0f"),
 		)
 	}
-	b.WriteString("\nEach run's highest VmRSS sample (every 5 ms), and how the Go runtime accounted its memory at that moment (MiB): heap objects (live and not yet swept), free space in the spans in use, free spans not yet returned to the OS, stacks, runtime metadata. The rest of VmRSS is the binary's pages and what the runtime does not account.\n\n")
-	b.WriteString("| build | run | at s | VmRSS | heap objects | span free space | free spans | stacks | runtime |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("\nEach run's highest VmRSS sample (every 5 ms), and how the Go runtime accounted its memory at that moment (MiB): heap objects (live and not yet swept), free space in the spans in use, free spans not yet returned to the OS, stacks, runtime metadata, the memory profiler's buckets (Go's default sampling). The rest of VmRSS is the binary's pages and what the runtime does not account.\n\n")
+	b.WriteString("| build | run | at s | VmRSS | heap objects | span free space | free spans | stacks | runtime | profiler |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, bd := range r.Builds {
 		for i, v := range bd.Runs {
 			p := v.Peak
-			fmt.Fprintf(&b, "| %s | %d | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", bd.Name, i+1, p.AtSeconds, mib(p.RSSKiB),
-				mibBytes(p.HeapObjects), mibBytes(p.HeapUnused), mibBytes(p.HeapFree), mibBytes(p.Stacks), mibBytes(p.RuntimeOther))
+			fmt.Fprintf(&b, "| %s | %d | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", bd.Name, i+1, p.AtSeconds, mib(p.RSSKiB),
+				mibBytes(p.HeapObjects), mibBytes(p.HeapUnused), mibBytes(p.HeapFree), mibBytes(p.Stacks), mibBytes(p.RuntimeOther), mibBytes(p.Profiling))
 		}
 	}
 	fmt.Fprintf(&b, "\nkube-apiserver at the end: VmRSS %.1f MiB (VmHWM %.1f); etcd: VmRSS %.1f MiB (VmHWM %.1f).\n", mib(k.APIServer.RSSKiB), mib(k.APIServer.HWMKiB), mib(k.Etcd.RSSKiB), mib(k.Etcd.HWMKiB))

@@ -26,9 +26,9 @@ const (
 type state struct {
 	nodeName string
 	// changed is told which Service's ports may have changed (all: the node's zone, which
-	// selects topology hints for every Service), after the change is in place. heard is told
-	// of every event and list: each is proof the connection to the API works. synced is
-	// called once, when every kind has been listed.
+	// selects topology hints for every Service), after the change is in place, once every
+	// kind has been listed. heard is told of every event and list: each is proof the
+	// connection to the API works. synced is called once, when every kind has been listed.
 	changed func(key objKey, all bool)
 	heard   func()
 	synced  func()
@@ -127,6 +127,15 @@ func (s *state) kept(obj any) bool {
 	return false
 }
 
+// changedLocked reports a change once the view is synced; until then nothing is reported,
+// since the sync itself reports every Service, and marking each of 10,000 on the way would
+// only add to the initial list's peak. The caller holds mu.
+func (s *state) changedLocked(key objKey, all bool) {
+	if s.allListed() {
+		s.changed(key, all)
+	}
+}
+
 // entry returns key's entry, creating it. The caller holds mu.
 func (s *state) entry(key objKey) *serviceEntry {
 	e := s.services[key]
@@ -151,7 +160,7 @@ func (s *state) put(k kind, obj any) {
 		s.removeLocked(k, o.key)
 		if s.kept(o) {
 			s.entry(o.key).svc = o
-			s.changed(o.key, false)
+			s.changedLocked(o.key, false)
 		}
 	case *sliceInfo:
 		s.removeLocked(k, o.key)
@@ -160,14 +169,14 @@ func (s *state) put(k kind, obj any) {
 			sk := o.serviceKey()
 			e := s.entry(sk)
 			e.slices = append(e.slices, o)
-			s.changed(sk, false)
+			s.changedLocked(sk, false)
 		}
 	case *nodeInfo:
 		if !s.kept(o) {
 			return
 		}
 		if s.node == nil || s.node.zone != o.zone {
-			s.changed(objKey{}, true)
+			s.changedLocked(objKey{}, true)
 		}
 		s.node = o
 	}
@@ -180,7 +189,7 @@ func (s *state) removeLocked(k kind, key objKey) {
 		if e := s.services[key]; e != nil && e.svc != nil {
 			e.svc = nil
 			s.prune(key, e)
-			s.changed(key, false)
+			s.changedLocked(key, false)
 		}
 	case kindSlice:
 		old, ok := s.slices[key]
@@ -193,25 +202,26 @@ func (s *state) removeLocked(k kind, key objKey) {
 			e.slices = slices.DeleteFunc(e.slices, func(x *sliceInfo) bool { return x == old })
 			s.prune(sk, e)
 		}
-		s.changed(sk, false)
+		s.changedLocked(sk, false)
 	case kindNode:
 		if s.node != nil && s.node.name == key.name {
 			s.node = nil
-			s.changed(objKey{}, true)
+			s.changedLocked(objKey{}, true)
 		}
 	}
 }
 
-// replace makes the objects of kind k exactly list (a full list or a relist).
+// replace makes the objects of kind k exactly list (a full list or a relist). It converts
+// list in place: the reflector hands it over.
 func (s *state) replace(k kind, list []any) error {
-	converted := make([]any, 0, len(list))
-	for _, obj := range list {
+	for i, obj := range list {
 		c, err := s.convert(k, obj)
 		if err != nil {
 			return err
 		}
-		converted = append(converted, c)
+		list[i] = c
 	}
+	converted := list
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch k {
@@ -220,7 +230,7 @@ func (s *state) replace(k kind, list []any) error {
 			if e.svc != nil {
 				e.svc = nil
 				s.prune(key, e)
-				s.changed(key, false)
+				s.changedLocked(key, false)
 			}
 		}
 	case kindSlice:
@@ -228,14 +238,14 @@ func (s *state) replace(k kind, list []any) error {
 			if len(e.slices) > 0 {
 				e.slices = nil
 				s.prune(key, e)
-				s.changed(key, false)
+				s.changedLocked(key, false)
 			}
 		}
 		s.slices = make(map[objKey]*sliceInfo, len(converted))
 	case kindNode:
 		if s.node != nil {
 			s.node = nil
-			s.changed(objKey{}, true)
+			s.changedLocked(objKey{}, true)
 		}
 	}
 	for _, c := range converted {

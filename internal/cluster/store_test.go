@@ -67,6 +67,9 @@ func TestStore(t *testing.T) {
 	if r.syncedAt != 0 || r.hasSynced() {
 		t.Fatal("synced before every kind was listed")
 	}
+	if len(r.changed) != 0 || r.all != 0 {
+		t.Errorf("changes reported before the sync (which reports them all): %v, all %d", r.changed, r.all)
+	}
 	r.replaced = 2
 	must(t, nodes.Replace([]any{node("node-b", "zone-b"), node("node-a", "zone-a")}, "1"))
 	if r.syncedAt != 3 || !r.hasSynced() {

@@ -58,7 +58,8 @@ type peakSample struct {
 	HeapUnused   uint64  `json:"heap_unused_bytes"`   // free space in spans in use
 	HeapFree     uint64  `json:"heap_free_bytes"`     // free spans not returned to the OS
 	Stacks       uint64  `json:"stacks_bytes"`        // goroutine stacks
-	RuntimeOther uint64  `json:"runtime_other_bytes"` // GC metadata, profiling buckets, other runtime structures
+	RuntimeOther uint64  `json:"runtime_other_bytes"` // GC metadata and other runtime structures
+	Profiling    uint64  `json:"profiling_bytes"`     // the memory profiler's buckets (runtime.MemProfileRate)
 }
 
 func main() {
@@ -218,7 +219,8 @@ func samplePeak(ctx context.Context, start time.Time) peakSample {
 			HeapUnused:   v(1),
 			HeapFree:     v(2),
 			Stacks:       v(3) + v(4),
-			RuntimeOther: v(5) + v(6) + v(7) + v(8) + v(9),
+			RuntimeOther: v(5) + v(6) + v(7) + v(8),
+			Profiling:    v(9),
 		}
 	}
 }
