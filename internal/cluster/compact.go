@@ -5,7 +5,6 @@ import (
 	"unique"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
@@ -41,9 +40,11 @@ type serviceInfo struct {
 	skip, otherProxy bool
 	internalLocal    bool // internalTrafficPolicy: Local
 	externalLocal    bool // externalTrafficPolicy: Local on an externally accessible type
-	// families and clusterIPs are per IP family the Service has, primary first; clusterIPs
-	// is what each of its ServicePorts publishes as ClusterIPs.
-	families   []familyInfo
+	// externalIPs and loadBalancerVIPs are the families the Service has external IPs and
+	// VIP-mode load-balancer IPs of.
+	externalIPs, loadBalancerVIPs familySet
+	// clusterIPs has one address per IP family the Service has, primary first; it is what
+	// each of its ServicePorts publishes as ClusterIPs.
 	clusterIPs []netip.Addr
 	ports      []servicePortInfo
 }
@@ -57,22 +58,50 @@ type servicePortInfo struct {
 
 // sliceInfo is an EndpointSlice reduced to what endpointsByPort reads.
 type sliceInfo struct {
-	key         objKey
-	service     string // the kubernetes.io/service-name label; "" when missing
-	headless    bool   // the service.kubernetes.io/headless label, which kube-proxy's list selector filters out
-	addressType discoveryv1.AddressType
+	key      objKey
+	service  string // the kubernetes.io/service-name label; "" when missing
+	headless bool   // the service.kubernetes.io/headless label, which kube-proxy's list selector filters out
+	// family is the IP family of the slice's address type (familyBit); none for FQDN,
+	// which kube-proxy ignores.
+	family familySet
 	// ports holds only usable ports: kube-proxy ignores a port without a name (nil, not "")
 	// or without a valid number.
 	ports []slicePortInfo
-	// endpoints holds only endpoints whose first address parses (kube-proxy uses only that
+	// The slice's endpoints are those whose first address parses (kube-proxy uses only that
 	// one, and cannot program the others), sorted by that address; endpoints listed twice
-	// keep their order. Each port's addrs are the same endpoints' addresses with its number;
-	// endpoints[i] is endpoint i's attributes.
-	endpoints []*endpointAttrs
+	// keep their order. Each port's addrs are their addresses with its number, and endpoint
+	// i's attributes are attrs[i]; attrs is nil when every endpoint is ready, serving, not
+	// terminating and without hints (the usual slice), and local then says which are on
+	// this node (nil when none is).
+	attrs []*endpointAttrs
+	local bitset
 }
 
 // serviceKey is the key of the Service the slice belongs to (endpointSliceCacheKeys).
 func (s *sliceInfo) serviceKey() objKey { return objKey{s.key.namespace, s.service} }
+
+// endpoint returns endpoint i's attributes.
+func (s *sliceInfo) endpoint(i int) *endpointAttrs {
+	switch {
+	case s.attrs != nil:
+		return s.attrs[i]
+	case s.local.has(i):
+		return readyLocalAttrs
+	}
+	return readyAttrs
+}
+
+// bitset is a set of small integers.
+type bitset []uint64
+
+func (b *bitset) add(i int) {
+	for len(*b) <= i/64 {
+		*b = append(*b, 0)
+	}
+	(*b)[i/64] |= 1 << (i % 64)
+}
+
+func (b bitset) has(i int) bool { return i/64 < len(b) && b[i/64]&(1<<(i%64)) != 0 }
 
 type slicePortInfo struct {
 	name     unique.Handle[string]
