@@ -10,10 +10,11 @@ import (
 )
 
 // The compact forms the view keeps of Services, EndpointSlices and this node: only what
-// servicePorts and categorizeEndpoints read, with addresses parsed once and the strings that
-// repeat across objects (namespaces, node names, port names) interned as unique handles, 8
-// bytes each and one copy per distinct value. At 10,000 Services and 100,000 endpoints the API
-// objects, even trimmed, are several times larger than this.
+// servicePorts and categorizeEndpoints read, with addresses parsed once, the strings that
+// repeat across objects (namespaces, port names) interned as unique handles (8 bytes each,
+// one copy per distinct value), an endpoint's node reduced to whether it is this one, and
+// the attributes of the usual endpoint (ready, no hints) to a bit. At 10,000 Services and
+// 100,000 endpoints the API objects, even trimmed, are several times larger than this.
 //
 // A compact object is immutable once built: an update from the API replaces it whole. That is
 // what lets the recompute read objects outside the store's lock, and DeepCopyObject return the

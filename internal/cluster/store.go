@@ -187,7 +187,7 @@ func (s *state) put(k kind, obj any, scan bool) {
 func (s *state) putSlice(o *sliceInfo, scan bool) {
 	sk := o.serviceKey()
 	if !s.kept(o) {
-		s.removeSlice(o.key, sk, true) // it may have lost the label that kept it
+		s.removeSlice(o.key, sk, scan) // it may have lost the label that kept it
 		return
 	}
 	e := s.entry(sk)
