@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/transport"
@@ -117,20 +118,31 @@ func newRESTSource(cfg *rest.Config) (*apiSource, error) {
 // http2StreamBuffer bounds what the API server may send ahead on one list or watch before
 // the view reads it. With x/net/http2's default, 4 MiB per stream, the server streams a
 // list of 10,000 EndpointSlices faster than the reflector converts it, and the client
-// buffers megabytes of it on top of the view; on a LAN, 512 KiB in flight keeps the stream
-// as fast.
-const http2StreamBuffer = 512 << 10
+// buffers megabytes of it on top of the view. 256 KiB in flight still carries over 100 MB/s
+// at a millisecond's round trip, far more than the API server sends one watch.
+const http2StreamBuffer = 256 << 10
 
 // limitStreamBuffer sets http2StreamBuffer on the http.Transport client-go built for the
-// view's config (from its TLS transport cache, created for this config) before the
-// transport opens a connection: x/net/http2 reads the transport's HTTP2 settings for each
-// new connection. A transport with settings of its own, or net/http's shared default (a
-// plain-HTTP server), is left alone.
+// view's config before the transport opens a connection (x/net/http2 reads the transport's
+// HTTP2 settings for each new connection). client-go hands over its transport wrapped (its
+// TLS cache's tracking, CA file rotation, whose replacement transports are clones that keep
+// the setting), so the wrappers are unwrapped to find it. A transport with settings of its
+// own, or net/http's shared default (a plain-HTTP server), is left alone; only the view uses
+// client-go in the exporter, so nothing else has used the transport yet.
 func limitStreamBuffer(rt http.RoundTripper) http.RoundTripper {
-	if t, ok := rt.(*http.Transport); ok && t != http.DefaultTransport && t.HTTP2 == nil {
-		t.HTTP2 = &http.HTTP2Config{MaxReceiveBufferPerStream: http2StreamBuffer}
+	for inner := rt; ; {
+		switch t := inner.(type) {
+		case *http.Transport:
+			if t != http.DefaultTransport && t.HTTP2 == nil {
+				t.HTTP2 = &http.HTTP2Config{MaxReceiveBufferPerStream: http2StreamBuffer}
+			}
+			return rt
+		case utilnet.RoundTripperWrapper:
+			inner = t.WrappedRoundTripper()
+		default:
+			return rt
+		}
 	}
-	return rt
 }
 
 // restResource lists and watches resource as the generated typed clients do

@@ -297,11 +297,16 @@ func TestCompactFormsKeepWhatServicePortsReads(t *testing.T) {
 	if fmt.Sprintf("%+v", want) != fmt.Sprintf("%+v", got) {
 		t.Errorf("the compact forms changed the result:\nfrom the API objects %+v\nfrom compact forms   %+v", want, got)
 	}
-	if len(csl.endpoints) != 4 || len(csl.ports) != 1 || !slices.Equal(csl.ports[0].addrs, addrs("10.0.1.1:8080", "10.0.1.2:8080", "10.0.1.3:8080", "10.0.1.4:8080")) {
+	if len(csl.attrs) != 4 || len(csl.ports) != 1 || !slices.Equal(csl.ports[0].addrs, addrs("10.0.1.1:8080", "10.0.1.2:8080", "10.0.1.3:8080", "10.0.1.4:8080")) {
 		t.Errorf("compact slice %+v, want the four endpoints that parse, the first address of each, sorted", csl)
 	}
-	if a := csl.endpoints; a[2] != a[3] || a[1] == a[2] || a[2].terminating || !a[1].terminating || !a[0].local || a[1].local {
+	if a := csl.attrs; a[2] != a[3] || a[1] == a[2] || a[2].terminating || !a[1].terminating || !a[0].local || a[1].local {
 		t.Errorf("endpoint attributes %+v %+v %+v %+v: want the first local, the last two alike shared, the terminating one apart", *a[0], *a[1], *a[2], *a[3])
+	}
+	// A slice of ready endpoints without hints keeps only which are on this node.
+	plain := transform(kindSlice, epSlice("p-1", "p", ipv4, httpPort, apiEP("10.0.2.2", "node-b"), apiEP("10.0.2.1", "node-a"))).(*sliceInfo)
+	if plain.attrs != nil || plain.endpoint(0) != readyLocalAttrs || plain.endpoint(1) != readyAttrs {
+		t.Errorf("plain slice: attrs %v, endpoints %+v %+v; want no attrs, the first (10.0.2.1) local", plain.attrs, *plain.endpoint(0), *plain.endpoint(1))
 	}
 	n := transform(kindNode, transform(kindNode, node("node-a", "zone-a"))).(*nodeInfo)
 	if *n != (nodeInfo{name: "node-a", zone: "zone-a"}) {

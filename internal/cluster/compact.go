@@ -5,16 +5,16 @@ import (
 	"unique"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
 // The compact forms the view keeps of Services, EndpointSlices and this node: only what
-// servicePorts and categorizeEndpoints read, with addresses parsed once and the strings that
-// repeat across objects (namespaces, node names, port names) interned as unique handles, 8
-// bytes each and one copy per distinct value. At 10,000 Services and 100,000 endpoints the API
-// objects, even trimmed, are several times larger than this.
+// servicePorts and categorizeEndpoints read, with addresses parsed once, the strings that
+// repeat across objects (namespaces, port names) interned as unique handles (8 bytes each,
+// one copy per distinct value), an endpoint's node reduced to whether it is this one, and
+// the attributes of the usual endpoint (ready, no hints) to a bit. At 10,000 Services and
+// 100,000 endpoints the API objects, even trimmed, are several times larger than this.
 //
 // A compact object is immutable once built: an update from the API replaces it whole. That is
 // what lets the recompute read objects outside the store's lock, and DeepCopyObject return the
@@ -41,9 +41,11 @@ type serviceInfo struct {
 	skip, otherProxy bool
 	internalLocal    bool // internalTrafficPolicy: Local
 	externalLocal    bool // externalTrafficPolicy: Local on an externally accessible type
-	// families and clusterIPs are per IP family the Service has, primary first; clusterIPs
-	// is what each of its ServicePorts publishes as ClusterIPs.
-	families   []familyInfo
+	// externalIPs and loadBalancerVIPs are the families the Service has external IPs and
+	// VIP-mode load-balancer IPs of.
+	externalIPs, loadBalancerVIPs familySet
+	// clusterIPs has one address per IP family the Service has, primary first; it is what
+	// each of its ServicePorts publishes as ClusterIPs.
 	clusterIPs []netip.Addr
 	ports      []servicePortInfo
 }
@@ -57,22 +59,50 @@ type servicePortInfo struct {
 
 // sliceInfo is an EndpointSlice reduced to what endpointsByPort reads.
 type sliceInfo struct {
-	key         objKey
-	service     string // the kubernetes.io/service-name label; "" when missing
-	headless    bool   // the service.kubernetes.io/headless label, which kube-proxy's list selector filters out
-	addressType discoveryv1.AddressType
+	key      objKey
+	service  string // the kubernetes.io/service-name label; "" when missing
+	headless bool   // the service.kubernetes.io/headless label, which kube-proxy's list selector filters out
+	// family is the IP family of the slice's address type (familyBit); none for FQDN,
+	// which kube-proxy ignores.
+	family familySet
 	// ports holds only usable ports: kube-proxy ignores a port without a name (nil, not "")
 	// or without a valid number.
 	ports []slicePortInfo
-	// endpoints holds only endpoints whose first address parses (kube-proxy uses only that
+	// The slice's endpoints are those whose first address parses (kube-proxy uses only that
 	// one, and cannot program the others), sorted by that address; endpoints listed twice
-	// keep their order. Each port's addrs are the same endpoints' addresses with its number;
-	// endpoints[i] is endpoint i's attributes.
-	endpoints []*endpointAttrs
+	// keep their order. Each port's addrs are their addresses with its number, and endpoint
+	// i's attributes are attrs[i]; attrs is nil when every endpoint is ready, serving, not
+	// terminating and without hints (the usual slice), and local then says which are on
+	// this node (nil when none is).
+	attrs []*endpointAttrs
+	local bitset
 }
 
 // serviceKey is the key of the Service the slice belongs to (endpointSliceCacheKeys).
 func (s *sliceInfo) serviceKey() objKey { return objKey{s.key.namespace, s.service} }
+
+// endpoint returns endpoint i's attributes.
+func (s *sliceInfo) endpoint(i int) *endpointAttrs {
+	switch {
+	case s.attrs != nil:
+		return s.attrs[i]
+	case s.local.has(i):
+		return readyLocalAttrs
+	}
+	return readyAttrs
+}
+
+// bitset is a set of small integers.
+type bitset []uint64
+
+func (b *bitset) add(i int) {
+	for len(*b) <= i/64 {
+		*b = append(*b, 0)
+	}
+	(*b)[i/64] |= 1 << (i % 64)
+}
+
+func (b bitset) has(i int) bool { return i/64 < len(b) && b[i/64]&(1<<(i%64)) != 0 }
 
 type slicePortInfo struct {
 	name     unique.Handle[string]

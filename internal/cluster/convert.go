@@ -57,7 +57,7 @@ func newServiceInfo(svc *corev1.Service) *serviceInfo {
 	if s.skip || otherProxy {
 		return s // nothing else is read: keep the tombstone small
 	}
-	s.families, s.clusterIPs = clusterIPsByFamily(svc)
+	s.clusterIPs, s.externalIPs, s.loadBalancerVIPs = clusterIPsByFamily(svc)
 	s.internalLocal = svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
 	s.externalLocal = externallyAccessibleType(svc) && svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
 	s.ports = make([]servicePortInfo, len(svc.Spec.Ports))
@@ -78,10 +78,10 @@ func newServiceInfo(svc *corev1.Service) *serviceInfo {
 func newSliceInfo(sl *discoveryv1.EndpointSlice, nodeName string) *sliceInfo {
 	_, headless := sl.Labels[corev1.IsHeadlessService]
 	s := &sliceInfo{
-		key:         keyOf(sl.Namespace, sl.Name),
-		service:     sl.Labels[discoveryv1.LabelServiceName],
-		headless:    headless,
-		addressType: internAddressType(sl.AddressType),
+		key:      keyOf(sl.Namespace, sl.Name),
+		service:  sl.Labels[discoveryv1.LabelServiceName],
+		headless: headless,
+		family:   addressFamily(sl.AddressType),
 	}
 	type parsed struct {
 		addr netip.Addr
@@ -100,11 +100,22 @@ func newSliceInfo(sl *discoveryv1.EndpointSlice, nodeName string) *sliceInfo {
 	// Stable: of two copies of an address, the later one wins (endpointsByPort).
 	slices.SortStableFunc(eps, func(a, b parsed) int { return a.addr.Compare(b.addr) })
 
-	s.endpoints = make([]*endpointAttrs, len(eps))
+	attrs := make([]*endpointAttrs, len(eps))
+	plain := true
 	var shared map[attrsKey]*endpointAttrs // the slice's own sets, made when one is needed
 	for i, p := range eps {
 		local := nodeName != "" && p.e.NodeName != nil && *p.e.NodeName == nodeName
-		s.endpoints[i] = sharedAttrs(&shared, p.e, local)
+		attrs[i] = sharedAttrs(&shared, p.e, local)
+		plain = plain && (attrs[i] == readyAttrs || attrs[i] == readyLocalAttrs)
+	}
+	if plain {
+		for i, a := range attrs {
+			if a == readyLocalAttrs {
+				s.local.add(i)
+			}
+		}
+	} else {
+		s.attrs = attrs
 	}
 	for _, p := range sl.Ports {
 		if p.Name == nil || p.Port == nil || *p.Port <= 0 || *p.Port > 65535 {
@@ -179,8 +190,8 @@ func sharedAttrs(seen *map[attrsKey]*endpointAttrs, e *discoveryv1.Endpoint, loc
 	return a
 }
 
-// internProtocol and internAddressType return the package constants for the values the API
-// allows, so that no object keeps a decoded copy of "TCP" or "IPv4" of its own.
+// internProtocol returns the package constants for the values the API allows, so that no
+// object keeps a decoded copy of "TCP" of its own.
 func internProtocol(p corev1.Protocol) corev1.Protocol {
 	switch p {
 	case corev1.ProtocolTCP:
@@ -193,14 +204,13 @@ func internProtocol(p corev1.Protocol) corev1.Protocol {
 	return p
 }
 
-func internAddressType(t discoveryv1.AddressType) discoveryv1.AddressType {
+// addressFamily is the IP family of an EndpointSlice's address type, as a familySet.
+func addressFamily(t discoveryv1.AddressType) familySet {
 	switch t {
 	case discoveryv1.AddressTypeIPv4:
-		return discoveryv1.AddressTypeIPv4
+		return familyBit(corev1.IPv4Protocol)
 	case discoveryv1.AddressTypeIPv6:
-		return discoveryv1.AddressTypeIPv6
-	case discoveryv1.AddressTypeFQDN:
-		return discoveryv1.AddressTypeFQDN
+		return familyBit(corev1.IPv6Protocol)
 	}
-	return t
+	return 0
 }

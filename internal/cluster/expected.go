@@ -44,13 +44,13 @@ func servicePorts(svc *serviceInfo, endpointSlices []*sliceInfo, node thisNode) 
 // EndpointSlices of its address type; topology hints and the terminating fallback are
 // therefore decided per family, and the families' results are listed together here.
 func appendServicePorts(dst []ServicePort, svc *serviceInfo, endpointSlices []*sliceInfo, node thisNode) []ServicePort {
-	if svc.skip || len(svc.families) == 0 {
+	if svc.skip || len(svc.clusterIPs) == 0 {
 		return dst
 	}
-	families := svc.families
-	endpointsByFamily := make([]map[portKey]*portSet, len(families))
-	for i, f := range families {
-		endpointsByFamily[i] = endpointsByPort(svc, endpointSlices, f.family)
+	families := len(svc.clusterIPs)
+	endpointsByFamily := make([]map[portKey]*portSet, families)
+	for i, ip := range svc.clusterIPs {
+		endpointsByFamily[i] = endpointsByPort(svc, endpointSlices, familyOf(ip))
 	}
 	namespace := svc.key.namespace.Value()
 	for _, p := range svc.ports {
@@ -67,29 +67,34 @@ func appendServicePorts(dst []ServicePort, svc *serviceInfo, endpointSlices []*s
 			ClusterIPs:    svc.clusterIPs, // shared by the Service's ports, never modified
 		}
 		var only []netip.AddrPort
-		for i, f := range families {
+		var cluster, local []endpoint
+		for i, ip := range svc.clusterIPs {
+			family := familyOf(ip)
 			policy := trafficPolicy{
 				internalLocal:        svc.internalLocal,
 				externalLocal:        svc.externalLocal,
-				externallyAccessible: p.nodePort || f.externalIPs || f.loadBalancerVIPs,
+				externallyAccessible: p.nodePort || svc.externalIPs.has(family) || svc.loadBalancerVIPs.has(family),
 			}
 			var eps []endpoint
 			if set := endpointsByFamily[i][portKey{p.name, p.protocol}]; set != nil {
 				eps, only = set.eps, set.only
 			}
-			cluster, local := categorizeEndpoints(eps, policy, node.name, node.zone)
-			if len(families) == 1 && sameAddrs(cluster, only) {
-				// Usually every endpoint of the port's one slice is in the cluster chain:
-				// publish the slice's own sorted list rather than a copy of it (both are
-				// immutable).
-				sp.ClusterEndpoints = only
-			} else {
+			cluster, local = categorizeEndpoints(eps, policy, node.name, node.zone)
+			if families > 1 {
 				sp.ClusterEndpoints = appendAddrs(sp.ClusterEndpoints, cluster)
+				sp.LocalEndpoints = appendAddrs(sp.LocalEndpoints, local)
 			}
-			sp.LocalEndpoints = appendAddrs(sp.LocalEndpoints, local)
 		}
-		sp.ClusterEndpoints = sortAddrs(sp.ClusterEndpoints)
-		sp.LocalEndpoints = sortAddrs(sp.LocalEndpoints)
+		if families == 1 {
+			// With one family and the port's endpoints from one slice, the usual lists are
+			// all of the slice's addresses (cluster), or a few next to each other in them
+			// (local): publish those, never modified, rather than copies.
+			sp.ClusterEndpoints = runOf(only, cluster)
+			sp.LocalEndpoints = runOf(only, local)
+		} else {
+			sp.ClusterEndpoints = sortAddrs(sp.ClusterEndpoints)
+			sp.LocalEndpoints = sortAddrs(sp.LocalEndpoints)
+		}
 		dst = append(dst, sp)
 	}
 	return dst
@@ -117,28 +122,32 @@ func externallyAccessibleType(svc *corev1.Service) bool {
 	return false
 }
 
-// familyInfo is what one family's proxier knows about a Service besides its cluster IP.
-type familyInfo struct {
-	family corev1.IPFamily
-	// Whether the Service has external IPs or VIP-mode load-balancer ingress IPs of this
-	// family (newBaseServiceInfo filters both by family; ExternallyAccessible reads them).
-	externalIPs      bool
-	loadBalancerVIPs bool
+// familySet is a set of IP families.
+type familySet uint8
+
+func familyBit(f corev1.IPFamily) familySet {
+	if f == corev1.IPv6Protocol {
+		return 2
+	}
+	return 1
 }
+
+func (s familySet) has(f corev1.IPFamily) bool { return s&familyBit(f) != 0 }
 
 // clusterIPsByFamily is proxyutil.GetClusterIPByFamily applied to each family, in the
 // Service's own family order (primary first); a family whose cluster IP does not parse is
-// left out, as kube-proxy could not program it either.
-func clusterIPsByFamily(svc *corev1.Service) (out []familyInfo, clusterIPs []netip.Addr) {
+// left out, as kube-proxy could not program it either. Each family's proxier also knows
+// whether the Service has external IPs or VIP-mode load-balancer ingress IPs of that family
+// (newBaseServiceInfo filters both by family; ExternallyAccessible reads them).
+func clusterIPsByFamily(svc *corev1.Service) (clusterIPs []netip.Addr, externalIPs, loadBalancerVIPs familySet) {
 	add := func(family corev1.IPFamily, ip string) {
 		addr, ok := parseIP(ip)
 		if !ok || familyOf(addr) != family {
 			return
 		}
-		fi := familyInfo{family: familyOf(addr)} // the constant, not the decoded string
 		for _, e := range svc.Spec.ExternalIPs {
 			if a, ok := parseIP(e); ok && familyOf(a) == family {
-				fi.externalIPs = true
+				externalIPs |= familyBit(family)
 			}
 		}
 		for _, ing := range svc.Status.LoadBalancer.Ingress {
@@ -146,10 +155,9 @@ func clusterIPsByFamily(svc *corev1.Service) (out []familyInfo, clusterIPs []net
 				continue // proxyutil.IsVIPMode: only VIP-mode ingress IPs get rules
 			}
 			if a, ok := parseIP(ing.IP); ok && familyOf(a) == family {
-				fi.loadBalancerVIPs = true
+				loadBalancerVIPs |= familyBit(family)
 			}
 		}
-		out = append(out, fi)
 		clusterIPs = append(clusterIPs, addr)
 	}
 	if len(svc.Spec.IPFamilies) == 0 {
@@ -157,14 +165,14 @@ func clusterIPsByFamily(svc *corev1.Service) (out []familyInfo, clusterIPs []net
 		if addr, ok := parseIP(svc.Spec.ClusterIP); ok {
 			add(familyOf(addr), svc.Spec.ClusterIP)
 		}
-		return out, clusterIPs
+		return clusterIPs, externalIPs, loadBalancerVIPs
 	}
 	for i, family := range svc.Spec.IPFamilies {
 		if i < len(svc.Spec.ClusterIPs) {
 			add(family, svc.Spec.ClusterIPs[i])
 		}
 	}
-	return out, clusterIPs
+	return clusterIPs, externalIPs, loadBalancerVIPs
 }
 
 // portKey is kube-proxy's ServicePortName without the Service: endpoints belong to the
@@ -188,14 +196,10 @@ type portKey struct {
 // order, so which copy is "later" is random there; slices are visited by name here so the
 // result is at least stable. The difference lasts until the slices agree again.
 func endpointsByPort(svc *serviceInfo, endpointSlices []*sliceInfo, family corev1.IPFamily) map[portKey]*portSet {
-	addressType := discoveryv1.AddressTypeIPv4
-	if family == corev1.IPv6Protocol {
-		addressType = discoveryv1.AddressTypeIPv6
-	}
 	ordered := make([]*sliceInfo, 0, len(endpointSlices))
 	for _, s := range endpointSlices {
 		// endpointSliceCacheKeys: a slice belongs to the Service named by its label.
-		if s.addressType == addressType && s.key.namespace == svc.key.namespace && s.service == svc.key.name {
+		if s.family == familyBit(family) && s.key.namespace == svc.key.namespace && s.service == svc.key.name {
 			ordered = append(ordered, s)
 		}
 	}
@@ -213,7 +217,7 @@ func endpointsByPort(svc *serviceInfo, endpointSlices []*sliceInfo, family corev
 				set.addSource()
 			}
 			for i, addr := range port.addrs {
-				set.add(newEndpoint(addr, s.endpoints[i]))
+				set.add(newEndpoint(addr, s.endpoint(i)))
 			}
 		}
 	}
@@ -262,17 +266,20 @@ func (p *portSet) add(ep endpoint) {
 	p.eps = append(p.eps, ep)
 }
 
-// sameAddrs reports whether eps are exactly the addresses addrs, in order.
-func sameAddrs(eps []endpoint, addrs []netip.AddrPort) bool {
-	if len(addrs) == 0 || len(eps) != len(addrs) {
-		return false
+// runOf returns the addresses of eps (which have no duplicates), sorted: when they are a run
+// of addrs (a sorted slice's, or nil), that run, capped so that appending to it copies; else
+// a new slice.
+func runOf(addrs []netip.AddrPort, eps []endpoint) []netip.AddrPort {
+	if len(eps) == 0 {
+		return nil
 	}
-	for i, ep := range eps {
-		if ep.addr != addrs[i] {
-			return false
+	if i, found := slices.BinarySearchFunc(addrs, eps[0].addr, netip.AddrPort.Compare); found && i+len(eps) <= len(addrs) {
+		run := addrs[i : i+len(eps) : i+len(eps)]
+		if slices.EqualFunc(run, eps, func(a netip.AddrPort, ep endpoint) bool { return a == ep.addr }) {
+			return run
 		}
 	}
-	return true
+	return sortAddrs(appendAddrs(nil, eps))
 }
 
 // newEndpoint is the body of addEndpoints' loop for one endpoint and port.

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync"
 
+	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/client-go/tools/cache"
 )
@@ -33,10 +34,13 @@ type state struct {
 	heard   func()
 	synced  func()
 
-	mu       sync.Mutex
+	mu sync.Mutex
+	// services holds the slices too, under the Service they name: an update or delete finds
+	// a slice there (its label does not change), and only otherwise searches every Service's
+	// (see putSlice). A map by the slices' own keys would cost more than all the Services'
+	// entries.
 	services map[objKey]*serviceEntry
-	slices   map[objKey]*sliceInfo // by the slice's own key, for updates and deletes
-	node     *nodeInfo             // nil until this node is seen
+	node     *nodeInfo // nil until this node is seen
 	listed   [numKinds]bool
 }
 
@@ -55,7 +59,6 @@ func newState(nodeName string) *state {
 		heard:    func() {},
 		synced:   func() {},
 		services: map[objKey]*serviceEntry{},
-		slices:   map[objKey]*sliceInfo{},
 	}
 }
 
@@ -118,7 +121,7 @@ func (s *state) thisNode() (zone string, found bool) {
 func (s *state) kept(obj any) bool {
 	switch o := obj.(type) {
 	case *serviceInfo:
-		return !o.skip && !o.otherProxy && len(o.families) > 0
+		return !o.skip && !o.otherProxy && len(o.clusterIPs) > 0
 	case *sliceInfo:
 		return o.service != "" && !o.headless // endpointSliceCacheKeys needs the label
 	case *nodeInfo:
@@ -153,8 +156,9 @@ func (s *state) prune(key objKey, e *serviceEntry) {
 	}
 }
 
-// put adds or replaces one object. The caller holds mu.
-func (s *state) put(k kind, obj any) {
+// put adds or replaces one object; for a slice, scan says whether its previous version may
+// be under another Service than the one it names (see putSlice). The caller holds mu.
+func (s *state) put(k kind, obj any, scan bool) {
 	switch o := obj.(type) {
 	case *serviceInfo:
 		s.removeLocked(k, o.key)
@@ -163,14 +167,7 @@ func (s *state) put(k kind, obj any) {
 			s.changedLocked(o.key, false)
 		}
 	case *sliceInfo:
-		s.removeLocked(k, o.key)
-		if s.kept(o) {
-			s.slices[o.key] = o
-			sk := o.serviceKey()
-			e := s.entry(sk)
-			e.slices = append(e.slices, o)
-			s.changedLocked(sk, false)
-		}
+		s.putSlice(o, scan)
 	case *nodeInfo:
 		if !s.kept(o) {
 			return
@@ -182,7 +179,54 @@ func (s *state) put(k kind, obj any) {
 	}
 }
 
-// removeLocked deletes the object of kind k with key, if kept. The caller holds mu.
+// putSlice adds or replaces a slice. Its previous version, if kept, is under the Service it
+// names now: labels are not changed in practice (the EndpointSlice controller sets them at
+// creation). With scan (a watch's update: a changed label, or a slice kept only from now on,
+// say once it has a Service label) a previous version not found there is searched for among
+// every Service's slices. A watch's add, or a list, has none. The caller holds mu.
+func (s *state) putSlice(o *sliceInfo, scan bool) {
+	sk := o.serviceKey()
+	if !s.kept(o) {
+		s.removeSlice(o.key, sk, scan) // it may have lost the label that kept it
+		return
+	}
+	e := s.entry(sk)
+	if i := slices.IndexFunc(e.slices, func(x *sliceInfo) bool { return x.key == o.key }); i >= 0 {
+		e.slices[i] = o
+	} else {
+		if scan {
+			s.removeSlice(o.key, objKey{}, true)
+		}
+		e.slices = append(e.slices, o)
+	}
+	s.changedLocked(sk, false)
+}
+
+// removeSlice deletes the slice key from the Service named hint, else (with scan) from
+// whichever Service's slices hold it. The caller holds mu.
+func (s *state) removeSlice(key, hint objKey, scan bool) {
+	remove := func(sk objKey, e *serviceEntry) bool {
+		n := len(e.slices)
+		e.slices = slices.DeleteFunc(e.slices, func(x *sliceInfo) bool { return x.key == key })
+		if len(e.slices) == n {
+			return false
+		}
+		s.prune(sk, e)
+		s.changedLocked(sk, false)
+		return true
+	}
+	if e := s.services[hint]; e != nil && remove(hint, e) || !scan {
+		return
+	}
+	for sk, e := range s.services {
+		if remove(sk, e) {
+			return
+		}
+	}
+}
+
+// removeLocked deletes the Service or node with key, if kept (slices: removeSlice). The
+// caller holds mu.
 func (s *state) removeLocked(k kind, key objKey) {
 	switch k {
 	case kindService:
@@ -191,18 +235,6 @@ func (s *state) removeLocked(k kind, key objKey) {
 			s.prune(key, e)
 			s.changedLocked(key, false)
 		}
-	case kindSlice:
-		old, ok := s.slices[key]
-		if !ok {
-			return
-		}
-		delete(s.slices, key)
-		sk := old.serviceKey()
-		if e := s.services[sk]; e != nil {
-			e.slices = slices.DeleteFunc(e.slices, func(x *sliceInfo) bool { return x == old })
-			s.prune(sk, e)
-		}
-		s.changedLocked(sk, false)
 	case kindNode:
 		if s.node != nil && s.node.name == key.name {
 			s.node = nil
@@ -241,7 +273,6 @@ func (s *state) replace(k kind, list []any) error {
 				s.changedLocked(key, false)
 			}
 		}
-		s.slices = make(map[objKey]*sliceInfo, len(converted))
 	case kindNode:
 		if s.node != nil {
 			s.node = nil
@@ -249,7 +280,7 @@ func (s *state) replace(k kind, list []any) error {
 		}
 	}
 	for _, c := range converted {
-		s.put(k, c)
+		s.put(k, c, false) // every slice was just removed
 	}
 	first := !s.listed[k]
 	s.listed[k] = true
@@ -270,6 +301,20 @@ func (s *state) convert(k kind, obj any) (any, error) {
 		return toNodeInfo(obj)
 	}
 	return nil, fmt.Errorf("unknown kind %d", k)
+}
+
+// deletedSliceService is the key of the Service a deleted slice's last state names (zero
+// when unknown).
+func deletedSliceService(obj any) objKey {
+	switch o := obj.(type) {
+	case *sliceInfo:
+		return o.serviceKey()
+	case *discoveryv1.EndpointSlice:
+		return keyOf(o.Namespace, o.Labels[discoveryv1.LabelServiceName])
+	case cache.DeletedFinalStateUnknown:
+		return deletedSliceService(o.Obj)
+	}
+	return objKey{}
 }
 
 // deletedKey is the key of a deleted object, API object or compact form.
@@ -307,10 +352,11 @@ var (
 	_ cache.ReflectorBookmarkStore = kindStore{}
 )
 
-func (k kindStore) Add(obj any) error    { return k.update(obj) }
-func (k kindStore) Update(obj any) error { return k.update(obj) }
+// Add is a watch's added object: new, so it has no previous version to look for.
+func (k kindStore) Add(obj any) error    { return k.update(obj, false) }
+func (k kindStore) Update(obj any) error { return k.update(obj, true) }
 
-func (k kindStore) update(obj any) error {
+func (k kindStore) update(obj any, scan bool) error {
 	k.s.heard()
 	c, err := k.s.convert(k.kind, obj)
 	if err != nil {
@@ -318,7 +364,7 @@ func (k kindStore) update(obj any) error {
 	}
 	k.s.mu.Lock()
 	defer k.s.mu.Unlock()
-	k.s.put(k.kind, c)
+	k.s.put(k.kind, c, scan)
 	return nil
 }
 
@@ -330,7 +376,11 @@ func (k kindStore) Delete(obj any) error {
 	}
 	k.s.mu.Lock()
 	defer k.s.mu.Unlock()
-	k.s.removeLocked(k.kind, key)
+	if k.kind == kindSlice {
+		k.s.removeSlice(key, deletedSliceService(obj), true)
+	} else {
+		k.s.removeLocked(k.kind, key)
+	}
 	return nil
 }
 

@@ -46,6 +46,17 @@ func (r *recordingState) sliceNames(svc string) []string {
 	return names
 }
 
+// sliceKeys lists every slice kept, under whichever Service.
+func (r *recordingState) sliceKeys() []objKey {
+	var keys []objKey
+	for _, e := range r.services {
+		for _, s := range e.slices {
+			keys = append(keys, s.key)
+		}
+	}
+	return keys
+}
+
 func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
@@ -104,8 +115,8 @@ func TestStore(t *testing.T) {
 	headless.Labels[corev1.IsHeadlessService] = ""
 	must(t, sls.Update(headless))
 	must(t, sls.Add(&discoveryv1.EndpointSlice{ObjectMeta: epSlice("x", "", ipv4, nil).ObjectMeta}))
-	if got := r.sliceNames("b"); !slices.Equal(got, []string{"a-2"}) || len(r.slices) != 2 {
-		t.Errorf("after the headless label: b %v, %d slices kept", got, len(r.slices))
+	if got := r.sliceNames("b"); !slices.Equal(got, []string{"a-2"}) || len(r.sliceKeys()) != 2 {
+		t.Errorf("after the headless label: b %v, slices kept %v", got, r.sliceKeys())
 	}
 
 	r.reset()
@@ -116,7 +127,7 @@ func TestStore(t *testing.T) {
 		t.Errorf("ExternalName Service still kept (%v) or not marked changed (%v)", svc, r.changed)
 	}
 	must(t, sls.Delete(epSlice("a-1", "a", ipv4, httpPort)))
-	if _, ok := r.slices[keyOf("ns", "a-1")]; ok {
+	if slices.Contains(r.sliceKeys(), keyOf("ns", "a-1")) {
 		t.Error("deleted slice still kept")
 	}
 
@@ -158,5 +169,43 @@ func TestStore(t *testing.T) {
 	}
 	if err := svcs.Add(node("n", "")); err == nil {
 		t.Error("a Node given to the Service store: no error")
+	}
+}
+
+// Slices are kept under the Service they name; the lookups for their earlier versions.
+func TestStoreSliceLookups(t *testing.T) {
+	r := newRecordingState("node-a")
+	sls := r.store(kindSlice)
+	must(t, r.store(kindService).Replace([]any{service("a"), service("b")}, "1"))
+	must(t, sls.Replace([]any{epSlice("x-1", "a", ipv4, httpPort)}, "1"))
+	must(t, r.store(kindNode).Replace(nil, "1"))
+	count := func() int { return len(r.sliceKeys()) }
+
+	// Added again (a watch would not): replaced, not doubled.
+	must(t, sls.Add(epSlice("x-1", "a", ipv4, httpPort, apiEP("10.0.0.1", ""))))
+	if count() != 1 || len(r.sliceNames("a")) != 1 {
+		t.Fatalf("after a second add: %v", r.sliceKeys())
+	}
+	// Loses its label: dropped from a.
+	must(t, sls.Update(epSlice("x-1", "", ipv4, httpPort)))
+	if count() != 0 {
+		t.Fatalf("after losing its label: %v", r.sliceKeys())
+	}
+	// Gains one again, naming b: kept under b.
+	must(t, sls.Update(epSlice("x-1", "b", ipv4, httpPort)))
+	if got := r.sliceNames("b"); count() != 1 || !slices.Equal(got, []string{"x-1"}) {
+		t.Fatalf("after gaining a label: %v", r.sliceKeys())
+	}
+	// Deleted with a last state that names another Service (or none): found anyway.
+	r.reset()
+	must(t, sls.Delete(epSlice("x-1", "a", ipv4, httpPort)))
+	if count() != 0 || !r.changed[keyOf("ns", "b")] {
+		t.Fatalf("after the delete: %v, changed %v", r.sliceKeys(), r.changed)
+	}
+	// An entry that named a slice but no kept Service is gone with the slice.
+	must(t, sls.Add(epSlice("y-1", "nosuch", ipv4, httpPort)))
+	must(t, sls.Delete(epSlice("y-1", "nosuch", ipv4, httpPort)))
+	if _, ok := r.services[keyOf("ns", "nosuch")]; ok {
+		t.Error("an empty entry is left behind")
 	}
 }
