@@ -83,30 +83,11 @@ func TestFollowMemoryFlat(t *testing.T) {
 	runtime.GC()
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
-	peak := before.HeapInuse
-	done := make(chan struct{})
-	sampled := make(chan uint64)
-	go func() {
-		var ms runtime.MemStats
-		var most uint64
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				sampled <- most
-				return
-			case <-tick.C:
-				runtime.ReadMemStats(&ms)
-				most = max(most, ms.HeapInuse)
-			}
-		}
-	}()
+	stop := sampleHeapPeak(20 * time.Millisecond)
 	start := time.Now()
 	fl.poll()
 	elapsed := time.Since(start)
-	close(done)
-	peak = max(peak, <-sampled)
+	peak := max(before.HeapInuse, stop())
 	runtime.GC()
 	var after runtime.MemStats
 	runtime.ReadMemStats(&after)
@@ -153,4 +134,31 @@ func BenchmarkScanMetrics(b *testing.B) {
 		}
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/lines, "ns/line")
 	})
+}
+
+// sampleHeapPeak samples HeapInuse every interval until the returned function is called, which
+// returns the highest sample.
+func sampleHeapPeak(interval time.Duration) (stop func() uint64) {
+	done := make(chan struct{})
+	sampled := make(chan uint64)
+	go func() {
+		var ms runtime.MemStats
+		var most uint64
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				sampled <- most
+				return
+			case <-tick.C:
+				runtime.ReadMemStats(&ms)
+				most = max(most, ms.HeapInuse)
+			}
+		}
+	}()
+	return func() uint64 {
+		close(done)
+		return <-sampled
+	}
 }

@@ -84,29 +84,11 @@ func TestProbeMemoryFlat(t *testing.T) {
 	runtime.GC()
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
-	done := make(chan struct{})
-	sampled := make(chan uint64)
-	go func() {
-		var ms runtime.MemStats
-		var most uint64
-		tick := time.NewTicker(10 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				sampled <- most
-				return
-			case <-tick.C:
-				runtime.ReadMemStats(&ms)
-				most = max(most, ms.HeapInuse)
-			}
-		}
-	}()
+	stop := sampleHeapPeak(10 * time.Millisecond)
 	start := time.Now()
 	got := p.probe(ctx, testNow)
 	elapsed := time.Since(start)
-	close(done)
-	peak := max(before.HeapInuse, <-sampled)
+	peak := max(before.HeapInuse, stop())
 	var after runtime.MemStats
 	runtime.ReadMemStats(&after)
 	peak = max(peak, after.HeapInuse)

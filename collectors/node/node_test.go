@@ -189,3 +189,22 @@ func TestParseSysctl(t *testing.T) {
 		}
 	}
 }
+
+// stuckRules is a netfilter reader whose loop has stopped.
+type stuckRules struct{ fakeRules }
+
+func (stuckRules) Stalled() error { return errors.New("the netfilter reader is stuck") }
+
+// A stuck reader's last read is not served as current: the drop gauge goes, the reason stays.
+func TestInvalidDropRuleReaderStuck(t *testing.T) {
+	st := &hostrules.State{At: time.Unix(1700000000, 0), Forward: []hostrules.Forward{{Backend: hostrules.BackendIPTablesNFT,
+		Graphs: []*ruleset.Graph{kubeProxyForward("iptables-nft filter")}}}}
+	c, err := New(Config{ProcPath: "testdata/proc-full", Rules: stuckRules{fakeRules{st}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &adapter{c: c}
+	if n := testutil.CollectAndCount(a, "proxyhealth_invalid_drop_rule_present"); n != 0 || a.err == nil || !strings.Contains(a.err.Error(), "stuck") {
+		t.Errorf("stuck reader: %d drop series, error %v; want none and the reason", n, a.err)
+	}
+}

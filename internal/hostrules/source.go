@@ -354,6 +354,3 @@ func graphs(g *ruleset.Graph) []*ruleset.Graph {
 	}
 	return []*ruleset.Graph{g}
 }
-
-// errNotLinux is returned by the system backends where netfilter does not exist.
-var errNotLinux = fmt.Errorf("netfilter is only read on Linux")

@@ -2,7 +2,6 @@ package iptlegacy
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"runtime"
@@ -10,29 +9,14 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
-)
 
-const inNetnsEnv = "PROXYHEALTH_TEST_NETNS"
+	"github.com/proxyhealth/proxyhealth/internal/nftnl/nftnltest"
+)
 
 // TestMain re-runs the package's tests inside a new network namespace when it can (root and
 // unshare(1) present), so that even a mistake in a kernel test changes rules only there.
 func TestMain(m *testing.M) {
-	if os.Getenv(inNetnsEnv) == "" && os.Geteuid() == 0 {
-		if unshare, err := exec.LookPath("unshare"); err == nil {
-			cmd := exec.Command(unshare, append([]string{"--net", "--", os.Args[0]}, os.Args[1:]...)...)
-			cmd.Env = append(os.Environ(), inNetnsEnv+"=1")
-			cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-			if err := cmd.Run(); err != nil {
-				var ee *exec.ExitError
-				if errors.As(err, &ee) {
-					os.Exit(ee.ExitCode())
-				}
-				fmt.Fprintln(os.Stderr, "unshare:", err)
-				os.Exit(1)
-			}
-			os.Exit(0)
-		}
-	}
+	nftnltest.ReexecInNetns()
 	os.Exit(m.Run())
 }
 
@@ -44,7 +28,7 @@ const threadProc = "/proc/thread-self"
 // iptables-legacy-restore.
 func kernelTest(t *testing.T) {
 	t.Helper()
-	if os.Getenv(inNetnsEnv) != "1" {
+	if !nftnltest.InNetns() {
 		t.Skip("needs root and unshare(1) to run in a network namespace of its own")
 	}
 	for _, bin := range []string{"iptables-legacy-restore", "ip6tables-legacy-restore", "iptables-legacy-save", "ip6tables-legacy-save"} {
