@@ -1,5 +1,11 @@
-// Package collectors holds one package per proxyhealth collector and the small interface they
-// all implement, in the style of node_exporter's collector package.
+// Package collectors holds one package per proxyhealth collector and what they all share, in
+// the style of node_exporter's collector package: the interfaces the exporter runs them by, how
+// a metric is named and described, and the loop their background work runs in.
+//
+// Every collector package has the same shape: a Name constant (its --[no-]collector.<name>
+// switch), a Config with AddFlags and an unexported validate that New calls and that sets no
+// defaults (defaults are the flags'), a New(Config, *slog.Logger), and a Collector that
+// implements Collector and, when it works in the background, Runner.
 package collectors
 
 import (
@@ -7,6 +13,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 )
+
+// Namespace is the first part of every proxyhealth metric name.
+const Namespace = "proxyhealth"
 
 // Collector is one named source of metrics. Update runs on every scrape; it must only read
 // cheap state (sysctls, a netlink stats query, a snapshot published by background work) and
@@ -23,4 +32,10 @@ type Collector interface {
 // check). The exporter calls Run once in its own goroutine; Run returns when ctx is done.
 type Runner interface {
 	Run(ctx context.Context)
+}
+
+// NewDesc describes the metric proxyhealth_<subsystem>_<name> (proxyhealth_<name> when
+// subsystem is empty) with the given variable labels and no constant ones.
+func NewDesc(subsystem, name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc(prometheus.BuildFQName(Namespace, subsystem, name), help, labels, nil)
 }

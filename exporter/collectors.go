@@ -32,16 +32,42 @@ func addPathFlags(app *kingpin.Application) *Paths {
 }
 
 // registration is one collector the exporter knows: its --[no-]collector.<name> switch and how
-// to build it once the flags are parsed.
+// to build it once the flags are parsed. build returns the collector's background work as its
+// Runner, nil when it has none.
 type registration struct {
 	name    string
 	enabled *bool
-	build   func(*slog.Logger) (phcollectors.Collector, error)
+	build   func(*slog.Logger) (phcollectors.Collector, phcollectors.Runner, error)
 }
 
+// register adds a collector that does all its work when scraped.
 func register(app *kingpin.Application, name, help string, build func(*slog.Logger) (phcollectors.Collector, error)) registration {
-	enabled := app.Flag("collector."+name, "Enable the "+name+" collector: "+help).Default("true").Bool()
-	return registration{name: name, enabled: enabled, build: build}
+	return registration{name: name, enabled: collectorFlag(app, name, help), build: func(l *slog.Logger) (phcollectors.Collector, phcollectors.Runner, error) {
+		c, err := build(l)
+		return c, nil, err
+	}}
+}
+
+// backgroundCollector is a collector with background work, which the exporter runs.
+type backgroundCollector interface {
+	phcollectors.Collector
+	phcollectors.Runner
+}
+
+// registerRunner adds a collector with background work: the exporter starts its Run once every
+// enabled collector is built.
+func registerRunner[C backgroundCollector](app *kingpin.Application, name, help string, build func(*slog.Logger) (C, error)) registration {
+	return registration{name: name, enabled: collectorFlag(app, name, help), build: func(l *slog.Logger) (phcollectors.Collector, phcollectors.Runner, error) {
+		c, err := build(l)
+		if err != nil {
+			return nil, nil, err
+		}
+		return c, c, nil
+	}}
+}
+
+func collectorFlag(app *kingpin.Application, name, help string) *bool {
+	return app.Flag("collector."+name, "Enable the "+name+" collector: "+help).Default("true").Bool()
 }
 
 // apiView is the exporter's one view of the Kubernetes API, shared by the collectors that need
@@ -109,8 +135,8 @@ func registrations(app *kingpin.Application, paths *Paths) ([]registration, *api
 	var kubeproxyCfg kubeproxy.Config
 	kubeproxyCfg.AddFlags(app)
 	return []registration{
-		register(app, "conntrack", "table fill, per-CPU stats, the event stream and unreplied Service flows (needs CAP_NET_ADMIN).",
-			func(l *slog.Logger) (phcollectors.Collector, error) {
+		registerRunner(app, conntrack.Name, "table fill, per-CPU stats, the event stream and unreplied Service flows, and conntrack's settings (needs CAP_NET_ADMIN).",
+			func(l *slog.Logger) (*conntrack.Collector, error) {
 				view, err := api.get()
 				if err != nil {
 					return nil, err
@@ -122,7 +148,7 @@ func registrations(app *kingpin.Application, paths *Paths) ([]registration, *api
 				conntrackCfg.ProcPath, conntrackCfg.API, conntrackCfg.Rules = paths.ProcFS, view, rules
 				return conntrack.New(conntrackCfg, l)
 			}),
-		register(app, node.Name, "bridge netfilter and conntrack sysctls, and whether a conntrack INVALID drop rule is on the forward path (reading the rules needs CAP_NET_ADMIN, and CAP_NET_RAW for iptables-legacy).",
+		register(app, node.Name, "bridge netfilter sysctls, and whether a conntrack INVALID drop rule is on the forward path (reading the rules needs CAP_NET_ADMIN, and CAP_NET_RAW for iptables-legacy).",
 			func(l *slog.Logger) (phcollectors.Collector, error) {
 				rules, err := host.get(paths.ProcFS)
 				if err != nil {
@@ -131,8 +157,8 @@ func registrations(app *kingpin.Application, paths *Paths) ([]registration, *api
 				nodeCfg.ProcPath, nodeCfg.Rules = paths.ProcFS, rules
 				return node.New(nodeCfg, l)
 			}),
-		register(app, "rules", "kube-proxy's programmed endpoints against the API, per Service port (needs the API: --kubeconfig or in-cluster; CAP_NET_ADMIN to read the rules, and CAP_NET_RAW for iptables-legacy).",
-			func(l *slog.Logger) (phcollectors.Collector, error) {
+		registerRunner(app, rules.Name, "kube-proxy's programmed endpoints against the API, per Service port (needs the API: --kubeconfig or in-cluster; CAP_NET_ADMIN to read the rules, and CAP_NET_RAW for iptables-legacy).",
+			func(l *slog.Logger) (*rules.Collector, error) {
 				view, err := api.get()
 				if err != nil {
 					return nil, err
@@ -144,8 +170,8 @@ func registrations(app *kingpin.Application, paths *Paths) ([]registration, *api
 				rulesCfg.View, rulesCfg.Rules = view, source
 				return rules.New(rulesCfg, l)
 			}),
-		register(app, kubeproxy.Name, "kube-proxy's list/watch failures from its log (needs read access to the host's /var/log), and its metrics and health endpoints.",
-			func(l *slog.Logger) (phcollectors.Collector, error) {
+		registerRunner(app, kubeproxy.Name, "kube-proxy's list/watch failures from its log (needs read access to the host's /var/log), and its metrics and health endpoints.",
+			func(l *slog.Logger) (*kubeproxy.Collector, error) {
 				// kube-proxy's syncs tell the netfilter reader when the legacy tables, which
 				// the kernel does not announce, may have changed.
 				kubeproxyCfg.OnSync = func() {

@@ -390,20 +390,24 @@ func runDiagnose(ctx context.Context, cfg diagnoseConfig, regs []registration, a
 // back rather than followed.
 func newDiagnosis(cfg diagnoseConfig, regs []registration, api *apiView, host *hostRules, paths *Paths, logger *slog.Logger) (*diagnosis, error) {
 	built := map[string]phcollectors.Collector{}
+	runners := map[string]phcollectors.Runner{}
 	rulesOn := false
 	for _, r := range regs {
 		if !*r.enabled {
 			continue
 		}
-		if r.name == "rules" {
+		if r.name == rules.Name {
 			rulesOn = true
 			continue // built below with the window as its grace period
 		}
-		c, err := r.build(logger.With("collector", r.name))
+		c, run, err := r.build(logger.With("collector", r.name))
 		if err != nil {
 			return nil, fmt.Errorf("build the %s collector: %w", r.name, err)
 		}
 		built[r.name] = c
+		if run != nil && r.name != kubeproxy.Name { // kube-proxy is asked, not followed
+			runners[r.name] = run
+		}
 	}
 	if rulesOn {
 		view, err := api.get()
@@ -414,11 +418,11 @@ func newDiagnosis(cfg diagnoseConfig, regs []registration, api *apiView, host *h
 		if err != nil {
 			return nil, err
 		}
-		rc, err := rules.New(rules.Config{View: view, Rules: source, CheckInterval: time.Second, GracePeriod: cfg.Window, MaxSeries: 1}, logger.With("collector", "rules"))
+		rc, err := rules.New(rules.Config{View: view, Rules: source, CheckInterval: time.Second, GracePeriod: cfg.Window, MaxSeries: 1}, logger.With("collector", rules.Name))
 		if err != nil {
 			return nil, err
 		}
-		built["rules"] = rc
+		built[rules.Name], runners[rules.Name] = rc, rc
 	}
 	d := &diagnosis{
 		cfg:   cfg,
@@ -432,13 +436,8 @@ func newDiagnosis(cfg diagnoseConfig, regs []registration, api *apiView, host *h
 		if api.view != nil {
 			go api.view.Run(ctx)
 		}
-		for name, c := range built {
-			if name == kubeproxy.Name {
-				continue // asked, not followed
-			}
-			if r, ok := c.(phcollectors.Runner); ok {
-				go r.Run(ctx)
-			}
+		for _, r := range runners {
+			go r.Run(ctx)
 		}
 	}
 	d.ready = func(ctx context.Context) { waitReady(ctx, cfg.SyncTimeout, d.src) }
@@ -446,7 +445,7 @@ func newDiagnosis(cfg diagnoseConfig, regs []registration, api *apiView, host *h
 		d.pollKubeProxy = kp.Poll
 		d.scanLog = func(since time.Time) kubeproxy.LogScan { return kp.ScanLog(since, maxLogScanBytes) }
 	}
-	if rc, ok := built["rules"].(*rules.Collector); ok {
+	if rc, ok := built[rules.Name].(*rules.Collector); ok {
 		d.driftReady = func() time.Time {
 			if lc := rc.LastCheck(); lc.Compared && lc.Fresh && lc.Err == nil {
 				return lc.At

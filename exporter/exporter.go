@@ -98,12 +98,13 @@ func Main(args []string) int {
 
 	api.logger, host.logger = logger, logger
 	built := make(map[string]phcollectors.Collector)
+	runners := make(map[string]phcollectors.Runner)
 	for _, r := range regs {
 		if !*r.enabled {
 			logger.Info("collector disabled", "collector", r.name)
 			continue
 		}
-		c, err := r.build(logger.With("collector", r.name))
+		c, run, err := r.build(logger.With("collector", r.name))
 		if err != nil {
 			// A collector that cannot even be built is a configuration error (a bad flag value),
 			// not a missing node feature: those are reported by Update.
@@ -111,15 +112,17 @@ func Main(args []string) int {
 			return 2
 		}
 		built[r.name] = c
+		if run != nil {
+			runners[r.name] = run
+		}
 	}
 	// Nothing starts before every collector was built: a bad flag stops the exporter first.
 	for _, r := range regs {
-		c, ok := built[r.name]
-		if !ok {
+		if _, ok := built[r.name]; !ok {
 			continue
 		}
-		if runner, ok := c.(phcollectors.Runner); ok {
-			go runner.Run(ctx)
+		if run := runners[r.name]; run != nil {
+			go run.Run(ctx)
 		}
 		logger.Info("collector enabled", "collector", r.name)
 	}

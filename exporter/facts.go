@@ -50,13 +50,13 @@ type factSources struct {
 // sourcesOf picks the verdict's sources from the exporter's built collectors.
 func sourcesOf(built map[string]phcollectors.Collector, api *cluster.Cluster, host *hostrules.Source, nodeName string) *factSources {
 	s := &factSources{node: nodeName, now: time.Now}
-	if c, ok := built["conntrack"].(*conntrack.Collector); ok {
+	if c, ok := built[conntrack.Name].(*conntrack.Collector); ok {
 		s.conntrack = c
 	}
 	if c, ok := built[node.Name].(*node.Collector); ok {
 		s.settings = c
 	}
-	if c, ok := built["rules"].(*rules.Collector); ok {
+	if c, ok := built[rules.Name].(*rules.Collector); ok {
 		s.rules = c
 	}
 	if c, ok := built[kubeproxy.Name].(*kubeproxy.Collector); ok {

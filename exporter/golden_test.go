@@ -16,13 +16,13 @@ import (
 	"time"
 
 	"github.com/alecthomas/kingpin/v2"
-	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/common/promslog"
 
 	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
+	"github.com/proxyhealth/proxyhealth/collectors/collectortest"
 	"github.com/proxyhealth/proxyhealth/collectors/conntrack"
 	"github.com/proxyhealth/proxyhealth/collectors/kubeproxy"
 	"github.com/proxyhealth/proxyhealth/collectors/node"
@@ -102,49 +102,50 @@ func TestGoldenScrape(t *testing.T) {
 	kubeproxyCfg.Now = clock.now
 
 	logger := promslog.NewNopLogger()
-	built := map[string]phcollectors.Collector{}
-	var err error
-	if built["conntrack"], err = conntrack.New(conntrackCfg, logger); err != nil {
+	conntrackC, err := conntrack.New(conntrackCfg, logger)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if built[node.Name], err = node.New(nodeCfg, logger); err != nil {
+	nodeC, err := node.New(nodeCfg, logger)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if built["rules"], err = rules.New(rulesCfg, logger); err != nil {
+	rulesC, err := rules.New(rulesCfg, logger)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if built[kubeproxy.Name], err = kubeproxy.New(kubeproxyCfg, logger); err != nil {
+	kubeproxyC, err := kubeproxy.New(kubeproxyCfg, logger)
+	if err != nil {
 		t.Fatal(err)
 	}
+	built := map[string]phcollectors.Collector{conntrack.Name: conntrackC, node.Name: nodeC, rules.Name: rulesC, kubeproxy.Name: kubeproxyC}
 	registry := newRegistry(newCollectorSet(built, logger), true)
 	registry.MustRegister(cluster.NewHealthCollector(view))
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	for _, c := range built {
-		if r, ok := c.(phcollectors.Runner); ok {
-			wg.Go(func() { r.Run(ctx) })
-		}
+	for _, r := range []phcollectors.Runner{conntrackC, rulesC, kubeproxyC} {
+		wg.Go(func() { r.Run(ctx) })
 	}
 	t.Cleanup(func() { cancel(); wg.Wait() })
 
 	// At checkedAt: the background work's first results.
-	waitFor(t, "the node's INVALID-drop check", built[node.Name], "proxyhealth_node_rules_last_check_timestamp_seconds", unixSeconds(checkedAt))
-	waitFor(t, "the first drift check", built["rules"], "proxyhealth_rules_last_check_timestamp_seconds", unixSeconds(checkedAt))
+	waitFor(t, "the node's INVALID-drop check", nodeC, "proxyhealth_node_rules_last_check_timestamp_seconds", unixSeconds(checkedAt))
+	waitFor(t, "the first drift check", rulesC, "proxyhealth_rules_last_check_timestamp_seconds", unixSeconds(checkedAt))
 	// Events are attributed with the Service map of their time: let them flow once it is
 	// loaded from the API view, as it is a second after start on a node.
-	waitFor(t, "conntrack's Service map", built["conntrack"], "proxyhealth_conntrack_service_ports_known", float64(len(view.Snap.Ports)))
+	waitFor(t, "conntrack's Service map", conntrackC, "proxyhealth_conntrack_service_ports_known", float64(len(view.Snap.Ports)))
 	kernel.release(t)
 	// kube-proxy's log is read from its end when the exporter starts: the failures are
 	// written once it follows the file.
-	waitFor(t, "kube-proxy's log followed", built[kubeproxy.Name], "proxyhealth_kubeproxy_log_files_followed", 1)
+	waitFor(t, "kube-proxy's log followed", kubeproxyC, "proxyhealth_kubeproxy_log_files_followed", 1)
 	lines := writeLog()
-	waitFor(t, "kube-proxy's log read", built[kubeproxy.Name], "proxyhealth_kubeproxy_log_lines_total", float64(lines))
-	waitFor(t, "kube-proxy polled", built[kubeproxy.Name], "proxyhealth_kubeproxy_up", 1)
+	waitFor(t, "kube-proxy's log read", kubeproxyC, "proxyhealth_kubeproxy_log_lines_total", float64(lines))
+	waitFor(t, "kube-proxy polled", kubeproxyC, "proxyhealth_kubeproxy_up", 1)
 
 	// At scrapedAt: a drift check past the grace period, then the scrape.
 	clock.set(scrapedAt)
-	waitFor(t, "a drift check past the grace period", built["rules"], "proxyhealth_rules_last_check_timestamp_seconds", unixSeconds(scrapedAt))
+	waitFor(t, "a drift check past the grace period", rulesC, "proxyhealth_rules_last_check_timestamp_seconds", unixSeconds(scrapedAt))
 	srv := httptest.NewServer(metricsHandler(registry, logger, 1))
 	defer srv.Close()
 	resp, err := http.Get(srv.URL)
@@ -286,7 +287,8 @@ func waitFor(t *testing.T, what string, c phcollectors.Collector, name string, w
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		v, ok := sample(c, name)
+		s, _ := collectortest.Collect(t, c)
+		v, ok := s.Value(name)
 		if ok && v == want {
 			return
 		}
@@ -295,29 +297,6 @@ func waitFor(t *testing.T, what string, c phcollectors.Collector, name string, w
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-}
-
-// sample runs c's Update and returns the value of metric name.
-func sample(c phcollectors.Collector, name string) (float64, bool) {
-	ch := make(chan prometheus.Metric, 1000)
-	_ = c.Update(ch)
-	close(ch)
-	for m := range ch {
-		if !strings.Contains(m.Desc().String(), `fqName: "`+name+`"`) {
-			continue
-		}
-		var d dto.Metric
-		if err := m.Write(&d); err != nil {
-			return 0, false
-		}
-		switch {
-		case d.Gauge != nil:
-			return d.Gauge.GetValue(), true
-		case d.Counter != nil:
-			return d.Counter.GetValue(), true
-		}
-	}
-	return 0, false
 }
 
 func unixSeconds(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }

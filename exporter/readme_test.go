@@ -12,6 +12,7 @@ import (
 	versioncollector "github.com/prometheus/client_golang/prometheus/collectors/version"
 	"github.com/prometheus/common/promslog"
 
+	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
 	"github.com/proxyhealth/proxyhealth/internal/metricsref"
 )
@@ -36,7 +37,9 @@ var (
 )
 
 // describedMetrics builds every collector with default flags (building opens nothing) and
-// collects the descriptors they declare, plus the exporter's own.
+// collects the descriptors they declare, plus the exporter's own. On the way it checks that
+// each collector with background work is registered with it (registerRunner), so that the
+// exporter starts it.
 func describedMetrics(t *testing.T) map[string]string {
 	t.Helper()
 	app := kingpin.New("test", "")
@@ -47,9 +50,12 @@ func describedMetrics(t *testing.T) map[string]string {
 	}
 	ch := make(chan *prometheus.Desc, 1000)
 	for _, r := range regs {
-		c, err := r.build(promslog.NewNopLogger())
+		c, run, err := r.build(promslog.NewNopLogger())
 		if err != nil {
 			t.Fatalf("build %s: %v", r.name, err)
+		}
+		if _, background := c.(phcollectors.Runner); background != (run != nil) {
+			t.Errorf("collector %s: has a Run method: %v, registered with it: %v", r.name, background, run != nil)
 		}
 		c.Describe(ch)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/alecthomas/kingpin/v2"
 
+	"github.com/proxyhealth/proxyhealth/collectors"
 	"github.com/proxyhealth/proxyhealth/internal/verdict"
 )
 
@@ -47,16 +48,7 @@ func newStatus(src *factSources, window time.Duration) *status {
 
 // run samples every interval until ctx is done.
 func (s *status) run(ctx context.Context) {
-	t := time.NewTicker(s.interval)
-	defer t.Stop()
-	for {
-		s.record(s.src.sample())
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	collectors.Every(ctx, s.interval, func() { s.record(s.src.sample()) })
 }
 
 func (s *status) record(fs factSample) {

@@ -2,7 +2,9 @@
 // read over netlink at scrape time, and a background listener on the conntrack event stream
 // that counts events and follows DNAT'ed flows (kube-proxy's Service traffic) to find those
 // that end, or stay, unreplied: the trace of incident 1 (bridged replies that escape
-// netfilter) and of endpoints that are gone.
+// netfilter) and of endpoints that are gone. It also reports conntrack's own settings that
+// decide what it sees and marks INVALID (incident 2): TCP window liberality and the event
+// setting, read from procfs on every scrape.
 package conntrack
 
 import (
@@ -10,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -21,8 +22,13 @@ import (
 	"github.com/alecthomas/kingpin/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
+	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
+	"github.com/proxyhealth/proxyhealth/internal/sysctl"
 )
+
+// Name is the collector's name (--[no-]collector.conntrack).
+const Name = "conntrack"
 
 // Config holds the collector's settings; AddFlags binds them to command-line flags.
 type Config struct {
@@ -66,6 +72,8 @@ func (c *Config) AddFlags(app *kingpin.Application) {
 
 func (c *Config) validate() error {
 	switch {
+	case c.ProcPath == "":
+		return errors.New("conntrack collector: no procfs mountpoint (--path.procfs)")
 	case c.UnrepliedAfter <= 0:
 		return errors.New("--conntrack.unreplied-after must be positive")
 	case c.MaxTrackedFlows <= 0:
@@ -138,46 +146,38 @@ func New(cfg Config, logger *slog.Logger) (*Collector, error) {
 	return c, nil
 }
 
+var _ phcollectors.Runner = (*Collector)(nil)
+
 // Run follows the conntrack event stream until ctx is done, re-subscribing after any receive
 // error, and keeps the Service map and the local network view fresh.
 func (c *Collector) Run(ctx context.Context) {
 	c.warnIfEventsOff()
 	go c.refreshViewLoop(ctx)
-	go c.silentCheckLoop(ctx)
+	go phcollectors.Every(ctx, c.silentCheckInterval, c.checkSilent)
 	c.listenLoop(ctx)
 }
 
-// silentCheckLoop re-reads the table while flows found at start-up are tracked, since those
-// send no events (see trackedFlow.silent).
-func (c *Collector) silentCheckLoop(ctx context.Context) {
-	t := time.NewTicker(c.silentCheckInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if !c.tracker.hasSilent() {
-			continue
-		}
-		unreplied := make(map[uint32]bool)
-		err := c.dump(func(ev *flowEvent) {
-			if !ev.seenReply() && ev.dnat() {
-				unreplied[ev.id] = true
-			}
-		})
-		if err != nil {
-			c.logger.Debug("re-reading the conntrack table for flows that predate the listener failed", "err", err)
-			continue
-		}
-		c.tracker.checkSilent(unreplied)
+// checkSilent re-reads the table while flows found at start-up are tracked, since those send
+// no events (see trackedFlow.silent).
+func (c *Collector) checkSilent() {
+	if !c.tracker.hasSilent() {
+		return
 	}
+	unreplied := make(map[uint32]bool)
+	err := c.dump(func(ev *flowEvent) {
+		if !ev.seenReply() && ev.dnat() {
+			unreplied[ev.id] = true
+		}
+	})
+	if err != nil {
+		c.logger.Debug("re-reading the conntrack table for flows that predate the listener failed", "err", err)
+		return
+	}
+	c.tracker.checkSilent(unreplied)
 }
 
 func (c *Collector) warnIfEventsOff() {
-	b, err := os.ReadFile(filepath.Join(c.cfg.ProcPath, "sys/net/netfilter/nf_conntrack_events"))
-	if err == nil && strings.TrimSpace(string(b)) == "0" {
+	if v, exists, err := sysctl.ReadInt(filepath.Join(c.cfg.ProcPath, sysctl.ConntrackEvents)); err == nil && exists && v == 0 {
 		c.logger.Warn("net.netfilter.nf_conntrack_events is 0: the kernel sends no conntrack events, so unreplied flows cannot be seen (table stats still work)")
 	}
 }
@@ -403,50 +403,47 @@ func (c *Collector) refreshViewLoop(ctx context.Context) {
 }
 
 var (
-	entriesDesc      = newDesc("entries", "Entries in the conntrack table (netlink global stats; the same as nf_conntrack_count).")
-	entriesLimitDesc = newDesc("entries_limit", "Size of the conntrack table (netlink global stats; nf_conntrack_max).")
+	entriesDesc      = phcollectors.NewDesc("conntrack", "entries", "Entries in the conntrack table (netlink global stats; the same as nf_conntrack_count).")
+	entriesLimitDesc = phcollectors.NewDesc("conntrack", "entries_limit", "Size of the conntrack table (netlink global stats; nf_conntrack_max).")
 	// The kernel's per-CPU statistics (netlink CTA_STATS_*; conntrack -S), summed over CPUs.
 	cpuStatDescs = []struct {
 		desc  *prometheus.Desc
 		value func(*cpuStats) uint64
 	}{
-		{newDesc("invalid_packets_total", "Packets conntrack could not track and marked INVALID (kernel per-CPU stat invalid, summed). Unless dropped, such a reply leaves the node un-NATed."), func(s *cpuStats) uint64 { return s.invalid }},
-		{newDesc("insert_failed_total", "Entries that could not be inserted, e.g. a clash of two racing packets (kernel stat insert_failed)."), func(s *cpuStats) uint64 { return s.insertFailed }},
-		{newDesc("drop_total", "Packets dropped because a new entry could not be created, e.g. the table was full (kernel stat drop)."), func(s *cpuStats) uint64 { return s.drop }},
-		{newDesc("early_drop_total", "Entries evicted early to make room in a full table (kernel stat early_drop)."), func(s *cpuStats) uint64 { return s.earlyDrop }},
-		{newDesc("found_total", "Lookups that found an existing entry (kernel stat found; always 0 on recent kernels)."), func(s *cpuStats) uint64 { return s.found }},
-		{newDesc("ignore_total", "Packets conntrack did not look at, e.g. already tracked or untracked (kernel stat ignore)."), func(s *cpuStats) uint64 { return s.ignore }},
-		{newDesc("insert_total", "Entries inserted (kernel stat insert; always 0 on recent kernels)."), func(s *cpuStats) uint64 { return s.insert }},
-		{newDesc("error_total", "ICMP error packets that could not be matched to an entry (kernel stat error)."), func(s *cpuStats) uint64 { return s.error }},
-		{newDesc("search_restart_total", "Table lookups restarted because the table was resized (kernel stat search_restart)."), func(s *cpuStats) uint64 { return s.searchRestart }},
+		{phcollectors.NewDesc("conntrack", "invalid_packets_total", "Packets conntrack could not track and marked INVALID (kernel per-CPU stat invalid, summed). Unless dropped, such a reply leaves the node un-NATed."), func(s *cpuStats) uint64 { return s.invalid }},
+		{phcollectors.NewDesc("conntrack", "insert_failed_total", "Entries that could not be inserted, e.g. a clash of two racing packets (kernel stat insert_failed)."), func(s *cpuStats) uint64 { return s.insertFailed }},
+		{phcollectors.NewDesc("conntrack", "drop_total", "Packets dropped because a new entry could not be created, e.g. the table was full (kernel stat drop)."), func(s *cpuStats) uint64 { return s.drop }},
+		{phcollectors.NewDesc("conntrack", "early_drop_total", "Entries evicted early to make room in a full table (kernel stat early_drop)."), func(s *cpuStats) uint64 { return s.earlyDrop }},
+		{phcollectors.NewDesc("conntrack", "found_total", "Lookups that found an existing entry (kernel stat found; always 0 on recent kernels)."), func(s *cpuStats) uint64 { return s.found }},
+		{phcollectors.NewDesc("conntrack", "ignore_total", "Packets conntrack did not look at, e.g. already tracked or untracked (kernel stat ignore)."), func(s *cpuStats) uint64 { return s.ignore }},
+		{phcollectors.NewDesc("conntrack", "insert_total", "Entries inserted (kernel stat insert; always 0 on recent kernels)."), func(s *cpuStats) uint64 { return s.insert }},
+		{phcollectors.NewDesc("conntrack", "error_total", "ICMP error packets that could not be matched to an entry (kernel stat error)."), func(s *cpuStats) uint64 { return s.error }},
+		{phcollectors.NewDesc("conntrack", "search_restart_total", "Table lookups restarted because the table was resized (kernel stat search_restart)."), func(s *cpuStats) uint64 { return s.searchRestart }},
 	}
 
-	eventsDesc = prometheus.NewDesc("proxyhealth_conntrack_events_total",
-		"Conntrack events received from the kernel's event stream (netlink groups NEW, UPDATE, DESTROY), by event.",
-		[]string{"event"}, nil)
-	eventsLostDesc        = newDesc("events_lost_total", "Conntrack events the kernel dropped for the exporter's socket because its buffer was full (the socket's sk_drops, the Drops column of /proc/net/netlink), over all sockets this process opened.")
-	receiveErrorsDesc     = newDesc("receive_errors_total", "Errors receiving or decoding the conntrack event stream; after a receive error the exporter opens a new socket and re-reads the table.")
-	resyncsDesc           = newDesc("table_resyncs_total", "Times the exporter re-read the conntrack table to re-seed flow tracking (at start, after a receive error, after lost events).")
-	untrackedDesc         = newDesc("untracked_flows_total", "New unreplied DNAT'ed flows not followed because --conntrack.max-tracked-flows were already followed; they still count when they end unreplied.")
-	trackedDesc           = newDesc("tracked_flows", "Unreplied DNAT'ed flows being followed right now.")
+	eventsDesc = phcollectors.NewDesc("conntrack", "events_total",
+		"Conntrack events received from the kernel's event stream (netlink groups NEW, UPDATE, DESTROY), by event.", "event")
+	eventsLostDesc        = phcollectors.NewDesc("conntrack", "events_lost_total", "Conntrack events the kernel dropped for the exporter's socket because its buffer was full (the socket's sk_drops, the Drops column of /proc/net/netlink), over all sockets this process opened.")
+	receiveErrorsDesc     = phcollectors.NewDesc("conntrack", "receive_errors_total", "Errors receiving or decoding the conntrack event stream; after a receive error the exporter opens a new socket and re-reads the table.")
+	resyncsDesc           = phcollectors.NewDesc("conntrack", "table_resyncs_total", "Times the exporter re-read the conntrack table to re-seed flow tracking (at start, after a receive error, after lost events).")
+	untrackedDesc         = phcollectors.NewDesc("conntrack", "untracked_flows_total", "New unreplied DNAT'ed flows not followed because --conntrack.max-tracked-flows were already followed; they still count when they end unreplied.")
+	trackedDesc           = phcollectors.NewDesc("conntrack", "tracked_flows", "Unreplied DNAT'ed flows being followed right now.")
 	serviceLabels         = []string{"service_namespace", "service_name", "service_port", "protocol", "reason"}
-	unrepliedDesc         = prometheus.NewDesc("proxyhealth_conntrack_unreplied_flows_total", "DNAT'ed flows (Service traffic) that ended without ever seeing a reply (conntrack DESTROY without SEEN_REPLY), by Service port and where the endpoint was: same_bridge (client and endpoint on one local bridge: check bridge-nf-call-iptables), local_endpoint, remote_endpoint, no_service.", serviceLabels, nil)
-	openUnrepliedDesc     = prometheus.NewDesc("proxyhealth_conntrack_open_unreplied_flows", "DNAT'ed flows open right now that have had no reply for longer than --conntrack.unreplied-after, by Service port and reason (as proxyhealth_conntrack_unreplied_flows_total).", serviceLabels, nil)
+	unrepliedDesc         = phcollectors.NewDesc("conntrack", "unreplied_flows_total", "DNAT'ed flows (Service traffic) that ended without ever seeing a reply (conntrack DESTROY without SEEN_REPLY), by Service port and where the endpoint was: same_bridge (client and endpoint on one local bridge: check bridge-nf-call-iptables), local_endpoint, remote_endpoint, no_service.", serviceLabels...)
+	openUnrepliedDesc     = phcollectors.NewDesc("conntrack", "open_unreplied_flows", "DNAT'ed flows open right now that have had no reply for longer than --conntrack.unreplied-after, by Service port and reason (as proxyhealth_conntrack_unreplied_flows_total).", serviceLabels...)
 	overflowLabels        = []string{"protocol", "reason"}
-	unrepliedUnlistedDesc = prometheus.NewDesc("proxyhealth_conntrack_unreplied_flows_unlisted_total", "Unreplied flows of Service ports left out of the per-service series by --conntrack.max-service-series.", overflowLabels, nil)
-	openUnlistedDesc      = prometheus.NewDesc("proxyhealth_conntrack_open_unreplied_flows_unlisted", "Open unreplied flows of Service ports left out of the per-service series by --conntrack.max-service-series.", overflowLabels, nil)
-	servicesKnownDesc     = newDesc("service_ports_known", "Service addresses (cluster IP, port, protocol) the exporter can attribute flows to, from its API view or, without a synced one, from kube-proxy's KUBE-SERVICES rules; 0 means every flow is no_service.")
+	unrepliedUnlistedDesc = phcollectors.NewDesc("conntrack", "unreplied_flows_unlisted_total", "Unreplied flows of Service ports left out of the per-service series by --conntrack.max-service-series.", overflowLabels...)
+	openUnlistedDesc      = phcollectors.NewDesc("conntrack", "open_unreplied_flows_unlisted", "Open unreplied flows of Service ports left out of the per-service series by --conntrack.max-service-series.", overflowLabels...)
+	tcpBeLiberalDesc      = phcollectors.NewDesc("conntrack", "tcp_be_liberal", "net.netfilter.nf_conntrack_tcp_be_liberal, read from <procfs>/sys/net/netfilter/nf_conntrack_tcp_be_liberal: 1 when conntrack does not mark out-of-window TCP packets INVALID.")
+	eventsSettingDesc     = phcollectors.NewDesc("conntrack", "events_setting", "net.netfilter.nf_conntrack_events, read from <procfs>/sys/net/netfilter/nf_conntrack_events: 0 off (the conntrack event listener sees nothing), 1 on, 2 on while a listener exists.")
+	servicesKnownDesc     = phcollectors.NewDesc("conntrack", "service_ports_known", "Service addresses (cluster IP, port, protocol) the exporter can attribute flows to, from its API view or, without a synced one, from kube-proxy's KUBE-SERVICES rules; 0 means every flow is no_service.")
 )
-
-func newDesc(name, help string) *prometheus.Desc {
-	return prometheus.NewDesc("proxyhealth_conntrack_"+name, help, nil, nil)
-}
 
 // Describe sends every descriptor Update may use.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{entriesDesc, entriesLimitDesc, eventsDesc, eventsLostDesc, receiveErrorsDesc,
 		resyncsDesc, untrackedDesc, trackedDesc, unrepliedDesc, openUnrepliedDesc, unrepliedUnlistedDesc,
-		openUnlistedDesc, servicesKnownDesc} {
+		openUnlistedDesc, servicesKnownDesc, tcpBeLiberalDesc, eventsSettingDesc} {
 		ch <- d
 	}
 	for _, d := range cpuStatDescs {
@@ -454,10 +451,14 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
-// Update reads the kernel's statistics and publishes the event listener's counters and the
-// tracked flows. It fails when the statistics cannot be read or the listener is not running.
+// Update reads the kernel's statistics and conntrack's settings, and publishes the event
+// listener's counters and the tracked flows. It fails when the statistics or the settings
+// cannot be read or the listener is not running.
 func (c *Collector) Update(ch chan<- prometheus.Metric) error {
 	var errs []error
+	if err := c.updateSettings(ch); err != nil {
+		errs = append(errs, err)
+	}
 	if st, err := c.stats(); err != nil {
 		errs = append(errs, err)
 	} else {
@@ -515,4 +516,34 @@ func (k seriesKey) labels() []string {
 		port = strconv.Itoa(int(k.svc.Port))
 	}
 	return []string{k.svc.Namespace, k.svc.Name, port, protocolName(k.proto), k.reason.String()}
+}
+
+// updateSettings sends conntrack's settings as the kernel has them now.
+func (c *Collector) updateSettings(ch chan<- prometheus.Metric) error {
+	var (
+		errs    []error
+		missing []string
+	)
+	for _, s := range []struct {
+		desc *prometheus.Desc
+		path string
+	}{
+		{tcpBeLiberalDesc, sysctl.ConntrackTCPBeLiberal},
+		{eventsSettingDesc, sysctl.ConntrackEvents},
+	} {
+		v, exists, err := sysctl.ReadInt(filepath.Join(c.cfg.ProcPath, s.path))
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case !exists:
+			missing = append(missing, filepath.Base(s.path))
+		default:
+			ch <- prometheus.MustNewConstMetric(s.desc, prometheus.GaugeValue, float64(v))
+		}
+	}
+	if len(missing) > 0 {
+		errs = append(errs, fmt.Errorf("conntrack sysctls not found under %s (%s): is nf_conntrack loaded?",
+			filepath.Join(c.cfg.ProcPath, sysctl.NetfilterDir), strings.Join(missing, ", ")))
+	}
+	return errors.Join(errs...)
 }

@@ -9,7 +9,7 @@ import (
 )
 
 func TestStatsAndFlowsAccessors(t *testing.T) {
-	cfg := Config{UnrepliedAfter: time.Millisecond, MaxTrackedFlows: 10, MaxServiceSeries: 10, SocketBufferBytes: 1, ServiceRefreshInterval: time.Hour, ResyncMinInterval: time.Hour}
+	cfg := Config{ProcPath: "testdata/proc-full", UnrepliedAfter: time.Millisecond, MaxTrackedFlows: 10, MaxServiceSeries: 10, SocketBufferBytes: 1, ServiceRefreshInterval: time.Hour, ResyncMinInterval: time.Hour}
 	c, err := New(cfg, promslog.NewNopLogger())
 	if err != nil {
 		t.Fatal(err)

@@ -7,10 +7,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/promslog"
 	"golang.org/x/sys/unix"
 
+	"github.com/proxyhealth/proxyhealth/collectors/collectortest"
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
 )
 
@@ -150,7 +150,7 @@ func TestTrackerResync(t *testing.T) {
 }
 
 func TestCollectorExposition(t *testing.T) {
-	cfg := Config{UnrepliedAfter: time.Second, MaxTrackedFlows: 10, MaxServiceSeries: 10, SocketBufferBytes: 1 << 20, ServiceRefreshInterval: time.Minute}
+	cfg := Config{ProcPath: "testdata/proc-full", UnrepliedAfter: time.Second, MaxTrackedFlows: 10, MaxServiceSeries: 10, SocketBufferBytes: 1 << 20, ServiceRefreshInterval: time.Minute}
 	c, err := New(cfg, promslog.NewNopLogger())
 	if err != nil {
 		t.Fatal(err)
@@ -165,20 +165,17 @@ func TestCollectorExposition(t *testing.T) {
 	c.tracker.handle(event(eventDestroy, 2, statusDstNAT, orig2, reply2), time.Now().UnixNano(), c.view.Load())
 
 	want := `
-# HELP proxyhealth_conntrack_entries Entries in the conntrack table (netlink global stats; the same as nf_conntrack_count).
 # TYPE proxyhealth_conntrack_entries gauge
 proxyhealth_conntrack_entries 5
-# HELP proxyhealth_conntrack_invalid_packets_total Packets conntrack could not track and marked INVALID (kernel per-CPU stat invalid, summed). Unless dropped, such a reply leaves the node un-NATed.
 # TYPE proxyhealth_conntrack_invalid_packets_total counter
 proxyhealth_conntrack_invalid_packets_total 50
-# HELP proxyhealth_conntrack_open_unreplied_flows DNAT'ed flows open right now that have had no reply for longer than --conntrack.unreplied-after, by Service port and reason (as proxyhealth_conntrack_unreplied_flows_total).
 # TYPE proxyhealth_conntrack_open_unreplied_flows gauge
 proxyhealth_conntrack_open_unreplied_flows{protocol="tcp",reason="same_bridge",service_name="web",service_namespace="lab",service_port="80"} 1
-# HELP proxyhealth_conntrack_unreplied_flows_total DNAT'ed flows (Service traffic) that ended without ever seeing a reply (conntrack DESTROY without SEEN_REPLY), by Service port and where the endpoint was: same_bridge (client and endpoint on one local bridge: check bridge-nf-call-iptables), local_endpoint, remote_endpoint, no_service.
 # TYPE proxyhealth_conntrack_unreplied_flows_total counter
 proxyhealth_conntrack_unreplied_flows_total{protocol="tcp",reason="same_bridge",service_name="web",service_namespace="lab",service_port="80"} 1
 `
-	if err := testutil.CollectAndCompare(updater{c}, strings.NewReader(want),
+	got, _ := collectortest.Collect(t, c)
+	if err := got.Compare(want,
 		"proxyhealth_conntrack_entries", "proxyhealth_conntrack_invalid_packets_total",
 		"proxyhealth_conntrack_open_unreplied_flows", "proxyhealth_conntrack_unreplied_flows_total"); err != nil {
 		t.Error(err)
@@ -188,14 +185,6 @@ proxyhealth_conntrack_unreplied_flows_total{protocol="tcp",reason="same_bridge",
 	if err := c.Update(make(chan prometheus.Metric, 100)); err == nil || !strings.Contains(err.Error(), "CAP_NET_ADMIN") {
 		t.Errorf("Update with stats refused = %v, want an error naming CAP_NET_ADMIN", err)
 	}
-}
-
-// updater adapts the collector to prometheus.Collector for testutil.
-type updater struct{ c *Collector }
-
-func (u updater) Describe(chan<- *prometheus.Desc) {}
-func (u updater) Collect(ch chan<- prometheus.Metric) {
-	_ = u.c.Update(ch)
 }
 
 func TestTrackerSilentFlows(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/promslog"
+	"github.com/proxyhealth/proxyhealth/collectors/collectortest"
 	"github.com/proxyhealth/proxyhealth/internal/hostrules"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
@@ -161,28 +162,8 @@ sysctl -qw net.netfilter.nf_conntrack_udp_timeout=3`)
 
 func scrape(t *testing.T, c *Collector) string {
 	t.Helper()
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(updater{c})
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var b strings.Builder
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			var labels []string
-			for _, l := range m.GetLabel() {
-				labels = append(labels, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
-			}
-			v := m.GetGauge().GetValue() + m.GetCounter().GetValue()
-			if len(labels) > 0 {
-				fmt.Fprintf(&b, "%s{%s} %g\n", mf.GetName(), strings.Join(labels, ","), v)
-			} else {
-				fmt.Fprintf(&b, "%s %g\n", mf.GetName(), v)
-			}
-		}
-	}
-	return b.String()
+	got, _ := collectortest.Collect(t, c)
+	return got.String()
 }
 
 // waitForScrape scrapes until want is in the output, running each of between before each try.

@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/promslog"
 	ticonntrack "github.com/ti-mo/conntrack"
 
+	"github.com/proxyhealth/proxyhealth/collectors/collectortest"
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
 	"github.com/proxyhealth/proxyhealth/internal/fixture"
 )
@@ -89,7 +89,7 @@ func TestKernelAndClockFromConfig(t *testing.T) {
 		Name:       cluster.ServicePortName{Namespace: "lab", Name: "web", Port: "http", Protocol: "TCP"},
 		ClusterIPs: []netip.Addr{vip}, Port: 80,
 	}}}}
-	cfg := Config{UnrepliedAfter: time.Second, MaxTrackedFlows: 10, MaxServiceSeries: 10, SocketBufferBytes: 1,
+	cfg := Config{ProcPath: "testdata/proc-full", UnrepliedAfter: time.Second, MaxTrackedFlows: 10, MaxServiceSeries: 10, SocketBufferBytes: 1,
 		ServiceRefreshInterval: time.Hour, ResyncMinInterval: time.Hour, API: view, Kernel: k,
 		Now: func() time.Time { return time.Unix(0, clock.Load()) }}
 	c, err := New(cfg, promslog.NewNopLogger())
@@ -117,34 +117,30 @@ func TestKernelAndClockFromConfig(t *testing.T) {
 	}
 	// The events and this scrape share one instant: the start-up flow is not open yet.
 	want := `
-# HELP proxyhealth_conntrack_entries_limit Size of the conntrack table (netlink global stats; nf_conntrack_max).
 # TYPE proxyhealth_conntrack_entries_limit gauge
 proxyhealth_conntrack_entries_limit 1024
-# HELP proxyhealth_conntrack_events_lost_total Conntrack events the kernel dropped for the exporter's socket because its buffer was full (the socket's sk_drops, the Drops column of /proc/net/netlink), over all sockets this process opened.
 # TYPE proxyhealth_conntrack_events_lost_total counter
 proxyhealth_conntrack_events_lost_total 2
-# HELP proxyhealth_conntrack_invalid_packets_total Packets conntrack could not track and marked INVALID (kernel per-CPU stat invalid, summed). Unless dropped, such a reply leaves the node un-NATed.
 # TYPE proxyhealth_conntrack_invalid_packets_total counter
 proxyhealth_conntrack_invalid_packets_total 7
-# HELP proxyhealth_conntrack_tracked_flows Unreplied DNAT'ed flows being followed right now.
 # TYPE proxyhealth_conntrack_tracked_flows gauge
 proxyhealth_conntrack_tracked_flows 1
-# HELP proxyhealth_conntrack_unreplied_flows_total DNAT'ed flows (Service traffic) that ended without ever seeing a reply (conntrack DESTROY without SEEN_REPLY), by Service port and where the endpoint was: same_bridge (client and endpoint on one local bridge: check bridge-nf-call-iptables), local_endpoint, remote_endpoint, no_service.
 # TYPE proxyhealth_conntrack_unreplied_flows_total counter
 proxyhealth_conntrack_unreplied_flows_total{protocol="tcp",reason="same_bridge",service_name="web",service_namespace="lab",service_port="80"} 1
 `
 	names := []string{"proxyhealth_conntrack_entries_limit", "proxyhealth_conntrack_events_lost_total", "proxyhealth_conntrack_invalid_packets_total",
 		"proxyhealth_conntrack_tracked_flows", "proxyhealth_conntrack_unreplied_flows_total", "proxyhealth_conntrack_open_unreplied_flows"}
-	if err := testutil.CollectAndCompare(updater{c}, strings.NewReader(want), names...); err != nil {
+	got, _ := collectortest.Collect(t, c)
+	if err := got.Compare(want, names...); err != nil {
 		t.Error(err)
 	}
 	// Past --conntrack.unreplied-after by the collector's clock, the start-up flow is open.
 	clock.Add(int64(2 * time.Second))
-	want += `# HELP proxyhealth_conntrack_open_unreplied_flows DNAT'ed flows open right now that have had no reply for longer than --conntrack.unreplied-after, by Service port and reason (as proxyhealth_conntrack_unreplied_flows_total).
-# TYPE proxyhealth_conntrack_open_unreplied_flows gauge
+	want += `# TYPE proxyhealth_conntrack_open_unreplied_flows gauge
 proxyhealth_conntrack_open_unreplied_flows{protocol="tcp",reason="same_bridge",service_name="web",service_namespace="lab",service_port="80"} 1
 `
-	if err := testutil.CollectAndCompare(updater{c}, strings.NewReader(want), names...); err != nil {
+	got, _ = collectortest.Collect(t, c)
+	if err := got.Compare(want, names...); err != nil {
 		t.Error(err)
 	}
 }

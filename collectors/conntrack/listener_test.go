@@ -60,7 +60,7 @@ func TestListenerRecoversFromReceiveError(t *testing.T) {
 		{name: "first", msgs: [][]byte{newFlow}, err: errors.New("receive conntrack events: no buffer space"), dropN: 7},
 		{name: "second"},
 	}
-	cfg := Config{UnrepliedAfter: time.Second, MaxTrackedFlows: 10, MaxServiceSeries: 10, SocketBufferBytes: 1, ServiceRefreshInterval: time.Hour, ResyncMinInterval: time.Hour}
+	cfg := Config{ProcPath: "testdata/proc-full", UnrepliedAfter: time.Second, MaxTrackedFlows: 10, MaxServiceSeries: 10, SocketBufferBytes: 1, ServiceRefreshInterval: time.Hour, ResyncMinInterval: time.Hour}
 	c, err := New(cfg, promslog.NewNopLogger())
 	if err != nil {
 		t.Fatal(err)
@@ -122,7 +122,7 @@ func TestListenerRecoversFromReceiveError(t *testing.T) {
 }
 
 func TestListenerReportsOpenFailure(t *testing.T) {
-	cfg := Config{UnrepliedAfter: time.Second, MaxTrackedFlows: 10, SocketBufferBytes: 1, ServiceRefreshInterval: time.Hour, ResyncMinInterval: time.Hour}
+	cfg := Config{ProcPath: "testdata/proc-full", UnrepliedAfter: time.Second, MaxTrackedFlows: 10, SocketBufferBytes: 1, ServiceRefreshInterval: time.Hour, ResyncMinInterval: time.Hour}
 	c, err := New(cfg, promslog.NewNopLogger())
 	if err != nil {
 		t.Fatal(err)

@@ -24,6 +24,8 @@ import (
 
 	"github.com/alecthomas/kingpin/v2"
 	"github.com/prometheus/client_golang/prometheus"
+
+	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
 )
 
 // Name is the collector's name (--[no-]collector.kubeproxy).
@@ -50,8 +52,7 @@ type Config struct {
 	// OnSync, when set, is called after a poll finds that kube-proxy applied a sync since the
 	// last poll: the exporter's netfilter reader then reads the legacy tables, whose changes
 	// the kernel does not announce.
-	OnSync           func()
-	logPathsFromFlag []string
+	OnSync func()
 
 	// Now is the clock kube-proxy's sync times and undated log lines are measured by; nil
 	// means time.Now.
@@ -60,8 +61,8 @@ type Config struct {
 
 // AddFlags adds the collector's flags to app.
 func (c *Config) AddFlags(app *kingpin.Application) {
-	app.Flag("kubeproxy.log-path", "kube-proxy log file or glob to follow (repeatable). Paths are the host's: in a container, mount the host's /var/log at /var/log (read-only). Default: "+strings.Join(DefaultLogPaths, ", ")+".").
-		StringsVar(&c.logPathsFromFlag)
+	app.Flag("kubeproxy.log-path", "kube-proxy log file or glob to follow (repeatable; replaces the defaults). Paths are the host's: in a container, mount the host's /var/log at /var/log (read-only). Default: "+strings.Join(DefaultLogPaths, ", ")+".").
+		Default(DefaultLogPaths...).StringsVar(&c.LogPaths)
 	app.Flag("kubeproxy.log-poll-interval", "How often kube-proxy's log files are read for new lines.").
 		Default("1s").DurationVar(&c.LogPollInterval)
 	app.Flag("kubeproxy.log-rescan-interval", "How often the log globs are expanded again to find new files (a rotation is noticed at once).").
@@ -79,12 +80,6 @@ func (c *Config) AddFlags(app *kingpin.Application) {
 }
 
 func (c *Config) validate() error {
-	if len(c.logPathsFromFlag) > 0 {
-		c.LogPaths = c.logPathsFromFlag
-	}
-	if c.LogPaths == nil {
-		c.LogPaths = DefaultLogPaths
-	}
 	for _, p := range c.LogPaths {
 		if _, err := filepath.Match(p, ""); err != nil {
 			return fmt.Errorf("--kubeproxy.log-path %q: %w", p, err)
@@ -144,18 +139,13 @@ func New(cfg Config, logger *slog.Logger) (*Collector, error) {
 	return c, nil
 }
 
+var _ phcollectors.Runner = (*Collector)(nil)
+
 // Run follows the logs and polls kube-proxy until ctx is done.
 func (c *Collector) Run(ctx context.Context) {
 	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		c.runFollower(ctx)
-	}()
-	go func() {
-		defer wg.Done()
-		c.runProber(ctx)
-	}()
+	wg.Go(func() { c.runFollower(ctx) })
+	wg.Go(func() { phcollectors.Every(ctx, c.cfg.PollInterval, func() { c.pollOnce(ctx) }) })
 	wg.Wait()
 }
 
@@ -173,29 +163,7 @@ func (c *Collector) newFollower() *follower {
 func (c *Collector) runFollower(ctx context.Context) {
 	fl := c.newFollower()
 	defer fl.close()
-	t := time.NewTicker(c.cfg.LogPollInterval)
-	defer t.Stop()
-	for {
-		fl.poll()
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
-func (c *Collector) runProber(ctx context.Context) {
-	t := time.NewTicker(c.cfg.PollInterval)
-	defer t.Stop()
-	for {
-		c.pollOnce(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	phcollectors.Every(ctx, c.cfg.LogPollInterval, fl.poll)
 }
 
 // pollOnce asks kube-proxy once and publishes the answer.
@@ -285,34 +253,32 @@ func scanNote(res *probeResult) string {
 }
 
 var (
-	listErrorsDesc = prometheus.NewDesc("proxyhealth_kubeproxy_list_errors_total",
-		"Reflector (list/watch) failures in kube-proxy's log since the exporter started, per resource (services, endpoints, endpointslices, nodes, servicecidrs, other) and verb (list or watch, from the inner error: a \"Failed to watch\" whose error says \"failed to list\" is a list failure). Lines written before the exporter started are not counted.",
-		[]string{"resource", "verb"}, nil)
-	lastListErrorDesc = prometheus.NewDesc("proxyhealth_kubeproxy_last_list_error_timestamp_seconds",
-		"Time of the last reflector failure read from kube-proxy's log (from the line's CRI or klog time when readable, else when it was read); absent until one is read.",
-		nil, nil)
-	logLinesDesc = prometheus.NewDesc("proxyhealth_kubeproxy_log_lines_total",
-		"Lines read from kube-proxy's log files.", nil, nil)
-	logSkippedDesc = prometheus.NewDesc("proxyhealth_kubeproxy_log_lines_skipped_total",
-		"kube-proxy log lines (or joined CRI partial records) longer than --kubeproxy.log-max-line-bytes, skipped unread.", nil, nil)
-	logFilesDesc = prometheus.NewDesc("proxyhealth_kubeproxy_log_files_followed",
-		"kube-proxy log files followed now (matched by --kubeproxy.log-path); 0 when none is found, which is not a failure.", nil, nil)
-	upDesc = prometheus.NewDesc("proxyhealth_kubeproxy_up",
-		"1 when kube-proxy's metrics endpoint (--kubeproxy.metrics-url) answered the last poll with its metrics, 0 when it did not (kube-proxy absent, down, or on another address).", nil, nil)
-	healthyDesc = prometheus.NewDesc("proxyhealth_kubeproxy_healthy",
-		"kube-proxy's own verdict on its health: 1 when --kubeproxy.health-url (/livez) answered 200 at the last poll, or /healthz on versions without /livez. /healthz also fails while the node is being deleted, /livez does not. kube-proxy stays healthy while its API watches fail (incident 3).", nil, nil)
-	lastSyncAgeDesc = prometheus.NewDesc("proxyhealth_kubeproxy_last_sync_age_seconds",
-		"Now minus kube-proxy's kubeproxy_sync_proxy_rules_last_timestamp_seconds (its last applied rules sync; the oldest IP family). A quiet node syncs only hourly, so an old sync alone is no fault.", nil, nil)
-	syncPendingDesc = prometheus.NewDesc("proxyhealth_kubeproxy_sync_pending_seconds",
-		"How long a queued change has waited unapplied: now minus kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds when that is ahead of its last applied sync, else 0. Growing means kube-proxy is stuck.", nil, nil)
-	endpointsPendingDesc = prometheus.NewDesc("proxyhealth_kubeproxy_endpoint_changes_pending",
-		"Endpoint changes kube-proxy has received but not yet applied (kubeproxy_sync_proxy_rules_endpoint_changes_pending).", nil, nil)
-	servicesPendingDesc = prometheus.NewDesc("proxyhealth_kubeproxy_service_changes_pending",
-		"Service changes kube-proxy has received but not yet applied (kubeproxy_sync_proxy_rules_service_changes_pending).", nil, nil)
-	restoreFailuresDesc = prometheus.NewDesc("proxyhealth_kubeproxy_sync_failures_total",
-		"Rule syncs kube-proxy failed to apply: iptables-restore failures (kubeproxy_sync_proxy_rules_iptables_restore_failures_total) plus nftables sync failures (kubeproxy_sync_proxy_rules_nftables_sync_failures_total), over IP families; resets when kube-proxy restarts.", nil, nil)
-	invalidDroppedDesc = prometheus.NewDesc("proxyhealth_kubeproxy_invalid_dropped_packets_total",
-		"Packets kube-proxy's conntrack INVALID drop rule dropped (kubeproxy_iptables_ct_state_invalid_dropped_packets_total, iptables mode with nfacct); absent when kube-proxy does not export it.", nil, nil)
+	listErrorsDesc = phcollectors.NewDesc("kubeproxy", "list_errors_total",
+		"Reflector (list/watch) failures in kube-proxy's log since the exporter started, per resource (services, endpoints, endpointslices, nodes, servicecidrs, other) and verb (list or watch, from the inner error: a \"Failed to watch\" whose error says \"failed to list\" is a list failure). Lines written before the exporter started are not counted.", "resource", "verb")
+	lastListErrorDesc = phcollectors.NewDesc("kubeproxy", "last_list_error_timestamp_seconds",
+		"Time of the last reflector failure read from kube-proxy's log (from the line's CRI or klog time when readable, else when it was read); absent until one is read.")
+	logLinesDesc = phcollectors.NewDesc("kubeproxy", "log_lines_total",
+		"Lines read from kube-proxy's log files.")
+	logSkippedDesc = phcollectors.NewDesc("kubeproxy", "log_lines_skipped_total",
+		"kube-proxy log lines (or joined CRI partial records) longer than --kubeproxy.log-max-line-bytes, skipped unread.")
+	logFilesDesc = phcollectors.NewDesc("kubeproxy", "log_files_followed",
+		"kube-proxy log files followed now (matched by --kubeproxy.log-path); 0 when none is found, which is not a failure.")
+	upDesc = phcollectors.NewDesc("kubeproxy", "up",
+		"1 when kube-proxy's metrics endpoint (--kubeproxy.metrics-url) answered the last poll with its metrics, 0 when it did not (kube-proxy absent, down, or on another address).")
+	healthyDesc = phcollectors.NewDesc("kubeproxy", "healthy",
+		"kube-proxy's own verdict on its health: 1 when --kubeproxy.health-url (/livez) answered 200 at the last poll, or /healthz on versions without /livez. /healthz also fails while the node is being deleted, /livez does not. kube-proxy stays healthy while its API watches fail (incident 3).")
+	lastSyncAgeDesc = phcollectors.NewDesc("kubeproxy", "last_sync_age_seconds",
+		"Now minus kube-proxy's kubeproxy_sync_proxy_rules_last_timestamp_seconds (its last applied rules sync; the oldest IP family). A quiet node syncs only hourly, so an old sync alone is no fault.")
+	syncPendingDesc = phcollectors.NewDesc("kubeproxy", "sync_pending_seconds",
+		"How long a queued change has waited unapplied: now minus kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds when that is ahead of its last applied sync, else 0. Growing means kube-proxy is stuck.")
+	endpointsPendingDesc = phcollectors.NewDesc("kubeproxy", "endpoint_changes_pending",
+		"Endpoint changes kube-proxy has received but not yet applied (kubeproxy_sync_proxy_rules_endpoint_changes_pending).")
+	servicesPendingDesc = phcollectors.NewDesc("kubeproxy", "service_changes_pending",
+		"Service changes kube-proxy has received but not yet applied (kubeproxy_sync_proxy_rules_service_changes_pending).")
+	restoreFailuresDesc = phcollectors.NewDesc("kubeproxy", "sync_failures_total",
+		"Rule syncs kube-proxy failed to apply: iptables-restore failures (kubeproxy_sync_proxy_rules_iptables_restore_failures_total) plus nftables sync failures (kubeproxy_sync_proxy_rules_nftables_sync_failures_total), over IP families; resets when kube-proxy restarts.")
+	invalidDroppedDesc = phcollectors.NewDesc("kubeproxy", "invalid_dropped_packets_total",
+		"Packets kube-proxy's conntrack INVALID drop rule dropped (kubeproxy_iptables_ct_state_invalid_dropped_packets_total, iptables mode with nfacct); absent when kube-proxy does not export it.")
 )
 
 // Describe sends every descriptor Update may use.

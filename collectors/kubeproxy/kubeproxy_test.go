@@ -14,24 +14,9 @@ import (
 	"time"
 
 	"github.com/alecthomas/kingpin/v2"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/promslog"
+	"github.com/proxyhealth/proxyhealth/collectors/collectortest"
 )
-
-// asCollector adapts the collector to prometheus.Collector for testutil, failing the test when
-// Update reports an error.
-type asCollector struct {
-	t *testing.T
-	c *Collector
-}
-
-func (a asCollector) Describe(ch chan<- *prometheus.Desc) { a.c.Describe(ch) }
-func (a asCollector) Collect(ch chan<- prometheus.Metric) {
-	if err := a.c.Update(ch); err != nil {
-		a.t.Errorf("Update: %v", err)
-	}
-}
 
 // fakeKubeProxy serves a metrics file and health answers.
 func fakeKubeProxy(t *testing.T, metricsFile string, livez, healthz int) *httptest.Server {
@@ -106,24 +91,6 @@ var probeMetricNames = []string{
 	"proxyhealth_kubeproxy_invalid_dropped_packets_total",
 }
 
-const probeHelp = `# HELP proxyhealth_kubeproxy_endpoint_changes_pending Endpoint changes kube-proxy has received but not yet applied (kubeproxy_sync_proxy_rules_endpoint_changes_pending).
-# TYPE proxyhealth_kubeproxy_endpoint_changes_pending gauge
-# HELP proxyhealth_kubeproxy_healthy kube-proxy's own verdict on its health: 1 when --kubeproxy.health-url (/livez) answered 200 at the last poll, or /healthz on versions without /livez. /healthz also fails while the node is being deleted, /livez does not. kube-proxy stays healthy while its API watches fail (incident 3).
-# TYPE proxyhealth_kubeproxy_healthy gauge
-# HELP proxyhealth_kubeproxy_invalid_dropped_packets_total Packets kube-proxy's conntrack INVALID drop rule dropped (kubeproxy_iptables_ct_state_invalid_dropped_packets_total, iptables mode with nfacct); absent when kube-proxy does not export it.
-# TYPE proxyhealth_kubeproxy_invalid_dropped_packets_total counter
-# HELP proxyhealth_kubeproxy_last_sync_age_seconds Now minus kube-proxy's kubeproxy_sync_proxy_rules_last_timestamp_seconds (its last applied rules sync; the oldest IP family). A quiet node syncs only hourly, so an old sync alone is no fault.
-# TYPE proxyhealth_kubeproxy_last_sync_age_seconds gauge
-# HELP proxyhealth_kubeproxy_service_changes_pending Service changes kube-proxy has received but not yet applied (kubeproxy_sync_proxy_rules_service_changes_pending).
-# TYPE proxyhealth_kubeproxy_service_changes_pending gauge
-# HELP proxyhealth_kubeproxy_sync_failures_total Rule syncs kube-proxy failed to apply: iptables-restore failures (kubeproxy_sync_proxy_rules_iptables_restore_failures_total) plus nftables sync failures (kubeproxy_sync_proxy_rules_nftables_sync_failures_total), over IP families; resets when kube-proxy restarts.
-# TYPE proxyhealth_kubeproxy_sync_failures_total counter
-# HELP proxyhealth_kubeproxy_sync_pending_seconds How long a queued change has waited unapplied: now minus kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds when that is ahead of its last applied sync, else 0. Growing means kube-proxy is stuck.
-# TYPE proxyhealth_kubeproxy_sync_pending_seconds gauge
-# HELP proxyhealth_kubeproxy_up 1 when kube-proxy's metrics endpoint (--kubeproxy.metrics-url) answered the last poll with its metrics, 0 when it did not (kube-proxy absent, down, or on another address).
-# TYPE proxyhealth_kubeproxy_up gauge
-`
-
 func TestProbeCapturedMetrics(t *testing.T) {
 	for _, tc := range []struct {
 		name, file string
@@ -187,7 +154,7 @@ proxyhealth_kubeproxy_up 1
 			srv := fakeKubeProxy(t, tc.file, tc.livez, tc.healthz)
 			c := newTestCollector(t, srv.URL, lastSyncOf(t, tc.file).Add(30*time.Second))
 			c.pollOnce(context.Background())
-			if err := testutil.CollectAndCompare(asCollector{t, c}, strings.NewReader(probeHelp+tc.want), probeMetricNames...); err != nil {
+			if err := collectortest.CollectOK(t, c).Compare(tc.want, probeMetricNames...); err != nil {
 				t.Error(err)
 			}
 		})
@@ -223,7 +190,7 @@ proxyhealth_kubeproxy_sync_failures_total 7
 proxyhealth_kubeproxy_sync_pending_seconds 150
 proxyhealth_kubeproxy_up 1
 `
-	if err := testutil.CollectAndCompare(asCollector{t, c}, strings.NewReader(probeHelp+want), probeMetricNames...); err != nil {
+	if err := collectortest.CollectOK(t, c).Compare(want, probeMetricNames...); err != nil {
 		t.Error(err)
 	}
 }
@@ -244,7 +211,7 @@ func TestProbeKubeProxyAbsent(t *testing.T) {
 			c := newTestCollector(t, base, testNow)
 			c.pollOnce(context.Background())
 			want := "proxyhealth_kubeproxy_healthy 0\nproxyhealth_kubeproxy_up 0\n"
-			if err := testutil.CollectAndCompare(asCollector{t, c}, strings.NewReader(probeHelp+want), probeMetricNames...); err != nil {
+			if err := collectortest.CollectOK(t, c).Compare(want, probeMetricNames...); err != nil {
 				t.Error(err)
 			}
 		})
@@ -266,7 +233,7 @@ func TestProbeHungKubeProxy(t *testing.T) {
 		t.Errorf("a poll of a hung kube-proxy took %v", took)
 	}
 	start = time.Now()
-	if n := testutil.CollectAndCount(asCollector{t, c}, "proxyhealth_kubeproxy_up"); n != 1 {
+	if n := collectortest.CollectOK(t, c).Count("proxyhealth_kubeproxy_up"); n != 1 {
 		t.Errorf("%d up series", n)
 	}
 	if took := time.Since(start); took > 100*time.Millisecond {
@@ -301,8 +268,7 @@ func TestCollectorRun(t *testing.T) {
 	appendFile(t, log, string(data))
 	waitFor(t, func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.logs.lines == 4 })
 
-	want := `# HELP proxyhealth_kubeproxy_list_errors_total Reflector (list/watch) failures in kube-proxy's log since the exporter started, per resource (services, endpoints, endpointslices, nodes, servicecidrs, other) and verb (list or watch, from the inner error: a "Failed to watch" whose error says "failed to list" is a list failure). Lines written before the exporter started are not counted.
-# TYPE proxyhealth_kubeproxy_list_errors_total counter
+	want := `# TYPE proxyhealth_kubeproxy_list_errors_total counter
 proxyhealth_kubeproxy_list_errors_total{resource="endpoints",verb="list"} 0
 proxyhealth_kubeproxy_list_errors_total{resource="endpoints",verb="watch"} 0
 proxyhealth_kubeproxy_list_errors_total{resource="endpointslices",verb="list"} 0
@@ -315,26 +281,22 @@ proxyhealth_kubeproxy_list_errors_total{resource="servicecidrs",verb="list"} 0
 proxyhealth_kubeproxy_list_errors_total{resource="servicecidrs",verb="watch"} 1
 proxyhealth_kubeproxy_list_errors_total{resource="services",verb="list"} 0
 proxyhealth_kubeproxy_list_errors_total{resource="services",verb="watch"} 1
-# HELP proxyhealth_kubeproxy_last_list_error_timestamp_seconds Time of the last reflector failure read from kube-proxy's log (from the line's CRI or klog time when readable, else when it was read); absent until one is read.
 # TYPE proxyhealth_kubeproxy_last_list_error_timestamp_seconds gauge
 proxyhealth_kubeproxy_last_list_error_timestamp_seconds 1.795294847996995e+09
-# HELP proxyhealth_kubeproxy_log_files_followed kube-proxy log files followed now (matched by --kubeproxy.log-path); 0 when none is found, which is not a failure.
 # TYPE proxyhealth_kubeproxy_log_files_followed gauge
 proxyhealth_kubeproxy_log_files_followed 1
-# HELP proxyhealth_kubeproxy_log_lines_skipped_total kube-proxy log lines (or joined CRI partial records) longer than --kubeproxy.log-max-line-bytes, skipped unread.
 # TYPE proxyhealth_kubeproxy_log_lines_skipped_total counter
 proxyhealth_kubeproxy_log_lines_skipped_total 0
-# HELP proxyhealth_kubeproxy_log_lines_total Lines read from kube-proxy's log files.
 # TYPE proxyhealth_kubeproxy_log_lines_total counter
 proxyhealth_kubeproxy_log_lines_total 4
 `
-	if err := testutil.CollectAndCompare(asCollector{t, c}, strings.NewReader(want),
+	if err := collectortest.CollectOK(t, c).Compare(want,
 		"proxyhealth_kubeproxy_list_errors_total", "proxyhealth_kubeproxy_last_list_error_timestamp_seconds",
 		"proxyhealth_kubeproxy_log_files_followed", "proxyhealth_kubeproxy_log_lines_skipped_total",
 		"proxyhealth_kubeproxy_log_lines_total"); err != nil {
 		t.Error(err)
 	}
-	if n := testutil.CollectAndCount(asCollector{t, c}, "proxyhealth_kubeproxy_up"); n != 1 {
+	if n := collectortest.CollectOK(t, c).Count("proxyhealth_kubeproxy_up"); n != 1 {
 		t.Errorf("%d up series", n)
 	}
 }

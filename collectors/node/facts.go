@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+
+	"github.com/proxyhealth/proxyhealth/internal/sysctl"
 )
 
 // Settings are the node settings the verdict judges, read now (sysctls) and from the rules'
@@ -31,15 +33,15 @@ func (c *Collector) Settings() Settings {
 		dst  **int
 		path string
 	}{
-		{&s.BridgeNFCallIptables, bridgeNFCallIptablesPath},
-		{&s.TCPBeLiberal, tcpBeLiberalPath},
-		{&s.ConntrackEvents, conntrackEventsPath},
+		{&s.BridgeNFCallIptables, sysctl.BridgeNFCallIptables},
+		{&s.TCPBeLiberal, sysctl.ConntrackTCPBeLiberal},
+		{&s.ConntrackEvents, sysctl.ConntrackEvents},
 	} {
-		v, exists, err := readSysctl(filepath.Join(c.cfg.ProcPath, x.path))
+		v, exists, err := sysctl.ReadInt(filepath.Join(c.cfg.ProcPath, x.path))
 		switch {
 		case err != nil:
 			errs = append(errs, err)
-		case !exists && x.path == bridgeNFCallIptablesPath:
+		case !exists && x.path == sysctl.BridgeNFCallIptables:
 			minus := -1
 			*x.dst = &minus
 		case !exists:

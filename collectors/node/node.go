@@ -1,7 +1,7 @@
 // Package node is the node-settings collector: the kernel settings and firewall rules that
 // decide whether Service traffic breaks silently on this node (docs/design.md, incidents 1 and 2):
-// bridge netfilter, conntrack's TCP window liberality and event setting, and whether a conntrack
-// INVALID drop rule is on the forward path.
+// bridge netfilter, and whether a conntrack INVALID drop rule is on the forward path.
+// conntrack's own settings are the conntrack collector's.
 //
 // Sysctls are read on every scrape. The rules come from the exporter's one reader of the node's
 // netfilter state (internal/hostrules), which follows them as they change; a scrape only looks
@@ -10,7 +10,6 @@ package node
 
 import (
 	"errors"
-	"fmt"
 	"log/slog"
 	"path/filepath"
 	"strings"
@@ -18,13 +17,14 @@ import (
 
 	"github.com/alecthomas/kingpin/v2"
 	"github.com/prometheus/client_golang/prometheus"
+
+	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
 	"github.com/proxyhealth/proxyhealth/internal/hostrules"
+	"github.com/proxyhealth/proxyhealth/internal/sysctl"
 )
 
 // Name is the collector's name (--[no-]collector.node).
 const Name = "node"
-
-const namespace = "proxyhealth"
 
 // Rules is the node's netfilter state as the exporter last read it (*hostrules.Source).
 type Rules interface {
@@ -47,31 +47,22 @@ func (c *Config) AddFlags(app *kingpin.Application) {
 	app.Flag("node.rules-command-timeout", "Deprecated and ignored: the rules are read in-process.").Hidden().Duration()
 }
 
+func (c *Config) validate() error {
+	if c.ProcPath == "" {
+		return errors.New("node collector: no procfs mountpoint (--path.procfs)")
+	}
+	return nil
+}
+
 var (
-	bridgeNFCallIptablesDesc = prometheus.NewDesc(
-		prometheus.BuildFQName(namespace, "", "bridge_nf_call_iptables"),
-		"net.bridge.bridge-nf-call-iptables, read from <procfs>/sys/net/bridge/bridge-nf-call-iptables: 1 when bridged IPv4 traffic passes iptables, 0 when it does not (replies between pods on the same bridge then escape un-NATed), -1 when the file does not exist (br_netfilter not loaded, same effect as 0).",
-		nil, nil)
-	bridgeNFCallIp6tablesDesc = prometheus.NewDesc(
-		prometheus.BuildFQName(namespace, "", "bridge_nf_call_ip6tables"),
-		"net.bridge.bridge-nf-call-ip6tables, read from <procfs>/sys/net/bridge/bridge-nf-call-ip6tables: 1 when bridged IPv6 traffic passes ip6tables, 0 when it does not, -1 when the file does not exist (br_netfilter not loaded).",
-		nil, nil)
-	tcpBeLiberalDesc = prometheus.NewDesc(
-		prometheus.BuildFQName(namespace, "conntrack", "tcp_be_liberal"),
-		"net.netfilter.nf_conntrack_tcp_be_liberal, read from <procfs>/sys/net/netfilter/nf_conntrack_tcp_be_liberal: 1 when conntrack does not mark out-of-window TCP packets INVALID.",
-		nil, nil)
-	conntrackEventsDesc = prometheus.NewDesc(
-		prometheus.BuildFQName(namespace, "conntrack", "events_setting"),
-		"net.netfilter.nf_conntrack_events, read from <procfs>/sys/net/netfilter/nf_conntrack_events: 0 off (the conntrack event listener sees nothing), 1 on, 2 on while a listener exists.",
-		nil, nil)
-	invalidDropDesc = prometheus.NewDesc(
-		prometheus.BuildFQName(namespace, "", "invalid_drop_rule_present"),
-		"1 when a rule dropping conntrack INVALID packets is reachable from the forward path in any active backend: the filter FORWARD chain of iptables-legacy or iptables-nft, or a native nftables base chain on the forward hook. Followed as the rules change.",
-		nil, nil)
-	rulesLastCheckDesc = prometheus.NewDesc(
-		prometheus.BuildFQName(namespace, "node", "rules_last_check_timestamp_seconds"),
-		"Unix time when the node's netfilter rules behind proxyhealth_invalid_drop_rule_present were last read.",
-		nil, nil)
+	bridgeNFCallIptablesDesc = phcollectors.NewDesc("", "bridge_nf_call_iptables",
+		"net.bridge.bridge-nf-call-iptables, read from <procfs>/sys/net/bridge/bridge-nf-call-iptables: 1 when bridged IPv4 traffic passes iptables, 0 when it does not (replies between pods on the same bridge then escape un-NATed), -1 when the file does not exist (br_netfilter not loaded, same effect as 0).")
+	bridgeNFCallIp6tablesDesc = phcollectors.NewDesc("", "bridge_nf_call_ip6tables",
+		"net.bridge.bridge-nf-call-ip6tables, read from <procfs>/sys/net/bridge/bridge-nf-call-ip6tables: 1 when bridged IPv6 traffic passes ip6tables, 0 when it does not, -1 when the file does not exist (br_netfilter not loaded).")
+	invalidDropDesc = phcollectors.NewDesc("", "invalid_drop_rule_present",
+		"1 when a rule dropping conntrack INVALID packets is reachable from the forward path in any active backend: the filter FORWARD chain of iptables-legacy or iptables-nft, or a native nftables base chain on the forward hook. Followed as the rules change.")
+	rulesLastCheckDesc = phcollectors.NewDesc("node", "rules_last_check_timestamp_seconds",
+		"Unix time when the node's netfilter rules behind proxyhealth_invalid_drop_rule_present were last read.")
 )
 
 // Collector is the node-settings collector.
@@ -86,8 +77,8 @@ type Collector struct {
 // New builds the collector. It does not touch the node: Update reads the sysctls and the
 // rules' last read.
 func New(cfg Config, logger *slog.Logger) (*Collector, error) {
-	if cfg.ProcPath == "" {
-		cfg.ProcPath = "/proc"
+	if err := cfg.validate(); err != nil {
+		return nil, err
 	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -104,10 +95,10 @@ func (c *Collector) Update(ch chan<- prometheus.Metric) error {
 		desc *prometheus.Desc
 		path string
 	}{
-		{bridgeNFCallIptablesDesc, bridgeNFCallIptablesPath},
-		{bridgeNFCallIp6tablesDesc, bridgeNFCallIp6tablesPath},
+		{bridgeNFCallIptablesDesc, sysctl.BridgeNFCallIptables},
+		{bridgeNFCallIp6tablesDesc, sysctl.BridgeNFCallIp6tables},
 	} {
-		v, exists, err := readSysctl(filepath.Join(proc, s.path))
+		v, exists, err := sysctl.ReadInt(filepath.Join(proc, s.path))
 		switch {
 		case err != nil:
 			errs = append(errs, err)
@@ -118,29 +109,6 @@ func (c *Collector) Update(ch chan<- prometheus.Metric) error {
 		}
 	}
 
-	var missing []string
-	for _, s := range []struct {
-		desc *prometheus.Desc
-		path string
-	}{
-		{tcpBeLiberalDesc, tcpBeLiberalPath},
-		{conntrackEventsDesc, conntrackEventsPath},
-	} {
-		v, exists, err := readSysctl(filepath.Join(proc, s.path))
-		switch {
-		case err != nil:
-			errs = append(errs, err)
-		case !exists:
-			missing = append(missing, filepath.Base(s.path))
-		default:
-			ch <- prometheus.MustNewConstMetric(s.desc, prometheus.GaugeValue, float64(v))
-		}
-	}
-	if len(missing) > 0 {
-		errs = append(errs, fmt.Errorf("conntrack sysctls not found under %s (%s): is nf_conntrack loaded?",
-			filepath.Join(proc, netfilterDir), strings.Join(missing, ", ")))
-	}
-
 	if err := c.updateDrop(ch); err != nil {
 		errs = append(errs, err)
 	}
@@ -149,8 +117,7 @@ func (c *Collector) Update(ch chan<- prometheus.Metric) error {
 
 // Describe sends every descriptor Update may use.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{bridgeNFCallIptablesDesc, bridgeNFCallIp6tablesDesc, tcpBeLiberalDesc,
-		conntrackEventsDesc, invalidDropDesc, rulesLastCheckDesc} {
+	for _, d := range []*prometheus.Desc{bridgeNFCallIptablesDesc, bridgeNFCallIp6tablesDesc, invalidDropDesc, rulesLastCheckDesc} {
 		ch <- d
 	}
 }

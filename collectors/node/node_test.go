@@ -7,38 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/proxyhealth/proxyhealth/collectors/collectortest"
 	"github.com/proxyhealth/proxyhealth/internal/hostrules"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
-
-// adapter lets testutil collect a proxyhealth collector; it records Update's error.
-type adapter struct {
-	c   *Collector
-	err error
-}
-
-func (a *adapter) Describe(chan<- *prometheus.Desc) {}
-func (a *adapter) Collect(ch chan<- prometheus.Metric) {
-	a.err = a.c.Update(ch)
-}
-
-const sysctlHelp = `# HELP proxyhealth_bridge_nf_call_ip6tables net.bridge.bridge-nf-call-ip6tables, read from <procfs>/sys/net/bridge/bridge-nf-call-ip6tables: 1 when bridged IPv6 traffic passes ip6tables, 0 when it does not, -1 when the file does not exist (br_netfilter not loaded).
-# TYPE proxyhealth_bridge_nf_call_ip6tables gauge
-# HELP proxyhealth_bridge_nf_call_iptables net.bridge.bridge-nf-call-iptables, read from <procfs>/sys/net/bridge/bridge-nf-call-iptables: 1 when bridged IPv4 traffic passes iptables, 0 when it does not (replies between pods on the same bridge then escape un-NATed), -1 when the file does not exist (br_netfilter not loaded, same effect as 0).
-# TYPE proxyhealth_bridge_nf_call_iptables gauge
-# HELP proxyhealth_conntrack_events_setting net.netfilter.nf_conntrack_events, read from <procfs>/sys/net/netfilter/nf_conntrack_events: 0 off (the conntrack event listener sees nothing), 1 on, 2 on while a listener exists.
-# TYPE proxyhealth_conntrack_events_setting gauge
-# HELP proxyhealth_conntrack_tcp_be_liberal net.netfilter.nf_conntrack_tcp_be_liberal, read from <procfs>/sys/net/netfilter/nf_conntrack_tcp_be_liberal: 1 when conntrack does not mark out-of-window TCP packets INVALID.
-# TYPE proxyhealth_conntrack_tcp_be_liberal gauge
-`
-
-const rulesHelp = `# HELP proxyhealth_invalid_drop_rule_present 1 when a rule dropping conntrack INVALID packets is reachable from the forward path in any active backend: the filter FORWARD chain of iptables-legacy or iptables-nft, or a native nftables base chain on the forward hook. Followed as the rules change.
-# TYPE proxyhealth_invalid_drop_rule_present gauge
-# HELP proxyhealth_node_rules_last_check_timestamp_seconds Unix time when the node's netfilter rules behind proxyhealth_invalid_drop_rule_present were last read.
-# TYPE proxyhealth_node_rules_last_check_timestamp_seconds gauge
-`
 
 func newTestCollector(t *testing.T, proc string) *Collector {
 	t.Helper()
@@ -58,45 +30,40 @@ func TestSysctls(t *testing.T) {
 		{"proc-full", `
 proxyhealth_bridge_nf_call_ip6tables 1
 proxyhealth_bridge_nf_call_iptables 1
-proxyhealth_conntrack_events_setting 2
-proxyhealth_conntrack_tcp_be_liberal 0
 `, ""},
 		{"proc-no-br-netfilter", `
 proxyhealth_bridge_nf_call_ip6tables -1
 proxyhealth_bridge_nf_call_iptables -1
-proxyhealth_conntrack_events_setting 0
-proxyhealth_conntrack_tcp_be_liberal 1
 `, ""},
+		// conntrack's settings are the conntrack collector's: nf_conntrack not loaded is no
+		// failure here.
 		{"proc-no-conntrack", `
 proxyhealth_bridge_nf_call_ip6tables 0
 proxyhealth_bridge_nf_call_iptables 0
-`, "conntrack sysctls not found under testdata/proc-no-conntrack/sys/net/netfilter (nf_conntrack_tcp_be_liberal, nf_conntrack_events): is nf_conntrack loaded?"},
+`, ""},
 		{"proc-garbage", `
 proxyhealth_bridge_nf_call_ip6tables 1
-proxyhealth_conntrack_events_setting 1
-proxyhealth_conntrack_tcp_be_liberal 0
 `, `testdata/proc-garbage/sys/net/bridge/bridge-nf-call-iptables: not an integer: "yes"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.proc, func(t *testing.T) {
-			a := &adapter{c: newTestCollector(t, filepath.Join("testdata", tt.proc))}
-			if err := testutil.CollectAndCompare(a, strings.NewReader(sysctlHelp+tt.want)); err != nil {
+			got, err := collectortest.Collect(t, newTestCollector(t, filepath.Join("testdata", tt.proc)))
+			if err := got.Compare(tt.want); err != nil {
 				t.Error(err)
 			}
-			if tt.wantErr == "" && a.err != nil {
-				t.Errorf("unexpected error %v", a.err)
+			if tt.wantErr == "" && err != nil {
+				t.Errorf("unexpected error %v", err)
 			}
-			if tt.wantErr != "" && (a.err == nil || a.err.Error() != tt.wantErr) {
-				t.Errorf("error = %v, want %q", a.err, tt.wantErr)
+			if tt.wantErr != "" && (err == nil || err.Error() != tt.wantErr) {
+				t.Errorf("error = %v, want %q", err, tt.wantErr)
 			}
 		})
 	}
 }
 
-func TestNewDefaults(t *testing.T) {
-	c, err := New(Config{}, nil)
-	if err != nil || c.cfg.ProcPath != "/proc" {
-		t.Errorf("defaults not applied: %+v %v", c, err)
+func TestConfigValidation(t *testing.T) {
+	if _, err := New(Config{}, nil); err == nil || !strings.Contains(err.Error(), "--path.procfs") {
+		t.Errorf("New without a procfs mountpoint: %v, want an error naming --path.procfs", err)
 	}
 }
 
@@ -153,40 +120,27 @@ func TestInvalidDropRule(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			a := &adapter{c: c}
-			want := rulesHelp + "proxyhealth_node_rules_last_check_timestamp_seconds 1.7000000005e+09\n"
+			got, err := collectortest.Collect(t, c)
+			want := "proxyhealth_node_rules_last_check_timestamp_seconds 1.7000000005e+09\n"
 			if tt.value != "" {
 				want += "proxyhealth_invalid_drop_rule_present " + tt.value + "\n"
 			}
-			if err := testutil.CollectAndCompare(a, strings.NewReader(want), "proxyhealth_invalid_drop_rule_present", "proxyhealth_node_rules_last_check_timestamp_seconds"); err != nil {
+			if err := got.Compare(want, "proxyhealth_invalid_drop_rule_present", "proxyhealth_node_rules_last_check_timestamp_seconds"); err != nil {
 				t.Error(err)
 			}
 			switch {
-			case tt.wantErr == "" && a.err != nil:
-				t.Errorf("unexpected error: %v", a.err)
-			case tt.wantErr != "" && (a.err == nil || !strings.Contains(a.err.Error(), tt.wantErr)):
-				t.Errorf("error = %v, want it to contain %q", a.err, tt.wantErr)
+			case tt.wantErr == "" && err != nil:
+				t.Errorf("unexpected error: %v", err)
+			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Errorf("error = %v, want it to contain %q", err, tt.wantErr)
 			}
 		})
 	}
 	// Not read yet: neither metric, no error.
 	c, _ := New(Config{ProcPath: "testdata/proc-full", Rules: fakeRules{}}, nil)
-	a := &adapter{c: c}
-	if n := testutil.CollectAndCount(a, "proxyhealth_invalid_drop_rule_present", "proxyhealth_node_rules_last_check_timestamp_seconds"); n != 0 || a.err != nil {
-		t.Errorf("before the first read: %d series, error %v", n, a.err)
-	}
-}
-
-func TestParseSysctl(t *testing.T) {
-	for in, want := range map[string]int64{"1\n": 1, "0": 0, " 2 \n": 2, "-1\n": -1} {
-		if got, err := parseSysctl([]byte(in)); err != nil || got != want {
-			t.Errorf("%q: %d %v", in, got, err)
-		}
-	}
-	for _, in := range []string{"", "x", "1 2", "1.5"} {
-		if _, err := parseSysctl([]byte(in)); err == nil {
-			t.Errorf("%q: want error", in)
-		}
+	got, err := collectortest.Collect(t, c)
+	if n := got.Count("proxyhealth_invalid_drop_rule_present", "proxyhealth_node_rules_last_check_timestamp_seconds"); n != 0 || err != nil {
+		t.Errorf("before the first read: %d series, error %v", n, err)
 	}
 }
 
@@ -203,8 +157,8 @@ func TestInvalidDropRuleReaderStuck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &adapter{c: c}
-	if n := testutil.CollectAndCount(a, "proxyhealth_invalid_drop_rule_present"); n != 0 || a.err == nil || !strings.Contains(a.err.Error(), "stuck") {
-		t.Errorf("stuck reader: %d drop series, error %v; want none and the reason", n, a.err)
+	got, err := collectortest.Collect(t, c)
+	if n := got.Count("proxyhealth_invalid_drop_rule_present"); n != 0 || err == nil || !strings.Contains(err.Error(), "stuck") {
+		t.Errorf("stuck reader: %d drop series, error %v; want none and the reason", n, err)
 	}
 }

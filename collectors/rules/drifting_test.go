@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/promslog"
 
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
@@ -142,7 +141,7 @@ func TestLastCheckAccessor(t *testing.T) {
 	if c.Drifting()[0].Stale[0] != ap("10.244.3.7:53") {
 		t.Error("Drifting returned the published addresses, not a copy")
 	}
-	if v := testutil.ToFloat64(onlyMetric{c, "proxyhealth_rules_endpoints_missing"}); v != 2 {
+	if v, _ := scrape(t, c).Value("proxyhealth_rules_endpoints_missing"); v != 2 {
 		t.Errorf("proxyhealth_rules_endpoints_missing = %v, want 2", v)
 	}
 

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/promslog"
 
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
@@ -206,30 +205,24 @@ func TestCollectorNFTablesExposition(t *testing.T) {
 	c.check()
 
 	want := `
-# HELP proxyhealth_proxy_mode kube-proxy's mode on this node, found from its rules: 1 for the mode in use (iptables, nftables, ipvs, or none when there are no kube-proxy rules).
 # TYPE proxyhealth_proxy_mode gauge
 proxyhealth_proxy_mode{mode="iptables"} 0
 proxyhealth_proxy_mode{mode="ipvs"} 0
 proxyhealth_proxy_mode{mode="nftables"} 1
 proxyhealth_proxy_mode{mode="none"} 0
-# HELP proxyhealth_rules_endpoints_missing Endpoints in the API but not in kube-proxy's rules past the grace period, over all service ports.
 # TYPE proxyhealth_rules_endpoints_missing gauge
 proxyhealth_rules_endpoints_missing 2
-# HELP proxyhealth_rules_endpoints_stale Endpoints in kube-proxy's rules but not in the API past the grace period, over all service ports.
 # TYPE proxyhealth_rules_endpoints_stale gauge
 proxyhealth_rules_endpoints_stale 1
-# HELP proxyhealth_rules_services_checked Service ports whose programmed endpoints were compared with the API in the last check (0 while the exporter's API view is not fresh).
 # TYPE proxyhealth_rules_services_checked gauge
 proxyhealth_rules_services_checked 10
-# HELP proxyhealth_rules_services_drifted Service ports with endpoints that have differed between kube-proxy's rules and the API for longer than --rules.grace-period.
 # TYPE proxyhealth_rules_services_drifted gauge
 proxyhealth_rules_services_drifted 1
-# HELP proxyhealth_service_drift_endpoints Endpoints of one drifting service port that are stale (in the rules, not in the API) or missing (in the API, not in the rules) past the grace period. Only drifting service ports have series, at most --rules.max-service-series.
 # TYPE proxyhealth_service_drift_endpoints gauge
 proxyhealth_service_drift_endpoints{kind="missing",protocol="udp",service_name="kube-dns",service_namespace="kube-system",service_port="53"} 2
 proxyhealth_service_drift_endpoints{kind="stale",protocol="udp",service_name="kube-dns",service_namespace="kube-system",service_port="53"} 1
 `
-	if err := testutil.CollectAndCompare(collectorAdapter{c}, strings.NewReader(want),
+	if err := scrape(t, c).Compare(want,
 		"proxyhealth_proxy_mode", "proxyhealth_rules_endpoints_missing", "proxyhealth_rules_endpoints_stale",
 		"proxyhealth_rules_services_checked", "proxyhealth_rules_services_drifted", "proxyhealth_service_drift_endpoints"); err != nil {
 		t.Error(err)

@@ -23,6 +23,9 @@ import (
 	"github.com/proxyhealth/proxyhealth/internal/hostrules"
 )
 
+// Name is the collector's name (--[no-]collector.rules).
+const Name = "rules"
+
 // Rules is where the collector reads kube-proxy's programmed rules: the exporter's one reader
 // of the node's netfilter state (*hostrules.Source), or a fake in tests.
 type Rules interface {
@@ -239,27 +242,21 @@ func (c *Collector) publish(res *checkResult) {
 }
 
 var (
-	modeDesc = prometheus.NewDesc("proxyhealth_proxy_mode",
-		"kube-proxy's mode on this node, found from its rules: 1 for the mode in use (iptables, nftables, ipvs, or none when there are no kube-proxy rules).",
-		[]string{"mode"}, nil)
-	servicesCheckedDesc = newDesc("rules_services_checked", "Service ports whose programmed endpoints were compared with the API in the last check (0 while the exporter's API view is not fresh).")
-	servicesDriftedDesc = newDesc("rules_services_drifted", "Service ports with endpoints that have differed between kube-proxy's rules and the API for longer than --rules.grace-period.")
-	endpointsStaleDesc  = newDesc("rules_endpoints_stale", "Endpoints in kube-proxy's rules but not in the API past the grace period, over all service ports.")
-	endpointsMissDesc   = newDesc("rules_endpoints_missing", "Endpoints in the API but not in kube-proxy's rules past the grace period, over all service ports.")
-	serviceDriftDesc    = prometheus.NewDesc("proxyhealth_service_drift_endpoints",
-		"Endpoints of one drifting service port that are stale (in the rules, not in the API) or missing (in the API, not in the rules) past the grace period. Only drifting service ports have series, at most --rules.max-service-series.",
-		[]string{"service_namespace", "service_name", "service_port", "protocol", "kind"}, nil)
-	driftUnlistedDesc = newDesc("rules_drift_unlisted", "Drifting service ports left out of proxyhealth_service_drift_endpoints by --rules.max-service-series.")
-	driftAgeDesc      = newDesc("rules_drift_age_seconds", "How long the oldest current drift has lasted (0 when none).")
-	orphanChainsDesc  = newDesc("rules_orphan_chains", "kube-proxy service port chains (iptables KUBE-SVC-*, KUBE-SVL-*; nftables service-*, local-* with rules) that no Service port in the API accounts for: rules left for deleted Services.")
-	checkDurationDesc = newDesc("rules_check_duration_seconds", "How long the last drift check took (reading the rules and comparing).")
-	lastCheckDesc     = newDesc("rules_last_check_timestamp_seconds", "When the last drift check ran.")
-	checkErrorsDesc   = newDesc("rules_check_errors_total", "Drift checks that failed to read kube-proxy's rules or the API view.")
+	modeDesc = phcollectors.NewDesc("", "proxy_mode",
+		"kube-proxy's mode on this node, found from its rules: 1 for the mode in use (iptables, nftables, ipvs, or none when there are no kube-proxy rules).", "mode")
+	servicesCheckedDesc = phcollectors.NewDesc("rules", "services_checked", "Service ports whose programmed endpoints were compared with the API in the last check (0 while the exporter's API view is not fresh).")
+	servicesDriftedDesc = phcollectors.NewDesc("rules", "services_drifted", "Service ports with endpoints that have differed between kube-proxy's rules and the API for longer than --rules.grace-period.")
+	endpointsStaleDesc  = phcollectors.NewDesc("rules", "endpoints_stale", "Endpoints in kube-proxy's rules but not in the API past the grace period, over all service ports.")
+	endpointsMissDesc   = phcollectors.NewDesc("rules", "endpoints_missing", "Endpoints in the API but not in kube-proxy's rules past the grace period, over all service ports.")
+	serviceDriftDesc    = phcollectors.NewDesc("", "service_drift_endpoints",
+		"Endpoints of one drifting service port that are stale (in the rules, not in the API) or missing (in the API, not in the rules) past the grace period. Only drifting service ports have series, at most --rules.max-service-series.", "service_namespace", "service_name", "service_port", "protocol", "kind")
+	driftUnlistedDesc = phcollectors.NewDesc("rules", "drift_unlisted", "Drifting service ports left out of proxyhealth_service_drift_endpoints by --rules.max-service-series.")
+	driftAgeDesc      = phcollectors.NewDesc("rules", "drift_age_seconds", "How long the oldest current drift has lasted (0 when none).")
+	orphanChainsDesc  = phcollectors.NewDesc("rules", "orphan_chains", "kube-proxy service port chains (iptables KUBE-SVC-*, KUBE-SVL-*; nftables service-*, local-* with rules) that no Service port in the API accounts for: rules left for deleted Services.")
+	checkDurationDesc = phcollectors.NewDesc("rules", "check_duration_seconds", "How long the last drift check took (reading the rules and comparing).")
+	lastCheckDesc     = phcollectors.NewDesc("rules", "last_check_timestamp_seconds", "When the last drift check ran.")
+	checkErrorsDesc   = phcollectors.NewDesc("rules", "check_errors_total", "Drift checks that failed to read kube-proxy's rules or the API view.")
 )
-
-func newDesc(name, help string) *prometheus.Desc {
-	return prometheus.NewDesc("proxyhealth_"+name, help, nil, nil)
-}
 
 // Describe sends every descriptor Update may use.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
