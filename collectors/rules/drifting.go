@@ -8,17 +8,13 @@ import (
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
 )
 
-// MaxDriftAddresses is how many endpoint addresses of each kind (stale, missing) a drifting
-// service port keeps; its counts are always whole.
-const MaxDriftAddresses = maxDriftAddresses
-
 // DriftingPort is one service port whose programmed endpoints have differed from the API past
 // the grace period, as the last check found it.
 type DriftingPort struct {
 	Name cluster.ServicePortName
 	Port uint16 // the Service's port number
 	// Stale are endpoints in kube-proxy's rules but not in the API, Missing the reverse;
-	// sorted, at most MaxDriftAddresses each. StaleCount and MissingCount are the whole counts.
+	// sorted, at most maxDriftAddresses each. StaleCount and MissingCount are the whole counts.
 	Stale, Missing           []netip.AddrPort
 	StaleCount, MissingCount int
 	// Programmed and Expected are the distinct endpoints compared at the check: in the rules,

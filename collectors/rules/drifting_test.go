@@ -41,7 +41,7 @@ func TestDriftKeepsAddresses(t *testing.T) {
 	}
 }
 
-// At most MaxDriftAddresses addresses per kind are kept; the counts stay whole.
+// At most maxDriftAddresses addresses per kind are kept; the counts stay whole.
 func TestDriftAddressesAreBounded(t *testing.T) {
 	rules := map[bool]programmedRules{false: loadRules(t, "kube-proxy-nat.txt")}
 	e := newDriftEngine(0)
@@ -54,10 +54,10 @@ func TestDriftAddressesAreBounded(t *testing.T) {
 		t.Fatalf("drifting %+v", res.drifting)
 	}
 	d := res.drifting[0]
-	if d.missing != 30 || len(d.missingAddrs) != MaxDriftAddresses {
-		t.Fatalf("missing %d with %d addresses, want 30 with %d", d.missing, len(d.missingAddrs), MaxDriftAddresses)
+	if d.missing != 30 || len(d.missingAddrs) != maxDriftAddresses {
+		t.Fatalf("missing %d with %d addresses, want 30 with %d", d.missing, len(d.missingAddrs), maxDriftAddresses)
 	}
-	if d.missingAddrs[0] != ap("10.250.0.1:53") || d.missingAddrs[MaxDriftAddresses-1] != ap("10.250.0.20:53") {
+	if d.missingAddrs[0] != ap("10.250.0.1:53") || d.missingAddrs[maxDriftAddresses-1] != ap("10.250.0.20:53") {
 		t.Errorf("kept %v, want 10.250.0.1 to 10.250.0.20", d.missingAddrs)
 	}
 	if d.stale != 0 || d.staleAddrs != nil || d.programmed != 3 || d.expected != 33 {
