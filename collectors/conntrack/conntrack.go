@@ -71,23 +71,15 @@ func (c *Config) AddFlags(app *kingpin.Application) {
 }
 
 func (c *Config) validate() error {
-	switch {
-	case c.ProcPath == "":
-		return errors.New("conntrack collector: no procfs mountpoint (--path.procfs)")
-	case c.UnrepliedAfter <= 0:
-		return errors.New("--conntrack.unreplied-after must be positive")
-	case c.MaxTrackedFlows <= 0:
-		return errors.New("--conntrack.max-tracked-flows must be positive")
-	case c.MaxServiceSeries < 0:
-		return errors.New("--conntrack.max-service-series must not be negative")
-	case c.SocketBufferBytes <= 0:
-		return errors.New("--conntrack.socket-buffer-bytes must be positive")
-	case c.ServiceRefreshInterval <= 0:
-		return errors.New("--conntrack.service-refresh-interval must be positive")
-	case c.ResyncMinInterval < 0:
-		return errors.New("--conntrack.resync-min-interval must not be negative")
-	}
-	return nil
+	return errors.Join(
+		phcollectors.NotEmpty("path.procfs", c.ProcPath),
+		phcollectors.Positive("conntrack.unreplied-after", c.UnrepliedAfter),
+		phcollectors.Positive("conntrack.max-tracked-flows", c.MaxTrackedFlows),
+		phcollectors.NotNegative("conntrack.max-service-series", c.MaxServiceSeries),
+		phcollectors.Positive("conntrack.socket-buffer-bytes", c.SocketBufferBytes),
+		phcollectors.Positive("conntrack.service-refresh-interval", c.ServiceRefreshInterval),
+		phcollectors.NotNegative("conntrack.resync-min-interval", c.ResyncMinInterval),
+	)
 }
 
 // Collector is the conntrack collector.

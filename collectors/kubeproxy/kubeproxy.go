@@ -80,30 +80,25 @@ func (c *Config) AddFlags(app *kingpin.Application) {
 }
 
 func (c *Config) validate() error {
+	errs := []error{
+		phcollectors.Positive("kubeproxy.log-poll-interval", c.LogPollInterval),
+		phcollectors.Positive("kubeproxy.log-rescan-interval", c.LogRescan),
+		phcollectors.AtLeast("kubeproxy.log-max-line-bytes", c.LogMaxLineBytes, 256),
+		phcollectors.Positive("kubeproxy.poll-interval", c.PollInterval),
+		phcollectors.Positive("kubeproxy.timeout", c.RequestTimeout),
+	}
 	for _, p := range c.LogPaths {
 		if _, err := filepath.Match(p, ""); err != nil {
-			return fmt.Errorf("--kubeproxy.log-path %q: %w", p, err)
+			errs = append(errs, fmt.Errorf("--kubeproxy.log-path %q: %w", p, err))
 		}
 	}
-	switch {
-	case c.LogPollInterval <= 0:
-		return errors.New("--kubeproxy.log-poll-interval must be positive")
-	case c.LogRescan <= 0:
-		return errors.New("--kubeproxy.log-rescan-interval must be positive")
-	case c.LogMaxLineBytes < 256:
-		return errors.New("--kubeproxy.log-max-line-bytes must be at least 256")
-	case c.PollInterval <= 0:
-		return errors.New("--kubeproxy.poll-interval must be positive")
-	case c.RequestTimeout <= 0:
-		return errors.New("--kubeproxy.timeout must be positive")
-	}
 	if _, err := url.Parse(c.MetricsURL); err != nil || c.MetricsURL == "" {
-		return fmt.Errorf("--kubeproxy.metrics-url %q is not a URL", c.MetricsURL)
+		errs = append(errs, fmt.Errorf("--kubeproxy.metrics-url %q is not a URL", c.MetricsURL))
 	}
 	if _, err := url.Parse(c.HealthURL); err != nil {
-		return fmt.Errorf("--kubeproxy.health-url %q: %w", c.HealthURL, err)
+		errs = append(errs, fmt.Errorf("--kubeproxy.health-url %q: %w", c.HealthURL, err))
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // Collector is the kube-proxy collector.

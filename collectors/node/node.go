@@ -48,10 +48,7 @@ func (c *Config) AddFlags(app *kingpin.Application) {
 }
 
 func (c *Config) validate() error {
-	if c.ProcPath == "" {
-		return errors.New("node collector: no procfs mountpoint (--path.procfs)")
-	}
-	return nil
+	return phcollectors.NotEmpty("path.procfs", c.ProcPath)
 }
 
 var (

@@ -64,17 +64,16 @@ func (c *Config) AddFlags(app *kingpin.Application) {
 }
 
 func (c *Config) validate() error {
-	switch {
-	case c.CheckInterval <= 0:
-		return errors.New("--rules.check-interval must be positive")
-	case c.GracePeriod < 0:
-		return errors.New("--rules.grace-period must not be negative")
-	case c.MaxSeries < 0:
-		return errors.New("--rules.max-service-series must not be negative")
-	case c.Rules == nil:
-		return errors.New("rules collector: no netfilter reader")
+	var noRules error
+	if c.Rules == nil {
+		noRules = errors.New("rules collector: no netfilter reader")
 	}
-	return nil
+	return errors.Join(
+		phcollectors.Positive("rules.check-interval", c.CheckInterval),
+		phcollectors.NotNegative("rules.grace-period", c.GracePeriod),
+		phcollectors.NotNegative("rules.max-service-series", c.MaxSeries),
+		noRules,
+	)
 }
 
 // Collector is the rules collector.
