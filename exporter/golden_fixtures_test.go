@@ -31,10 +31,11 @@ import (
 // The fixtures the golden scrape reads instead of a node, a kernel and an API server. Captures
 // are read where they already are, beside the tests of the collector they belong to.
 const (
-	procFixture      = "../collectors/node/testdata/proc-full"
-	nodeRulesDir     = "../collectors/node/testdata/"
-	rulesCaptureDir  = "../collectors/rules/testdata/kube-proxy-v1.36.3/"
-	kubeProxyDataDir = "../collectors/kubeproxy/testdata/"
+	procFixture        = "../collectors/node/testdata/proc-full"
+	nodeRulesDir       = "../collectors/node/testdata/"
+	rulesCaptureDir    = "../collectors/rules/testdata/kube-proxy-v1.36.3/"
+	nftRulesCaptureDir = "../collectors/rules/testdata/kube-proxy-v1.36.3-nftables/"
+	kubeProxyDataDir   = "../collectors/kubeproxy/testdata/"
 )
 
 // fixedClock is every collector's clock: it stands still until the test moves it.
@@ -44,13 +45,13 @@ func (c *fixedClock) set(t time.Time) { c.ns.Store(t.UnixNano()) }
 func (c *fixedClock) now() time.Time  { return time.Unix(0, c.ns.Load()).UTC() }
 
 // goldenAPIView is the exporter's API view: the API objects kube-proxy v1.36.3 programmed the
-// captured rules from, changed since by what kube-proxy missed while its watches were dead
+// rules captured in captureDir from, changed since by what kube-proxy missed while its watches were dead
 // (incident 3): lab/backend's pod 10.244.3.3 was deleted and two pods were added, and
 // kube-dns's pod on node-b, 10.244.3.30, was deleted. The view is synced and heard from the
 // API server 5 s before the scrape.
-func goldenAPIView(t *testing.T, heard time.Time) fixture.View {
+func goldenAPIView(t *testing.T, captureDir string, heard time.Time) fixture.View {
 	t.Helper()
-	objs, err := fixture.ReadAPIObjects(rulesCaptureDir + "api-objects.json")
+	objs, err := fixture.ReadAPIObjects(captureDir + "api-objects.json")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,16 +98,10 @@ func (g goldenRules) Subscribe() <-chan struct{} { return make(chan struct{}) }
 // TestFixtureTableIsTheReaders holds that to the drift check's own reader of the capture), and
 // the forward path: kube-proxy's filter table in iptables-nft (its KUBE-FORWARD drop, with
 // nfacct), an empty legacy filter table, and no native nftables forward chain.
-func nodeRules(t *testing.T, at time.Time) goldenRules {
+func nodeRules(t *testing.T, captureDir string, at time.Time) goldenRules {
 	t.Helper()
-	read := func(file string) io.Reader {
-		b, err := os.ReadFile(file)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return bytes.NewReader(b)
-	}
-	table, err := fixture.IPTablesProxyTable(read(rulesCaptureDir + "iptables-save-nat.txt"))
+	read := func(file string) io.Reader { return readFixture(t, file) }
+	table, err := fixture.IPTablesProxyTable(read(captureDir + "iptables-save-nat.txt"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,6 +123,39 @@ func nodeRules(t *testing.T, at time.Time) goldenRules {
 			{Backend: hostrules.BackendIPTablesNFT, Graphs: []*ruleset.Graph{viaNFT}},
 			{Backend: hostrules.BackendNFTables},
 		}}}
+}
+
+// nftNodeRules is the node's netfilter state, read at at, with kube-proxy in nftables mode:
+// its real v1.36.3 table (fixture.NFTablesProxyTable), and a forward path without an INVALID
+// drop: an empty legacy filter table, no iptables-nft table, and no native forward chain that
+// drops INVALID packets (kube-proxy's nftables mode adds none; its own forward chain is left
+// out).
+func nftNodeRules(t *testing.T, captureDir string, at time.Time) goldenRules {
+	t.Helper()
+	table, err := fixture.NFTablesProxyTable(readFixture(t, captureDir+"nft-list-table-ip-kube-proxy.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	empty, err := fixture.IPTablesForwardGraph(readFixture(t, nodeRulesDir+"iptables-legacy-save-empty.txt"), "iptables-legacy filter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return goldenRules{&hostrules.State{At: at, Seq: 1, Mode: hostrules.ModeNFTables, Backend: hostrules.BackendNFTables,
+		Proxy: map[bool]*ruleset.ProxyTable{false: table},
+		Forward: []hostrules.Forward{
+			{Backend: hostrules.BackendLegacy, Graphs: []*ruleset.Graph{empty}},
+			{Backend: hostrules.BackendIPTablesNFT},
+			{Backend: hostrules.BackendNFTables},
+		}}}
+}
+
+func readFixture(t *testing.T, file string) io.Reader {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bytes.NewReader(b)
 }
 
 // kubeProxy serves kube-proxy's endpoints on loopback as they answered in the lab while its API

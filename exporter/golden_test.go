@@ -30,12 +30,24 @@ import (
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
 )
 
-var update = flag.Bool("update", false, "rewrite "+goldenScrape+" from this run (go test ./exporter -run Golden -update)")
+var update = flag.Bool("update", false, "rewrite testdata/golden-scrape*.txt from this run (go test ./exporter -run Golden -update)")
 
-// goldenScrape is one whole scrape of the exporter, every collector enabled with default flags
-// but for those TestGoldenScrape sets, run on fixtures. It freezes the exposition: metric
-// names, types, help texts, labels and values.
-const goldenScrape = "testdata/golden-scrape.txt"
+// A golden scrape is one whole scrape of the exporter, every collector enabled with default
+// flags but for those testGoldenScrape sets, run on fixtures. It freezes the exposition: metric
+// names, types, help texts, labels and values. There is one per kube-proxy mode whose rules
+// the drift check reads.
+type golden struct {
+	file string // the scrape, under testdata
+	// captureDir holds a real kube-proxy's rules and the API objects it programmed them from.
+	captureDir string
+	// rules is the node's netfilter state read from captureDir, read at at.
+	rules func(t *testing.T, captureDir string, at time.Time) goldenRules
+}
+
+var (
+	goldenIPTables = golden{"testdata/golden-scrape.txt", rulesCaptureDir, nodeRules}
+	goldenNFTables = golden{"testdata/golden-scrape-nftables.txt", nftRulesCaptureDir, nftNodeRules}
+)
 
 // The golden scrape's two instants. At checkedAt the collectors start: the node's rules check
 // runs, the first drift check sees the API's endpoints differ from kube-proxy's rules, and the
@@ -52,17 +64,25 @@ var (
 // API server), scrapes the metrics handler once and compares the whole exposition with
 // testdata/golden-scrape.txt; the README's metrics table is then held to that file. The node
 // is in incident 3: kube-proxy's watches died, the API moved on, its rules did not; and flows
-// to a deleted pod, to local endpoints and to no Service go unreplied.
+// to a deleted pod, to local endpoints and to no Service go unreplied. kube-proxy is in
+// iptables mode, with its conntrack INVALID drop on the forward path.
 //
 // After an intended change of the exposition, rewrite the file with
 //
 //	go test ./exporter -run Golden -update
 //
 // and review its diff: every line of it is a change users see.
-func TestGoldenScrape(t *testing.T) {
+func TestGoldenScrape(t *testing.T) { testGoldenScrape(t, goldenIPTables) }
+
+// TestGoldenScrapeNFTables is TestGoldenScrape's node with kube-proxy in nftables mode
+// (testdata/golden-scrape-nftables.txt): its drift check reads kube-proxy's nftables chains,
+// and no INVALID drop is on the forward path, since that mode adds none.
+func TestGoldenScrapeNFTables(t *testing.T) { testGoldenScrape(t, goldenNFTables) }
+
+func testGoldenScrape(t *testing.T, g golden) {
 	clock := &fixedClock{}
 	clock.set(checkedAt)
-	view := goldenAPIView(t, scrapedAt.Add(-5*time.Second))
+	view := goldenAPIView(t, g.captureDir, scrapedAt.Add(-5*time.Second))
 	kernel := newConntrackKernel(t)
 	kp := kubeProxy(t)
 	logPattern, writeLog := kubeProxyLog(t)
@@ -95,7 +115,7 @@ func TestGoldenScrape(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The node's netfilter state, read once at checkedAt, shared as the exporter shares it.
-	host := nodeRules(t, checkedAt)
+	host := g.rules(t, g.captureDir, checkedAt)
 	conntrackCfg.ProcPath, conntrackCfg.API, conntrackCfg.Rules, conntrackCfg.Kernel, conntrackCfg.Now = paths.ProcFS, view, host, kernel, clock.now
 	nodeCfg.ProcPath, nodeCfg.Rules = paths.ProcFS, host
 	rulesCfg.View, rulesCfg.Rules, rulesCfg.Now, rulesCfg.MinCheckGap = view, host, clock.now, 10*time.Millisecond
@@ -160,19 +180,19 @@ func TestGoldenScrape(t *testing.T) {
 	got := normalise(body)
 
 	if *update {
-		if err := os.WriteFile(goldenScrape, got, 0o644); err != nil {
+		if err := os.WriteFile(g.file, got, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		t.Logf("wrote %s", goldenScrape)
+		t.Logf("wrote %s", g.file)
 	}
-	want, err := os.ReadFile(goldenScrape)
+	want, err := os.ReadFile(g.file)
 	if err != nil {
 		t.Fatalf("%v (create it with -update)", err)
 	}
 	if !bytes.Equal(got, want) {
-		t.Errorf("the scrape differs from %s (if intended: go test ./exporter -run Golden -update, and review the diff):\n%s", goldenScrape, lineDiff(want, got))
+		t.Errorf("the scrape differs from %s (if intended: go test ./exporter -run Golden -update, and review the diff):\n%s", g.file, lineDiff(want, got))
 	}
-	checkReadmeAgainst(t, want)
+	checkReadmeAgainst(t, g.file, want)
 }
 
 // normalise makes a scrape comparable between runs and machines. It changes only what no
@@ -222,17 +242,17 @@ func familyOf(line string) (name string, sample bool) {
 	return line[:end], true
 }
 
-// checkReadmeAgainst holds the README's metrics table to the golden scrape: every proxyhealth_
+// checkReadmeAgainst holds the README's metrics table to a golden scrape (file): every proxyhealth_
 // family of the scrape is documented there with its type and label names (any other family is
 // at least named in the README), and every documented metric is in the scrape: the fixtures
 // produce each one, none is excused.
-func checkReadmeAgainst(t *testing.T, scrape []byte) {
+func checkReadmeAgainst(t *testing.T, file string, scrape []byte) {
 	t.Helper()
 	docs := readmeMetrics(t)
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	families, err := parser.TextToMetricFamilies(bytes.NewReader(scrape))
 	if err != nil {
-		t.Fatalf("%s: %v", goldenScrape, err)
+		t.Fatalf("%s: %v", file, err)
 	}
 	readme, err := os.ReadFile("../README.md")
 	if err != nil {
@@ -242,19 +262,19 @@ func checkReadmeAgainst(t *testing.T, scrape []byte) {
 		if !strings.HasPrefix(name, "proxyhealth_") {
 			// The table lists proxyhealth's own metrics; the handler's are named in its text.
 			if !bytes.Contains(readme, []byte("`"+name+"`")) {
-				t.Errorf("%s is in %s but the README does not name it", name, goldenScrape)
+				t.Errorf("%s is in %s but the README does not name it", name, file)
 			}
 			continue
 		}
 		doc, ok := docs[name]
 		if !ok {
-			t.Errorf("%s is in %s but not in the README's metrics table", name, goldenScrape)
+			t.Errorf("%s is in %s but not in the README's metrics table", name, file)
 			continue
 		}
 		typ := strings.ToLower(fam.GetType().String())
 		for _, m := range fam.GetMetric() {
 			if got := typ + " {" + strings.Join(labelNames(m), ",") + "}"; got != doc.Signature() {
-				t.Errorf("%s: %s in %s, %s in the README", name, got, goldenScrape, doc.Signature())
+				t.Errorf("%s: %s in %s, %s in the README", name, got, file, doc.Signature())
 				break
 			}
 		}
@@ -267,7 +287,7 @@ func checkReadmeAgainst(t *testing.T, scrape []byte) {
 			continue
 		}
 		if _, ok := families[name]; !ok {
-			t.Errorf("%s is in the README's metrics table but not in %s", name, goldenScrape)
+			t.Errorf("%s is in the README's metrics table but not in %s", name, file)
 		}
 	}
 }

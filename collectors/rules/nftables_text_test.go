@@ -1,13 +1,14 @@
 package rules
 
 // The nft -j reader the drift check used before the rules were read in-process; it stays as a
-// test fixture reader for the real kube-proxy capture in testdata (nft JSON).
+// test fixture reader for the real kube-proxy capture in testdata (nft JSON), on
+// internal/fixture's reading of the chains, which the exporter's nftables golden scrape uses.
 
 import (
 	"net/netip"
-	"slices"
 
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
+	"github.com/proxyhealth/proxyhealth/internal/fixture"
 	"github.com/proxyhealth/proxyhealth/internal/nft"
 )
 
@@ -20,34 +21,7 @@ type nftRules struct {
 
 // newNFTRules reads table tb (ip or ip6 kube-proxy); a nil table gives no chains.
 func newNFTRules(tb *nft.Table) *nftRules {
-	r := &nftRules{chains: map[string][]netip.AddrPort{}}
-	if tb == nil {
-		return r
-	}
-	for _, c := range tb.Chains {
-		if !isNFTServiceChain(c.Name) || len(c.Rules) == 0 {
-			continue
-		}
-		eps := []netip.AddrPort{}
-		for _, rule := range c.Rules {
-			eps = append(eps, rule.DNATTargets()...)
-			for _, target := range rule.JumpTargets() {
-				ec := tb.Chain(target)
-				if ec == nil || ec == c {
-					continue
-				}
-				for _, er := range ec.Rules {
-					eps = append(eps, er.DNATTargets()...)
-				}
-			}
-		}
-		// The inline form lists each endpoint once; the affinity form names each endpoint
-		// chain twice (its affinity goto and its vmap element).
-		slices.SortFunc(eps, netip.AddrPort.Compare)
-		eps = slices.Compact(eps)
-		r.chains[c.Name] = eps
-	}
-	return r
+	return &nftRules{chains: fixture.NFTablesChains(tb)}
 }
 
 func (r *nftRules) chainsFor(n cluster.ServicePortName) (string, string) {
