@@ -15,26 +15,18 @@ import (
 	"github.com/proxyhealth/proxyhealth/collectors"
 )
 
-const namespace = "proxyhealth"
-
 var (
-	collectorSuccessDesc = prometheus.NewDesc(
-		prometheus.BuildFQName(namespace, "collector", "success"),
-		"1 if the collector's last Update read everything it should, 0 if it failed (the log says why once).",
-		[]string{"collector"}, nil,
-	)
-	collectorDurationDesc = prometheus.NewDesc(
-		prometheus.BuildFQName(namespace, "collector", "duration_seconds"),
-		"How long the collector's last Update took during this scrape.",
-		[]string{"collector"}, nil,
-	)
+	collectorSuccessDesc = collectors.NewDesc("collector", "success",
+		"1 if the collector's last Update read everything it should, 0 if it failed (the log says why once).", "collector")
+	collectorDurationDesc = collectors.NewDesc("collector", "duration_seconds",
+		"How long the collector's last Update took during this scrape.", "collector")
 )
 
 // newRegistry registers what a scrape serves: the build info, the collectors' set and, when
 // exporterMetrics (no --web.disable-exporter-metrics), the process and Go runtime metrics.
 func newRegistry(set prometheus.Collector, exporterMetrics bool) *prometheus.Registry {
 	registry := prometheus.NewRegistry()
-	registry.MustRegister(versioncollector.NewCollector(namespace), set)
+	registry.MustRegister(versioncollector.NewCollector(collectors.Namespace), set)
 	if exporterMetrics {
 		registry.MustRegister(
 			promcollectors.NewProcessCollector(promcollectors.ProcessCollectorOpts{}),
