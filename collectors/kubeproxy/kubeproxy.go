@@ -62,7 +62,7 @@ type Config struct {
 // AddFlags adds the collector's flags to app.
 func (c *Config) AddFlags(app *kingpin.Application) {
 	app.Flag("kubeproxy.log-path", "kube-proxy log file or glob to follow (repeatable; replaces the defaults). Paths are the host's: in a container, mount the host's /var/log at /var/log (read-only). Default: "+strings.Join(DefaultLogPaths, ", ")+".").
-		Default(DefaultLogPaths...).StringsVar(&c.LogPaths)
+		PlaceHolder("PATH").Default(DefaultLogPaths...).StringsVar(&c.LogPaths)
 	app.Flag("kubeproxy.log-poll-interval", "How often kube-proxy's log files are read for new lines.").
 		Default("1s").DurationVar(&c.LogPollInterval)
 	app.Flag("kubeproxy.log-rescan-interval", "How often the log globs are expanded again to find new files (a rotation is noticed at once).").
