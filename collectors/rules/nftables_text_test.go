@@ -4,6 +4,8 @@ package rules
 // test fixture reader for the real kube-proxy capture in testdata (nft JSON).
 
 import (
+	"iter"
+	"maps"
 	"net/netip"
 	"slices"
 
@@ -59,10 +61,4 @@ func (r *nftRules) endpoints(chain string) []netip.AddrPort { return r.chains[ch
 
 // serviceChains lists the service-*/local-* chains that have rules, to find those no API
 // service port accounts for.
-func (r *nftRules) serviceChains() []string {
-	out := make([]string, 0, len(r.chains))
-	for name := range r.chains {
-		out = append(out, name)
-	}
-	return out
-}
+func (r *nftRules) serviceChains() iter.Seq[string] { return maps.Keys(r.chains) }
