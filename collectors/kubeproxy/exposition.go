@@ -28,6 +28,9 @@ const (
 	famIPTablesRestore
 	famNFTablesSync
 	famInvalidDropped
+	famEndpointChanges
+	famServiceChanges
+	famFullSyncs
 	numFamilies
 )
 
@@ -39,6 +42,9 @@ var familyNames = [numFamilies]string{
 	famIPTablesRestore:  kpIPTablesRestore,
 	famNFTablesSync:     kpNFTablesSync,
 	famInvalidDropped:   kpInvalidDropped,
+	famEndpointChanges:  kpEndpointChanges,
+	famServiceChanges:   kpServiceChanges,
+	famFullSyncs:        kpFullSyncs,
 }
 
 const (
@@ -134,6 +140,10 @@ func (k *kpMetrics) apply(res *probeResult) {
 	// 0 when kube-proxy has not failed yet (a labelled counter has no series until then).
 	res.restoreFailures = k.sums[famIPTablesRestore] + k.sums[famNFTablesSync]
 	res.invalidDropped, res.hasInvalidDropped = k.sums[famInvalidDropped], k.has[famInvalidDropped]
+	res.changes.received = k.sums[famEndpointChanges] + k.sums[famServiceChanges]
+	res.changes.fullSyncs = k.sums[famFullSyncs]
+	res.changes.known = k.has[famEndpointChanges] && k.has[famServiceChanges] && k.has[famFullSyncs] &&
+		k.has[famEndpointsPending] && k.has[famServicesPending]
 }
 
 // metricsScan says how a scan of kube-proxy's metrics went, beyond the families read.

@@ -50,8 +50,8 @@ type Config struct {
 	PollInterval    time.Duration
 	RequestTimeout  time.Duration
 	// OnSync, when set, is called after a poll finds that kube-proxy applied a sync since the
-	// last poll: the exporter's netfilter reader then reads the legacy tables, whose changes
-	// the kernel does not announce.
+	// last poll that may have changed its Service rules (syncs.go): the exporter's netfilter
+	// reader then reads the legacy tables, whose changes the kernel does not announce.
 	OnSync func()
 
 	// Now is the clock kube-proxy's sync times and undated log lines are measured by; nil
@@ -107,6 +107,7 @@ type Collector struct {
 	logger *slog.Logger
 	prober *prober
 	now    func() time.Time
+	syncs  syncWatch // the poller's own: which of kube-proxy's syncs may have changed rules
 
 	mu         sync.Mutex
 	logs       followStats
@@ -174,7 +175,8 @@ func (c *Collector) pollOnce(ctx context.Context) {
 	prev := c.probe
 	c.probe = &res
 	c.mu.Unlock()
-	if c.cfg.OnSync != nil && res.hasLastSync && prev != nil && prev.hasLastSync && !res.lastSync.Equal(prev.lastSync) {
+	newSync := res.hasLastSync && prev != nil && prev.hasLastSync && !res.lastSync.Equal(prev.lastSync)
+	if c.syncs.observe(&res, newSync) && c.cfg.OnSync != nil {
 		c.cfg.OnSync()
 	}
 }

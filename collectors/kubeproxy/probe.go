@@ -20,6 +20,9 @@ const (
 	kpIPTablesRestore   = "kubeproxy_sync_proxy_rules_iptables_restore_failures_total"
 	kpNFTablesSync      = "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"
 	kpInvalidDropped    = "kubeproxy_iptables_ct_state_invalid_dropped_packets_total"
+	kpEndpointChanges   = "kubeproxy_sync_proxy_rules_endpoint_changes_total"
+	kpServiceChanges    = "kubeproxy_sync_proxy_rules_service_changes_total"
+	kpFullSyncs         = "kubeproxy_sync_full_proxy_rules_duration_seconds_count"
 	maxMetricsBodyBytes = 32 << 20
 )
 
@@ -48,6 +51,7 @@ type probeResult struct {
 	restoreFailures     float64 // 0 when kube-proxy has not failed yet (it exports no series then)
 	invalidDropped      float64
 	hasInvalidDropped   bool
+	changes             changeCounts
 	scan                metricsScan // what the scan of the metrics skipped or left out
 }
 

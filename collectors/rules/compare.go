@@ -28,7 +28,7 @@ type PortEndpoints struct {
 func ServiceEndpoints(snap *cluster.Snapshot, st *hostrules.State, namespace, name string) []PortEndpoints {
 	var byFamily map[bool]programmedRules
 	if st != nil && (st.Mode == hostrules.ModeIPTables || st.Mode == hostrules.ModeNFTables) {
-		byFamily = programmedByFamily(st)
+		byFamily = programmedByFamily(st, nil)
 	}
 	var out []PortEndpoints
 	for i := range snap.Ports {

@@ -63,10 +63,14 @@ type checkResult struct {
 type driftEngine struct {
 	grace time.Duration
 	since map[diffKey]time.Time
+	// names remembers chain names for the rules the collector hands in (programmedByFamily);
+	// accounted is each check's set of chains an API service port names, kept to be reused.
+	names     *chainNames
+	accounted map[string]struct{}
 }
 
 func newDriftEngine(grace time.Duration) *driftEngine {
-	return &driftEngine{grace: grace, since: map[diffKey]time.Time{}}
+	return &driftEngine{grace: grace, since: map[diffKey]time.Time{}, names: newChainNames(), accounted: map[string]struct{}{}}
 }
 
 // check compares snap with rules (by IP family; a family without rules is not compared) at now.
@@ -84,7 +88,9 @@ func (e *driftEngine) check(snap *cluster.Snapshot, rules map[bool]programmedRul
 	}
 	next := make(map[diffKey]time.Time, len(e.since))
 	drifts := map[cluster.ServicePortName]*portDrift{}
-	accounted := map[string]bool{}
+	accounted := e.accounted
+	clear(accounted)
+	defer e.names.checked(len(snap.Ports))
 	note := func(k diffKey, port uint16) {
 		first, ok := e.since[k]
 		if !ok {
@@ -132,7 +138,7 @@ func (e *driftEngine) check(snap *cluster.Snapshot, rules map[bool]programmedRul
 			}
 			compared = true
 			clusterChain, localChain := r.chainsFor(sp.Name)
-			accounted[clusterChain], accounted[localChain] = true, true
+			accounted[clusterChain], accounted[localChain] = struct{}{}, struct{}{}
 			// An endpoint counts once per service port, whichever of its chains hold it:
 			// a NodePort with externalTrafficPolicy: Local has a local endpoint in both.
 			programmed := append(slices.Clip(r.endpoints(clusterChain)), r.endpoints(localChain)...)
@@ -164,8 +170,8 @@ func (e *driftEngine) check(snap *cluster.Snapshot, rules map[bool]programmedRul
 		if r == nil {
 			continue
 		}
-		for _, c := range r.serviceChains() {
-			if !accounted[c] {
+		for c := range r.serviceChains() {
+			if _, ok := accounted[c]; !ok {
 				res.orphans++
 			}
 		}

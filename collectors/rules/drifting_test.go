@@ -2,6 +2,8 @@ package rules
 
 import (
 	"bytes"
+	"iter"
+	"maps"
 	"net/netip"
 	"os"
 	"slices"
@@ -90,13 +92,7 @@ func (f fakeProgrammed) chainsFor(n cluster.ServicePortName) (string, string) {
 	return clusterChain(n), localChain(n)
 }
 func (f fakeProgrammed) endpoints(chain string) []netip.AddrPort { return f.chains[chain] }
-func (f fakeProgrammed) serviceChains() []string {
-	out := make([]string, 0, len(f.chains))
-	for c := range f.chains {
-		out = append(out, c)
-	}
-	return out
-}
+func (f fakeProgrammed) serviceChains() iter.Seq[string]         { return maps.Keys(f.chains) }
 
 // LastCheck and Drifting tell what the metrics tell, with the addresses; nothing while the
 // view is stale. The metrics are unchanged.

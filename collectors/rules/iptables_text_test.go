@@ -9,6 +9,8 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"iter"
+	"maps"
 	"net/netip"
 	"strings"
 
@@ -126,13 +128,7 @@ func (r *iptablesRules) endpoints(chain string) []netip.AddrPort { return r.chai
 
 // serviceChains lists the KUBE-SVC-*/KUBE-SVL-* chains, to find those no API service port
 // accounts for.
-func (r *iptablesRules) serviceChains() []string {
-	out := make([]string, 0, len(r.chains))
-	for name := range r.chains {
-		out = append(out, name)
-	}
-	return out
-}
+func (r *iptablesRules) serviceChains() iter.Seq[string] { return maps.Keys(r.chains) }
 
 func (r *iptablesRules) chainsFor(n cluster.ServicePortName) (string, string) {
 	hash := portProtoHash(n.String(), strings.ToLower(n.Protocol))

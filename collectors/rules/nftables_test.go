@@ -89,7 +89,7 @@ func TestRealNFTablesOutputHasNoDrift(t *testing.T) {
 	if len(res.drifting) != 0 || res.orphans != 0 || res.checked != len(snap.Ports) {
 		t.Errorf("checked %d of %d, drifting %+v, orphans %d: want no drift", res.checked, len(snap.Ports), res.drifting, res.orphans)
 	}
-	if n := len(rules.serviceChains()); n != 11 {
+	if n := len(slices.Collect(rules.serviceChains())); n != 11 {
 		t.Errorf("%d service chains, want 11 (8 service-, 3 local-)", n)
 	}
 	// And it really compared something.
@@ -176,8 +176,8 @@ func TestNFTFlushedChainIsIgnored(t *testing.T) {
 		{"chain": {"family": "ip", "table": "kube-proxy", "name": "services"}},
 		{"rule": {"family": "ip", "table": "kube-proxy", "chain": "services", "expr": [{"goto": {"target": "service-2QRHZV4L-default/kubernetes/tcp/https"}}]}}]}`)
 	r := parseNFTRules(t, js, "ip")
-	if len(r.serviceChains()) != 0 || r.endpoints("service-2QRHZV4L-default/kubernetes/tcp/https") != nil {
-		t.Errorf("flushed chain read as %v / %v", r.serviceChains(), r.chains)
+	if chains := slices.Collect(r.serviceChains()); len(chains) != 0 || r.endpoints("service-2QRHZV4L-default/kubernetes/tcp/https") != nil {
+		t.Errorf("flushed chain read as %v / %v", chains, r.chains)
 	}
 }
 
@@ -257,7 +257,7 @@ func FuzzNFTRules(f *testing.F) {
 		for _, family := range []string{"ip", "ip6"} {
 			tb := rs.Table(family, "kube-proxy")
 			r := newNFTRules(tb)
-			for _, name := range r.serviceChains() {
+			for name := range r.serviceChains() {
 				if !isNFTServiceChain(name) || tb.Chain(name) == nil || len(tb.Chain(name).Rules) == 0 {
 					t.Errorf("chain %q listed", name)
 				}

@@ -5,6 +5,8 @@ package rules
 // internal/fixture's reading of the chains, which the exporter's nftables golden scrape uses.
 
 import (
+	"iter"
+	"maps"
 	"net/netip"
 
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
@@ -33,10 +35,4 @@ func (r *nftRules) endpoints(chain string) []netip.AddrPort { return r.chains[ch
 
 // serviceChains lists the service-*/local-* chains that have rules, to find those no API
 // service port accounts for.
-func (r *nftRules) serviceChains() []string {
-	out := make([]string, 0, len(r.chains))
-	for name := range r.chains {
-		out = append(out, name)
-	}
-	return out
-}
+func (r *nftRules) serviceChains() iter.Seq[string] { return maps.Keys(r.chains) }

@@ -170,7 +170,7 @@ func (c *Collector) check() (time.Time, bool) {
 	case st.ProxyErr != nil && len(st.Proxy) == 0:
 		res = checkResult{at: start, err: fmt.Errorf("read kube-proxy's rules: %w", st.ProxyErr)}
 	case st.Mode == hostrules.ModeIPTables || st.Mode == hostrules.ModeNFTables:
-		res = c.engine.check(snap, programmedByFamily(st), start)
+		res = c.engine.check(snap, programmedByFamily(st, c.engine.names), start)
 		res.mode = st.Mode
 		if st.ProxyErr != nil {
 			res.err = fmt.Errorf("read kube-proxy's rules in part: %w", st.ProxyErr)

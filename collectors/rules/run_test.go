@@ -191,7 +191,7 @@ func TestDriftCountsEachEndpointOnce(t *testing.T) {
 	}
 	snap := snapshot(sp)
 	snap.LastHeard = time.Unix(100, 0)
-	res := newDriftEngine(0).check(snap, programmedByFamily(stateOf(hostrules.ModeIPTables, frozen)), time.Unix(100, 0))
+	res := newDriftEngine(0).check(snap, programmedByFamily(stateOf(hostrules.ModeIPTables, frozen), nil), time.Unix(100, 0))
 	if len(res.drifting) != 1 || res.drifting[0].stale != 1 || res.drifting[0].missing != 0 {
 		t.Errorf("drifting %+v, want one port with 1 stale endpoint", res.drifting)
 	}

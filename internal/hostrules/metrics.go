@@ -34,7 +34,7 @@ func (s *stats) observe(backend string, took time.Duration, err error) {
 
 var (
 	readsDesc = prometheus.NewDesc("proxyhealth_netfilter_reads_total",
-		"Reads of the node's netfilter tables, by source: iptables-legacy (the legacy tables through their socket options) or nftables (every nf_tables table over netlink, iptables-nft's included). nf_tables when a change is committed (only the chains and sets it touched), the legacy tables when their size moved or kube-proxy synced, and at --netfilter.resync-interval.",
+		"Reads of the node's netfilter tables, by source: iptables-legacy (the legacy tables through their socket options) or nftables (every nf_tables table over netlink, iptables-nft's included). nf_tables when a change is committed (only the chains and sets it touched), the legacy tables when their size moved or a kube-proxy sync applied Service or EndpointSlice changes, and at --netfilter.resync-interval.",
 		[]string{"source"}, nil)
 	readErrorsDesc = prometheus.NewDesc("proxyhealth_netfilter_read_errors_total",
 		"Reads of the node's netfilter tables that failed in part or whole, by source.",

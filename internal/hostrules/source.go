@@ -175,8 +175,8 @@ func (s *Source) Stalled() error {
 }
 
 // Hint tells the Source that the rules may have changed where no notification reaches it (the
-// legacy tables): kube-proxy reported a sync. The legacy tables are then read at the next poll,
-// no sooner than LegacyMinReadInterval after the last read.
+// legacy tables): kube-proxy reported a sync that may have changed its rules. The legacy tables
+// are then read at the next poll, no sooner than LegacyMinReadInterval after the last read.
 func (s *Source) Hint() { s.stats.hinted.Store(true) }
 
 // Run reads everything at once, then follows changes until ctx is done.

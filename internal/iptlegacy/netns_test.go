@@ -26,7 +26,7 @@ const threadProc = "/proc/thread-self"
 
 // kernelTest skips the test unless it runs in the namespace TestMain made and has
 // iptables-legacy-restore.
-func kernelTest(t *testing.T) {
+func kernelTest(t testing.TB) {
 	t.Helper()
 	if !nftnltest.InNetns() {
 		t.Skip("needs root and unshare(1) to run in a network namespace of its own")
@@ -42,7 +42,7 @@ func kernelTest(t *testing.T) {
 // table exists there until fn loads one, and commands fn starts inherit the namespace. The
 // thread is never handed back to the runtime (the goroutine exits locked), so it dies with the
 // namespace.
-func inFreshNetns(t *testing.T, fn func()) {
+func inFreshNetns(t testing.TB, fn func()) {
 	t.Helper()
 	kernelTest(t)
 	done := make(chan struct{})
@@ -64,7 +64,7 @@ func inFreshNetns(t *testing.T, fn func()) {
 // restore loads iptables-save text with iptables-legacy-restore (ip6tables- for IPv6) into the
 // calling thread's namespace. It reports failures with t.Error, since it runs off the test's
 // goroutine; the caller checks the result.
-func restore(t *testing.T, ipv6 bool, rules string) bool {
+func restore(t testing.TB, ipv6 bool, rules string) bool {
 	t.Helper()
 	bin := "iptables-legacy-restore"
 	if ipv6 {
