@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/common/promslog"
 
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
+	"github.com/proxyhealth/proxyhealth/internal/kubeauth"
 	"github.com/proxyhealth/proxyhealth/internal/metricsref"
 )
 
@@ -55,6 +56,11 @@ func describedMetrics(t *testing.T) map[string]string {
 	}
 	host.source.Describe(ch)
 	cluster.NewHealthCollector(api.view).Describe(ch)
+	auth, err := kubeauth.New(kubeauth.Config{}, nil, promslog.NewNopLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth.Describe(ch)
 	ch <- collectorSuccessDesc
 	ch <- collectorDurationDesc
 	versioncollector.NewCollector("proxyhealth").Describe(ch)
