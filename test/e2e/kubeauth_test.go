@@ -42,8 +42,10 @@ func TestKubernetesAuth(t *testing.T) {
 	cp := StartControlPlane(t, l, ControlPlaneOptions{NoKubeProxy: true})
 
 	// The exporter's ServiceAccount: its API view's RBAC, and create on tokenreviews and
-	// subjectaccessreviews as deploy/ and the chart grant it.
-	kubeconfig := cp.readOnlyKubeconfig("proxyhealth.kubeconfig", apiserverAddr)
+	// subjectaccessreviews as deploy/ and the chart grant it. It reaches the API server
+	// through a fault proxy (api_unreachable).
+	proxy := cp.StartFaultProxy("exporter-fault-proxy", exporterProxyAddr, exporterControlAddr)
+	kubeconfig := cp.readOnlyKubeconfig("proxyhealth.kubeconfig", exporterProxyAddr)
 	cp.bindClusterRole("proxyhealth-kubernetes-auth", []rbacv1.PolicyRule{
 		{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"tokenreviews"}, Verbs: []string{"create"}},
 		{APIGroups: []string{"authorization.k8s.io"}, Resources: []string{"subjectaccessreviews"}, Verbs: []string{"create"}},
@@ -191,16 +193,67 @@ func TestKubernetesAuth(t *testing.T) {
 		t.Logf("a whole scrape, median of %d: %v with the check (answers cached), %v without", len(with), median(with), median(without))
 	})
 
-	log, err := os.ReadFile(exporter.log)
-	if err != nil {
-		t.Fatal(err)
+	exporterLog := func() string {
+		b, err := os.ReadFile(exporter.log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
 	}
-	if !strings.Contains(string(log), "every request needs a Kubernetes bearer token") {
+	if !strings.Contains(exporterLog(), "every request needs a Kubernetes bearer token") {
 		t.Errorf("the exporter's log does not say requests need a token")
 	}
-	if strings.Contains(string(log), "does not answer authentication") {
-		t.Errorf("the exporter logged a failed review:\n%s", log)
+	const reviewsFailing = "does not answer authentication or authorization reviews"
+	if strings.Contains(exporterLog(), reviewsFailing) {
+		t.Fatalf("the exporter logged a failed review before the API server was cut off:\n%s", exporterLog())
 	}
+
+	// Last: the exporter's connection to the API server black-holed. New callers are refused
+	// with 503 once the review times out (10 s), never let through, and that is logged once;
+	// a caller whose answers are cached is still served.
+	t.Run("api_unreachable", func(t *testing.T) {
+		tokens := []string{
+			cp.serviceAccountToken(t, "monitoring", "prometheus"), // allowed, were it reviewed
+			cp.serviceAccountToken(t, "default", "nobody"),
+			"another-garbage-token",
+		}
+		t.Logf("fault proxy: %s", proxy.Blackhole(t))
+		began := time.Now()
+		codes := make(chan string, len(tokens))
+		for _, tok := range tokens {
+			go func() {
+				code, body, _ := get(t, authAddr, "/metrics", tok)
+				codes <- fmt.Sprintf("%d %.100s", code, body)
+			}()
+		}
+		for range tokens {
+			if got := <-codes; !strings.HasPrefix(got, "503 ") {
+				t.Errorf("a new caller while the API server is cut off: %s, want 503", got)
+			}
+		}
+		t.Logf("new callers refused with 503 after %s", time.Since(began).Round(time.Millisecond))
+		code, body, _ := get(t, authAddr, "/metrics", prometheusToken)
+		if code != http.StatusOK {
+			t.Fatalf("the cached caller while the API server is cut off: %d %.200s", code, body)
+		}
+		s, err := parseScrape(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkValue(t, s, "proxyhealth_kubernetes_auth_requests_total", map[string]string{"result": "unavailable"}, float64(len(tokens)))
+		if n := strings.Count(exporterLog(), reviewsFailing); n != 1 {
+			t.Errorf("the failure logged %d times, want once", n)
+		}
+
+		t.Logf("fault proxy: %s", proxy.Heal(t))
+		waitFor(t, 30*time.Second, "a new caller answered again", func() (bool, string) {
+			code, body, _ := get(t, authAddr, "/metrics", cp.serviceAccountToken(t, "default", "nobody"))
+			return code == http.StatusForbidden, fmt.Sprintf("%d %.100s", code, body)
+		})
+		if !strings.Contains(exporterLog(), "answers reviews again") {
+			t.Errorf("the exporter did not log that reviews are answered again")
+		}
+	})
 	t.Logf("TestKubernetesAuth took %s", time.Since(start).Round(time.Millisecond))
 }
 
