@@ -120,6 +120,7 @@ func TestKubernetesAuth(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		checkScrapeSignatures(t, s, readmeReference(t))
 		// The reviews the real API server answered: three tokens, two users asking for
 		// /metrics, Prometheus's for /status and /.
 		for _, want := range []struct {
