@@ -27,6 +27,7 @@ import (
 	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
 	"github.com/proxyhealth/proxyhealth/internal/capability"
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
+	"github.com/proxyhealth/proxyhealth/internal/kubeauth"
 )
 
 // DefaultListenAddress is proxyhealth's port in the Prometheus default port allocations style.
@@ -116,6 +117,14 @@ func Main(args []string) int {
 			runners[r.name] = run
 		}
 	}
+	var auth *kubeauth.Auth
+	if srv.kubeAuth.enabled {
+		auth, err = srv.kubeAuth.newKubeAuth(&api.cfg, *webConfig.WebConfigFile, logger.With("component", "kubernetes-auth"))
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "proxyhealth: %v\n", err)
+			return 2
+		}
+	}
 	// Nothing starts before every collector was built: a bad flag stops the exporter first.
 	for _, r := range regs {
 		if _, ok := built[r.name]; !ok {
@@ -163,8 +172,17 @@ func Main(args []string) int {
 	}
 	mux.Handle("/status", judge)
 	mux.Handle("/", landingPage(srv.telemetryPath, srv.enablePprof, set, judge))
+	var handler http.Handler = mux
+	if auth != nil {
+		// Every path: the landing page and /status show what /metrics does (services, the
+		// node's faults), pprof more. The probes are tcpSocket and need no path.
+		registry.MustRegister(auth)
+		handler = auth.Wrap(mux)
+		logger.Info("every request needs a Kubernetes bearer token allowed to get its path (--web.kubernetes-auth)",
+			"allow_ttl", srv.kubeAuth.allowTTL, "deny_ttl", srv.kubeAuth.denyTTL)
+	}
 
-	server := newServer(mux, logger)
+	server := newServer(handler, logger)
 	errc := make(chan error, 1)
 	go func() { errc <- web.ListenAndServe(server, webConfig, logger) }()
 	select {

@@ -28,6 +28,8 @@ import (
 	"github.com/proxyhealth/proxyhealth/collectors/node"
 	"github.com/proxyhealth/proxyhealth/collectors/rules"
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
+	"github.com/proxyhealth/proxyhealth/internal/kubeauth"
+	authenticationv1 "k8s.io/api/authentication/v1"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/golden-scrape*.txt from this run (go test ./exporter -run Golden -update)")
@@ -166,9 +168,21 @@ func testGoldenScrape(t *testing.T, g golden) {
 	// At scrapedAt: a drift check past the grace period, then the scrape.
 	clock.set(scrapedAt)
 	waitFor(t, "a drift check past the grace period", rulesC, "proxyhealth_rules_last_check_timestamp_seconds", unixSeconds(scrapedAt))
-	srv := httptest.NewServer(metricsHandler(registry, logger, 1))
+	// The scrape passes --web.kubernetes-auth's check, answered by the test's reviewer: its
+	// counters show one token accepted and one access allowed.
+	auth, err := kubeauth.New(kubeauth.Config{}, goldenReviewer{}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	registry.MustRegister(auth)
+	srv := httptest.NewServer(auth.Wrap(metricsHandler(registry, logger, 1)))
 	defer srv.Close()
-	resp, err := http.Get(srv.URL)
+	req, err := http.NewRequest(http.MethodGet, srv.URL+"/metrics", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer prometheus")
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,6 +207,17 @@ func testGoldenScrape(t *testing.T, g golden) {
 		t.Errorf("the scrape differs from %s (if intended: go test ./exporter -run Golden -update, and review the diff):\n%s", g.file, lineDiff(want, got))
 	}
 	checkReadmeAgainst(t, g.file, want)
+}
+
+// goldenReviewer accepts the token "prometheus" and lets its user get /metrics.
+type goldenReviewer struct{}
+
+func (goldenReviewer) ReviewToken(_ context.Context, token string) (authenticationv1.UserInfo, bool, error) {
+	return authenticationv1.UserInfo{Username: "system:serviceaccount:monitoring:prometheus"}, token == "prometheus", nil
+}
+
+func (goldenReviewer) ReviewAccess(_ context.Context, u authenticationv1.UserInfo, verb, path string) (bool, string, error) {
+	return verb == "get" && path == "/metrics", "", nil
 }
 
 // normalise makes a scrape comparable between runs and machines. It changes only what no

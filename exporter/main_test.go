@@ -65,6 +65,9 @@ func TestBadFlags(t *testing.T) {
 		{"--kubeproxy.poll-interval=0s", "--kubeproxy.poll-interval"},
 		{"--kubeproxy.timeout=0s", "--kubeproxy.timeout"},
 		{"--kubeproxy.metrics-url=", "--kubeproxy.metrics-url"},
+		{"--web.kubernetes-auth.allow-ttl=0s", "--web.kubernetes-auth.allow-ttl"},
+		{"--web.kubernetes-auth.deny-ttl=-1s", "--web.kubernetes-auth.deny-ttl"},
+		{"--web.kubernetes-auth.deny-ttl=later", "web.kubernetes-auth.deny-ttl"},
 		{"--no-such-flag", "no-such-flag"},
 	} {
 		t.Run(tc.arg, func(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 
 	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
+	"github.com/proxyhealth/proxyhealth/internal/kubeauth"
 	"github.com/proxyhealth/proxyhealth/internal/metricsref"
 )
 
@@ -61,6 +62,11 @@ func describedMetrics(t *testing.T) map[string]string {
 	}
 	host.source.Describe(ch)
 	cluster.NewHealthCollector(api.view).Describe(ch)
+	auth, err := kubeauth.New(kubeauth.Config{}, nil, promslog.NewNopLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth.Describe(ch)
 	ch <- collectorSuccessDesc
 	ch <- collectorDurationDesc
 	versioncollector.NewCollector("proxyhealth").Describe(ch)

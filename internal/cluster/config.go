@@ -81,6 +81,12 @@ func (c *Config) restConfig() (*rest.Config, error) {
 	return cfg, nil
 }
 
+// RESTConfig is the API server and credentials the view uses, for the exporter's other
+// clients of the same API server (the scrape auth's reviews).
+func (c *Config) RESTConfig() (*rest.Config, error) {
+	return c.restConfig()
+}
+
 func (c *Config) loadRestConfig() (*rest.Config, error) {
 	if c.Kubeconfig != "" {
 		cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)

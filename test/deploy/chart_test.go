@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -107,17 +108,44 @@ func typed(t *testing.T, objs []object) {
 	}
 }
 
-// byKind indexes objects by kind; a kind rendered twice fails (except ConfigMaps).
+// byKind indexes objects by kind; a kind rendered twice fails (except ConfigMaps). The RBAC
+// that lets Prometheus get /metrics (a ClusterRole and binding named *-metrics-reader) is
+// indexed apart, as "ClusterRole/metrics-reader" and "ClusterRoleBinding/metrics-reader".
 func byKind(t *testing.T, objs []object) map[string]object {
 	t.Helper()
 	m := map[string]object{}
 	for _, o := range objs {
-		if _, dup := m[o.Kind]; dup && o.Kind != "ConfigMap" {
-			t.Fatalf("two %s objects", o.Kind)
+		key := o.Kind
+		if strings.HasSuffix(o.Name, metricsReaderSuffix) {
+			key += "/metrics-reader"
 		}
-		m[o.Kind] = o
+		if _, dup := m[key]; dup && o.Kind != "ConfigMap" {
+			t.Fatalf("two %s objects", key)
+		}
+		m[key] = o
 	}
 	return m
+}
+
+const metricsReaderSuffix = "-metrics-reader"
+
+// The rules --web.kubernetes-auth needs: the exporter's, to review a caller, and a scraper's.
+var (
+	reviewRules = []rbacv1.PolicyRule{
+		{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"tokenreviews"}, Verbs: []string{"create"}},
+		{APIGroups: []string{"authorization.k8s.io"}, Resources: []string{"subjectaccessreviews"}, Verbs: []string{"create"}},
+	}
+	metricsReaderRules = []rbacv1.PolicyRule{{NonResourceURLs: []string{"/metrics"}, Verbs: []string{"get"}}}
+)
+
+// hasRules tells whether have holds every rule of want.
+func hasRules(have, want []rbacv1.PolicyRule) bool {
+	for _, w := range want {
+		if !slices.ContainsFunc(have, func(h rbacv1.PolicyRule) bool { return reflect.DeepEqual(h, w) }) {
+			return false
+		}
+	}
+	return true
 }
 
 func renderChart(t *testing.T, release, namespace string, valuesFiles ...string) []object {
@@ -244,6 +272,49 @@ func TestChartTemplate(t *testing.T) {
 			k["ClusterRoleBinding"].decodeStrict(t, &crb)
 			if s := crb.Subjects; len(s) != 1 || s[0].Namespace != "proxyhealth" || s[0].Name != k["ServiceAccount"].Name {
 				t.Errorf("binding subjects %+v", s)
+			}
+			// Scrape auth is off by default, and so are the rights it needs.
+			if slices.Contains(pod.Containers[0].Args, "--web.kubernetes-auth") {
+				t.Errorf("args %q: --web.kubernetes-auth by default", pod.Containers[0].Args)
+			}
+			var cr rbacv1.ClusterRole
+			k["ClusterRole"].decodeStrict(t, &cr)
+			for _, r := range cr.Rules {
+				if slices.Contains(r.Verbs, "create") {
+					t.Errorf("the ClusterRole may create %v without kubernetesAuth", r.Resources)
+				}
+			}
+		},
+		"kubernetes-auth-values.yaml": func(t *testing.T, objs []object, k map[string]object) {
+			var ds appsv1.DaemonSet
+			k["DaemonSet"].decodeStrict(t, &ds)
+			if args := ds.Spec.Template.Spec.Containers[0].Args; !slices.Contains(args, "--web.kubernetes-auth") {
+				t.Errorf("args %q lack --web.kubernetes-auth", args)
+			}
+			var cr rbacv1.ClusterRole
+			k["ClusterRole"].decodeStrict(t, &cr)
+			if !hasRules(cr.Rules, reviewRules) {
+				t.Errorf("the exporter's ClusterRole %+v cannot create TokenReviews and SubjectAccessReviews", cr.Rules)
+			}
+			var reader rbacv1.ClusterRole
+			var readerBinding rbacv1.ClusterRoleBinding
+			k["ClusterRole/metrics-reader"].decodeStrict(t, &reader)
+			k["ClusterRoleBinding/metrics-reader"].decodeStrict(t, &readerBinding)
+			if !reflect.DeepEqual(reader.Rules, metricsReaderRules) || readerBinding.RoleRef.Name != reader.Name {
+				t.Errorf("metrics reader %+v bound by %+v", reader.Rules, readerBinding.RoleRef)
+			}
+			want := []rbacv1.Subject{{Kind: "ServiceAccount", Name: "prometheus-server", Namespace: "monitoring"}}
+			if !slices.Equal(readerBinding.Subjects, want) {
+				t.Errorf("metrics reader subjects %+v, want %+v", readerBinding.Subjects, want)
+			}
+			var pm monitoringv1.PodMonitor
+			var sm monitoringv1.ServiceMonitor
+			k["PodMonitor"].decodeStrict(t, &pm)
+			k["ServiceMonitor"].decodeStrict(t, &sm)
+			for kind, class := range map[string]*string{"PodMonitor": pm.Spec.ScrapeClassName, "ServiceMonitor": sm.Spec.ScrapeClassName} {
+				if class == nil || *class != "kubernetes-auth" {
+					t.Errorf("the %s names scrape class %v, want kubernetes-auth", kind, class)
+				}
 			}
 		},
 		"kube-prometheus-stack-values.yaml": func(t *testing.T, objs []object, k map[string]object) {
@@ -454,6 +525,12 @@ func TestChartMatchesKustomize(t *testing.T) {
 	chart["PodMonitor"].decodeStrict(t, &cpm)
 	same("the scrape", kpm.Spec.PodMetricsEndpoints, cpm.Spec.PodMetricsEndpoints)
 	same("the job label", kpm.Spec.JobLabel, cpm.Spec.JobLabel)
+	same("the scrape class", kpm.Spec.ScrapeClassName, cpm.Spec.ScrapeClassName)
+	// Both with scrape auth, the recommended setting.
+	if !slices.Contains(kpod.Containers[0].Args, "--web.kubernetes-auth") || !hasRules(kcr.Rules, reviewRules) ||
+		kpm.Spec.ScrapeClassName == nil || *kpm.Spec.ScrapeClassName != "kubernetes-auth" {
+		t.Errorf("the example overlay without scrape auth: args %q, rules %+v, scrape class %v", kpod.Containers[0].Args, kcr.Rules, kpm.Spec.ScrapeClassName)
+	}
 	for _, pm := range []monitoringv1.PodMonitor{kpm, cpm} {
 		sel := pm.Spec.Selector.MatchLabels
 		for k, v := range sel {
@@ -568,4 +645,20 @@ func TestKustomizeNamespace(t *testing.T) {
 		}
 		check(t, rest, ns)
 	})
+}
+
+// TestPrometheusMetricsReader: deploy/prometheus-metrics-reader grants a Prometheus what the
+// chart's metrics reader does, get on /metrics, and binds it to a ServiceAccount.
+func TestPrometheusMetricsReader(t *testing.T) {
+	k := byKind(t, renderKustomize(t, filepath.Join(root, "deploy/prometheus-metrics-reader")))
+	var cr rbacv1.ClusterRole
+	var crb rbacv1.ClusterRoleBinding
+	k["ClusterRole/metrics-reader"].decodeStrict(t, &cr)
+	k["ClusterRoleBinding/metrics-reader"].decodeStrict(t, &crb)
+	if !reflect.DeepEqual(cr.Rules, metricsReaderRules) {
+		t.Errorf("rules %+v, want %+v", cr.Rules, metricsReaderRules)
+	}
+	if crb.RoleRef.Name != cr.Name || len(crb.Subjects) != 1 || crb.Subjects[0].Kind != "ServiceAccount" {
+		t.Errorf("binding %+v -> %s", crb.Subjects, crb.RoleRef.Name)
+	}
 }

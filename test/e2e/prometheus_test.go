@@ -66,6 +66,10 @@ type PrometheusOptions struct {
 	// Alertmanager starts an Alertmanager whose only receiver is a webhook of the test's
 	// own, and sends Prometheus's alerts to it.
 	Alertmanager bool
+	// CredentialsFile is a file whose content Prometheus sends as a bearer token with every
+	// scrape (authorization: credentials_file), as a Prometheus in a cluster sends its
+	// ServiceAccount's token.
+	CredentialsFile string
 }
 
 // Prometheus is a running Prometheus in a lab's node namespace.
@@ -112,7 +116,11 @@ func StartPrometheus(t *testing.T, l *Lab, opts PrometheusOptions) *Prometheus {
 	if p.Alertmanager != nil {
 		fmt.Fprintf(&cfg, "alerting:\n  alertmanagers:\n    - static_configs:\n        - targets: [%q]\n", alertmanagerAddr)
 	}
-	fmt.Fprintf(&cfg, "scrape_configs:\n  - job_name: %q\n    static_configs:\n      - targets:\n", opts.Job)
+	fmt.Fprintf(&cfg, "scrape_configs:\n  - job_name: %q\n", opts.Job)
+	if opts.CredentialsFile != "" {
+		fmt.Fprintf(&cfg, "    authorization:\n      credentials_file: %q\n", opts.CredentialsFile)
+	}
+	cfg.WriteString("    static_configs:\n      - targets:\n")
 	for _, target := range opts.Targets {
 		fmt.Fprintf(&cfg, "          - %q\n", target)
 	}

@@ -54,6 +54,10 @@ func testScrapeMatchesReadme(t *testing.T, s Scrape) {
 		"proxyhealth_kubeproxy_sync_failures_total":               true,
 		"proxyhealth_kubeproxy_invalid_dropped_packets_total":     true,
 		"proxyhealth_kubeproxy_healthy":                           true,
+		// Only with --web.kubernetes-auth: TestKubernetesAuth checks them.
+		"proxyhealth_kubernetes_auth_requests_total":   true,
+		"proxyhealth_kubernetes_auth_reviews_total":    true,
+		"proxyhealth_kubernetes_auth_cache_hits_total": true,
 	}
 	for name := range ref {
 		if _, ok := s[name]; !ok && !strings.Contains(name, "_unlisted") && !conditional[name] {

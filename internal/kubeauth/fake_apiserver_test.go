@@ -1,0 +1,143 @@
+package kubeauth
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+)
+
+// fakeAPIServer answers TokenReviews and SubjectAccessReviews over HTTP as the API server
+// does, from a table of tokens and of the non-resource URLs each user may get.
+type fakeAPIServer struct {
+	srv *httptest.Server
+
+	mu      sync.Mutex
+	users   map[string]authenticationv1.UserInfo // by token
+	allowed map[string][]string                  // user -> "verb path" it may use
+	down    bool                                 // answer 500 to everything
+	hold    chan struct{}                        // when set, reviews wait for it to close
+	// What was asked.
+	tokenReviews, accessReviews int
+	lastAccess                  authorizationv1.SubjectAccessReviewSpec
+}
+
+func newFakeAPIServer(t *testing.T) *fakeAPIServer {
+	f := &fakeAPIServer{users: map[string]authenticationv1.UserInfo{}, allowed: map[string][]string{}}
+	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+// reviewer is a Reviewer talking to f through the real REST clients.
+func (f *fakeAPIServer) reviewer(t *testing.T) Reviewer {
+	t.Helper()
+	r, err := NewAPIReviewer(&rest.Config{Host: f.srv.URL, BearerToken: "exporter-token"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func (f *fakeAPIServer) addUser(token string, u authenticationv1.UserInfo) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.users[token] = u
+}
+
+func (f *fakeAPIServer) allow(user, verb, path string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.allowed[user] = append(f.allowed[user], verb+" "+path)
+}
+
+func (f *fakeAPIServer) setDown(down bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.down = down
+}
+
+func (f *fakeAPIServer) counts() (tokenReviews, accessReviews int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.tokenReviews, f.accessReviews
+}
+
+func (f *fakeAPIServer) serve(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	hold, down := f.hold, f.down
+	f.mu.Unlock()
+	if hold != nil {
+		<-hold
+	}
+	if r.Header.Get("Authorization") != "Bearer exporter-token" {
+		http.Error(w, "the exporter's own credentials are missing", http.StatusUnauthorized)
+		return
+	}
+	if down {
+		http.Error(w, "etcdserver: request timed out", http.StatusInternalServerError)
+		return
+	}
+	if r.Method != http.MethodPost {
+		http.Error(w, "method", http.StatusMethodNotAllowed)
+		return
+	}
+	switch r.URL.Path {
+	case "/apis/authentication.k8s.io/v1/tokenreviews":
+		var review authenticationv1.TokenReview
+		if err := json.NewDecoder(r.Body).Decode(&review); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		f.mu.Lock()
+		f.tokenReviews++
+		u, ok := f.users[review.Spec.Token]
+		f.mu.Unlock()
+		review.Status = authenticationv1.TokenReviewStatus{Authenticated: ok, User: u}
+		if !ok {
+			review.Status.Error = "invalid bearer token"
+		}
+		writeObject(w, &review.TypeMeta, &review)
+	case "/apis/authorization.k8s.io/v1/subjectaccessreviews":
+		var review authorizationv1.SubjectAccessReview
+		if err := json.NewDecoder(r.Body).Decode(&review); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		f.mu.Lock()
+		f.accessReviews++
+		f.lastAccess = review.Spec
+		attrs := review.Spec.NonResourceAttributes
+		allowed := attrs != nil && review.Spec.ResourceAttributes == nil &&
+			slices.Contains(f.allowed[review.Spec.User], attrs.Verb+" "+attrs.Path)
+		f.mu.Unlock()
+		review.Status = authorizationv1.SubjectAccessReviewStatus{Allowed: allowed}
+		if allowed {
+			review.Status.Reason = "allowed by the test"
+		}
+		writeObject(w, &review.TypeMeta, &review)
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+func writeObject(w http.ResponseWriter, tm *metav1.TypeMeta, obj any) {
+	// The API server answers with the object's kind and version set.
+	switch {
+	case strings.Contains(tm.Kind, "Token"):
+		tm.APIVersion = authenticationv1.SchemeGroupVersion.String()
+	default:
+		tm.APIVersion = authorizationv1.SchemeGroupVersion.String()
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	_ = json.NewEncoder(w).Encode(obj)
+}
