@@ -51,14 +51,16 @@ type checkResult struct {
 	// period (zero when there is none): the next comparison is due then.
 	nextDeadline time.Time
 	// unconfirmed is set when a difference has lasted the grace period but the API view has
-	// not been heard from since it came of age: it counts once the view proves current.
-	unconfirmed bool
+	// not been heard from, or the rules not read, since it came of age: it counts once both
+	// prove current. viewUnconfirmed and rulesUnconfirmed say which has not.
+	unconfirmed                       bool
+	viewUnconfirmed, rulesUnconfirmed bool
 }
 
 // driftEngine compares the API's expected endpoints with the programmed ones. It follows each
 // differing endpoint separately and counts it only once it has differed for longer than the
-// grace period in a view confirmed current since: kube-proxy applies a change within about a second but a sync under load can
-// take much longer, and during steady churn every endpoint's difference is short-lived even
+// grace period in a view and rules confirmed current since: kube-proxy applies a change within
+// about a second but a sync under load can take much longer, and during steady churn every endpoint's difference is short-lived even
 // when some difference exists at every check. In incident 3 the same endpoints stay wrong.
 type driftEngine struct {
 	grace time.Duration
@@ -73,18 +75,28 @@ func newDriftEngine(grace time.Duration) *driftEngine {
 	return &driftEngine{grace: grace, since: map[diffKey]time.Time{}, names: newChainNames(), accounted: map[string]struct{}{}}
 }
 
-// check compares snap with rules (by IP family; a family without rules is not compared) at now.
+// check compares snap with rules (by IP family; a family without rules is not compared) at now,
+// rules being current.
 func (e *driftEngine) check(snap *cluster.Snapshot, rules map[bool]programmedRules, now time.Time) checkResult {
+	return e.checkBehind(snap, rules, time.Time{}, now)
+}
+
+// checkBehind is check with rules that may lag the node's since rulesBehind (zero: they do not):
+// a difference counts only once it has lasted the grace period in rules known current.
+func (e *driftEngine) checkBehind(snap *cluster.Snapshot, rules map[bool]programmedRules, rulesBehind, now time.Time) checkResult {
 	res := checkResult{at: now, fresh: snap.Fresh}
 	if !snap.Fresh {
 		// Start every grace period anew once the view is trusted again.
 		clear(e.since)
 		return res
 	}
-	// When the view was last confirmed current; never later than now.
+	// When the view was last confirmed current, and the rules; never later than now.
 	confirmed := snap.LastHeard
 	if confirmed.After(now) {
 		confirmed = now
+	}
+	if !rulesBehind.IsZero() && rulesBehind.Before(confirmed) {
+		confirmed = rulesBehind
 	}
 	next := make(map[diffKey]time.Time, len(e.since))
 	drifts := map[cluster.ServicePortName]*portDrift{}
@@ -101,12 +113,15 @@ func (e *driftEngine) check(snap *cluster.Snapshot, rules map[bool]programmedRul
 			res.nextDeadline = due
 		}
 		// The difference counts once the view has been confirmed current (LastHeard) a whole
-		// grace period after it first appeared. Measuring from now instead would count a
-		// change the view never received because the exporter's own connection died after
-		// the view last heard from the API but before fresh-within ran out.
+		// grace period after it first appeared, and the rules too. Measuring from now instead
+		// would count a change the view never received because the exporter's own connection
+		// died after the view last heard from the API but before fresh-within ran out, or a
+		// change kube-proxy applied that the rules were not read again for.
 		if confirmed.Sub(first) < e.grace {
 			if now.Sub(first) >= e.grace {
 				res.unconfirmed = true
+				res.viewUnconfirmed = res.viewUnconfirmed || snap.LastHeard.Sub(first) < e.grace
+				res.rulesUnconfirmed = res.rulesUnconfirmed || (!rulesBehind.IsZero() && rulesBehind.Sub(first) < e.grace)
 			}
 			return
 		}

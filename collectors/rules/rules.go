@@ -35,6 +35,17 @@ type Rules interface {
 	Subscribe() <-chan struct{}
 }
 
+// LaggingRules is Rules whose last read may lag the node's rules for a while: the
+// iptables-legacy tables, which announce no change, are read on kube-proxy's word at most so
+// often (*hostrules.Source).
+type LaggingRules interface {
+	// Behind returns since when the last read may lag the node's rules; zero when it does
+	// not, as far as is known.
+	Behind() time.Time
+	// CatchUp asks for a read of what the last one may lag, now.
+	CatchUp()
+}
+
 // Config holds the collector's settings; AddFlags binds them to command-line flags.
 type Config struct {
 	View  cluster.View // the API view; nil when no API is configured
@@ -170,7 +181,16 @@ func (c *Collector) check() (time.Time, bool) {
 	case st.ProxyErr != nil && len(st.Proxy) == 0:
 		res = checkResult{at: start, err: fmt.Errorf("read kube-proxy's rules: %w", st.ProxyErr)}
 	case st.Mode == hostrules.ModeIPTables || st.Mode == hostrules.ModeNFTables:
-		res = c.engine.check(snap, programmedByFamily(st, c.engine.names), start)
+		var behind time.Time
+		if lr, ok := c.cfg.Rules.(LaggingRules); ok {
+			behind = lr.Behind()
+		}
+		res = c.engine.checkBehind(snap, programmedByFamily(st, c.engine.names), behind, start)
+		if res.rulesUnconfirmed {
+			// A difference came of age, but kube-proxy may have changed its rules since the
+			// last read: read them now rather than at the reader's next turn.
+			c.cfg.Rules.(LaggingRules).CatchUp()
+		}
 		res.mode = st.Mode
 		if st.ProxyErr != nil {
 			res.err = fmt.Errorf("read kube-proxy's rules in part: %w", st.ProxyErr)
@@ -183,7 +203,7 @@ func (c *Collector) check() (time.Time, bool) {
 	res.duration = c.now().Sub(start)
 	c.noteMode(st)
 	c.publish(&res)
-	if res.unconfirmed {
+	if res.viewUnconfirmed {
 		// A difference came of age, but the view was last heard from before that: ask it
 		// to prove itself now rather than wait for its next probe.
 		if cf, ok := c.cfg.View.(cluster.Confirmer); ok {

@@ -155,6 +155,52 @@ func TestCheckAsksTheViewToConfirm(t *testing.T) {
 	}
 }
 
+// laggingRules is rules that may lag the node's since behind, and count requests to catch up.
+type laggingRules struct {
+	changingRules
+	behind   time.Time
+	catchUps int
+}
+
+func (l *laggingRules) Behind() time.Time { return l.behind }
+func (l *laggingRules) CatchUp()          { l.catchUps++ }
+
+// A difference that came of age while the rules may lag kube-proxy's (a legacy read held back)
+// is not counted: the rules are asked to catch up, not the view, and once read again without
+// the difference there is no drift; a difference that outlasts the grace in current rules is.
+func TestCheckAsksLaggingRulesToCatchUp(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	snap := snapshot(dnsPort("10.244.1.5:53"))
+	snap.LastHeard = t0.Add(time.Hour) // the view is confirmed current at every check
+	view := &notifyingView{changed: make(chan struct{}, 1), snap: snap}
+	rules := &laggingRules{changingRules: changingRules{st: stateOf(hostrules.ModeIPTables, map[string][]netip.AddrPort{})}}
+	c, err := New(Config{View: view, Rules: rules, CheckInterval: time.Hour, GracePeriod: 10 * time.Second, MaxSeries: 10}, promslog.NewNopLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := t0
+	c.now = func() time.Time { return now }
+	// The endpoint is missing from the rules from t0; kube-proxy synced a change at t0+2s,
+	// not read yet.
+	c.check()
+	rules.behind = t0.Add(2 * time.Second)
+	now = t0.Add(11 * time.Second)
+	c.check()
+	if rules.catchUps != 1 || view.confirms != 0 || len(c.last.drifting) != 0 {
+		t.Errorf("past grace, rules behind since t0+2s: %d catch-ups, %d view confirmations, %d drifting; want 1, 0, 0",
+			rules.catchUps, view.confirms, len(c.last.drifting))
+	}
+	// Read again: still missing (kube-proxy's change was another one), and current.
+	rules.behind = time.Time{}
+	c.check()
+	if len(c.last.drifting) != 1 || c.last.drifting[0].missing != 1 {
+		t.Errorf("rules caught up, the endpoint still missing: drifting %+v, want 1 missing", c.last.drifting)
+	}
+	if rules.catchUps != 1 {
+		t.Errorf("%d catch-ups with current rules, want still 1", rules.catchUps)
+	}
+}
+
 // An unreadable rule set fails the collector with the reason.
 func TestCheckRulesUnreadable(t *testing.T) {
 	view := fakeView{snapshot(kubernetesPort())}

@@ -99,6 +99,10 @@ type Source struct {
 	// heartbeat is when Run last began its work or went round its poll (unix ns): a Run stuck
 	// in a read (a kernel call that does not return) stops moving it.
 	heartbeat atomic.Int64
+	// lag is what the Source knows of the legacy tables that its State does not show yet.
+	lag lag
+	// catchUp asks for a legacy read at the next poll, however recent the last one.
+	catchUp atomic.Bool
 
 	mu   sync.Mutex
 	subs []chan struct{}
@@ -177,7 +181,49 @@ func (s *Source) Stalled() error {
 // Hint tells the Source that the rules may have changed where no notification reaches it (the
 // legacy tables): kube-proxy reported a sync that may have changed its rules. The legacy tables
 // are then read at the next poll, no sooner than LegacyMinReadInterval after the last read.
-func (s *Source) Hint() { s.stats.hinted.Store(true) }
+func (s *Source) Hint() {
+	s.stats.hinted.Store(true)
+	s.noteNews()
+}
+
+// lag tracks what the Source has learned of the legacy tables that its published State does
+// not show yet.
+type lag struct {
+	mu sync.Mutex
+	// behind is the first news the published State does not show (zero: none).
+	behind time.Time
+	// readStart is when the legacy read not yet published began (zero: none);
+	// newsDuringRead is the first news since then, which that read may not show.
+	readStart, newsDuringRead time.Time
+}
+
+// noteNews records that the legacy tables may have changed since the last published read.
+func (s *Source) noteNews() {
+	now := s.now()
+	s.lag.mu.Lock()
+	defer s.lag.mu.Unlock()
+	if s.lag.behind.IsZero() {
+		s.lag.behind = now
+	}
+	if !s.lag.readStart.IsZero() && s.lag.newsDuringRead.IsZero() {
+		s.lag.newsDuringRead = now
+	}
+}
+
+// Behind returns since when the published State may lag the node's legacy tables: kube-proxy
+// reported a sync that may have changed them, or their size moved, and they have not been read
+// since (a read waits for LegacyMinReadInterval). Zero when the Source knows of no such change.
+// What the State says of the rules is current up to that time.
+func (s *Source) Behind() time.Time {
+	s.lag.mu.Lock()
+	defer s.lag.mu.Unlock()
+	return s.lag.behind
+}
+
+// CatchUp asks for the legacy read the Source is behind on at its next poll, without waiting
+// for LegacyMinReadInterval: a consumer about to act on a difference that has lasted long
+// enough asks first whether it is only the reader's lag.
+func (s *Source) CatchUp() { s.catchUp.Store(true) }
 
 // Run reads everything at once, then follows changes until ctx is done.
 func (s *Source) Run(ctx context.Context) {
@@ -241,11 +287,16 @@ func (s *Source) Run(ctx context.Context) {
 				s.readNFT(nil)
 			}
 			fp, err := s.b.legacyFingerprint()
-			if err != nil || fp != lastFP || s.stats.hinted.Swap(false) {
+			if err != nil || fp != lastFP {
+				s.noteNews()
+				legacyDue = true
+			}
+			if s.stats.hinted.Swap(false) {
 				legacyDue = true
 			}
 			lastFP = fp
-			if legacyDue && s.now().Sub(s.legacyPart.at) >= s.cfg.LegacyMinReadInterval {
+			catchUp := s.catchUp.Swap(false)
+			if legacyDue && (catchUp || s.now().Sub(s.legacyPart.at) >= s.cfg.LegacyMinReadInterval) {
 				legacyDue = false
 				s.readLegacy()
 			}
@@ -261,6 +312,9 @@ func (s *Source) Run(ctx context.Context) {
 
 func (s *Source) readLegacy() {
 	start := s.now()
+	s.lag.mu.Lock()
+	s.lag.readStart, s.lag.newsDuringRead = start, time.Time{}
+	s.lag.mu.Unlock()
 	proxy, filter, proxyErr, filterErr := s.b.legacy()
 	s.legacyPart = legacyPart{proxy: proxy, filter: filter, proxyErr: proxyErr, filterErr: filterErr, at: s.now()}
 	s.stats.observe(BackendLegacy, s.now().Sub(start), errors.Join(proxyErr, filterErr))
@@ -289,6 +343,13 @@ func (s *Source) publish() {
 		st.At = s.nftPart.at
 	}
 	s.state.Store(st)
+	// A legacy read now published shows what was known before it began; news that came
+	// during it still stands.
+	s.lag.mu.Lock()
+	if !s.lag.readStart.IsZero() {
+		s.lag.behind, s.lag.readStart = s.lag.newsDuringRead, time.Time{}
+	}
+	s.lag.mu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, ch := range s.subs {

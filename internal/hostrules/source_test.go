@@ -211,6 +211,61 @@ func TestSourceLegacyMinReadInterval(t *testing.T) {
 	}
 }
 
+// A hint the minimum interval holds back leaves the State behind since the hint; CatchUp reads
+// at the next poll, and the State published then is current again.
+func TestSourceBehindAndCatchUp(t *testing.T) {
+	fb := &fakeBackends{changes: make(chan nftChange), fingerprint: "0"}
+	cfg := Config{LegacyPollInterval: 5 * time.Millisecond, LegacyMinReadInterval: time.Hour, ResyncInterval: time.Hour}
+	s := newSource(cfg, nil, fb)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	waitFor(t, "the first read", func() bool { return s.State() != nil })
+	if b := s.Behind(); !b.IsZero() {
+		t.Fatalf("Behind() = %v after the first read, want zero", b)
+	}
+	s.CatchUp() // nothing to catch up on: no read
+	time.Sleep(30 * time.Millisecond)
+	if l, _ := fb.counts(); l != 1 {
+		t.Errorf("legacy read %d times after CatchUp with nothing behind, want only the first", l)
+	}
+	before := time.Now()
+	s.Hint()
+	time.Sleep(30 * time.Millisecond)
+	if l, _ := fb.counts(); l != 1 {
+		t.Errorf("legacy read %d times, want only the first: the hint waits for the minimum interval", l)
+	}
+	b := s.Behind()
+	if b.IsZero() || b.Before(before) || b.After(time.Now()) {
+		t.Errorf("Behind() = %v after a hint held back at %v, want the hint's time", b, before)
+	}
+	seq := s.State().Seq
+	s.CatchUp()
+	waitFor(t, "the read caught up", func() bool { l, _ := fb.counts(); return l == 2 && s.State().Seq > seq })
+	if b := s.Behind(); !b.IsZero() {
+		t.Errorf("Behind() = %v after catching up, want zero", b)
+	}
+}
+
+// News during a legacy read is not served by that read: the State stays behind since then.
+func TestSourceNewsDuringReadStands(t *testing.T) {
+	s := newSource(Config{}, nil, &fakeBackends{})
+	now := time.Unix(1000, 0)
+	s.now = func() time.Time { return now }
+	s.Hint()
+	now = now.Add(time.Second)
+	s.lag.mu.Lock()
+	s.lag.readStart = now
+	s.lag.mu.Unlock()
+	now = now.Add(time.Second)
+	s.Hint() // during the read
+	s.publish()
+	if got, want := s.Behind(), time.Unix(1002, 0); !got.Equal(want) {
+		t.Errorf("Behind() = %v, want the news during the read, %v", got, want)
+	}
+}
+
 // The periodic resync reads the legacy tables again, not nf_tables: its changes are followed.
 func TestSourceResyncReadsLegacyOnly(t *testing.T) {
 	fb := &fakeBackends{changes: make(chan nftChange), fingerprint: "0"}
