@@ -3,6 +3,10 @@
 // that counts events and follows DNAT'ed flows (kube-proxy's Service traffic) to find those
 // that end, or stay, unreplied: the trace of incident 1 (bridged replies that escape
 // netfilter) and of endpoints that are gone.
+//
+// The statistics come through github.com/ti-mo/conntrack; the event stream is decoded by the
+// package's own decoder (decode.go), about twenty times faster than ti-mo/conntrack's and
+// allocation-free on the same kernel messages (BENCHMARKS.md, "Conntrack event decoding").
 package conntrack
 
 import (
