@@ -5,7 +5,7 @@
 // netfilter) and of endpoints that are gone.
 //
 // The statistics come through github.com/ti-mo/conntrack; the event stream is decoded by the
-// package's own decoder (decode.go), about twenty times faster than ti-mo/conntrack's and
+// package's own decoder (decode.go), 20 to 30 times faster than ti-mo/conntrack's and
 // allocation-free on the same kernel messages (BENCHMARKS.md, "Conntrack event decoding").
 package conntrack
 

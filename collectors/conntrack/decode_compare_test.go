@@ -27,17 +27,20 @@ var capture = flag.Bool("capture", false, "rewrite "+capturedEvents+" from this 
 
 // TestCaptureEvents records the events of Service traffic through kube-proxy-shaped DNAT rules:
 // TCP connections to a Service whose endpoint answers (NEW, the UPDATEs of the handshake and
-// teardown, DESTROY) and UDP datagrams to one whose endpoint does not (NEW, DESTROY unreplied).
+// teardown, DESTROY) and UDP datagrams to one whose endpoint does not (NEW, DESTROY unreplied),
+// over IPv4 and, for UDP, IPv6.
 func TestCaptureEvents(t *testing.T) {
 	if !*capture {
 		t.Skip("rewrites " + capturedEvents + " only with -capture")
 	}
-	requireOwnNetns(t, "ip", "iptables", "iptables-restore")
+	requireOwnNetns(t, "ip", "iptables", "iptables-restore", "ip6tables")
 	sh(t, `ip link set lo up
 ip link add ph-a type veth peer name ph-b
 ip addr add 10.0.0.1/24 dev ph-a
+ip addr add fd00::1/64 dev ph-a nodad
 ip link set ph-a up; ip link set ph-b up
 ip route add 10.96.0.0/16 dev ph-a
+ip route add fd00:96::/64 dev ph-a
 sysctl -qw net.netfilter.nf_conntrack_udp_timeout=1
 sysctl -qw net.netfilter.nf_conntrack_tcp_timeout_time_wait=1
 sysctl -qw net.netfilter.nf_conntrack_tcp_timeout_close=1`)
@@ -46,7 +49,8 @@ sysctl -qw net.netfilter.nf_conntrack_tcp_timeout_close=1`)
 	if out, err := restore.CombinedOutput(); err != nil {
 		t.Fatalf("iptables-restore: %v\n%s", err, out)
 	}
-	sh(t, `iptables -t nat -A OUTPUT -d 10.96.0.20/32 -p tcp --dport 80 -m comment --comment "lab/web:http" -j DNAT --to-destination 10.0.0.1:8080`)
+	sh(t, `iptables -t nat -A OUTPUT -d 10.96.0.20/32 -p tcp --dport 80 -m comment --comment "lab/web:http" -j DNAT --to-destination 10.0.0.1:8080
+ip6tables -t nat -A OUTPUT -d fd00:96::10/128 -p udp --dport 53 -m comment --comment "kube-system/kube-dns:dns" -j DNAT --to-destination [fd00::1]:5353`)
 
 	ln, err := net.Listen("tcp4", "10.0.0.1:8080")
 	if err != nil {
@@ -89,7 +93,7 @@ sysctl -qw net.netfilter.nf_conntrack_tcp_timeout_close=1`)
 		})
 	}()
 
-	const tcpFlows, udpFlows = 20, 10
+	const tcpFlows, udpFlows, udp6Flows = 20, 10, 5
 	for range tcpFlows {
 		conn, err := net.DialTimeout("tcp4", "10.96.0.20:80", 2*time.Second)
 		if err != nil {
@@ -104,12 +108,22 @@ sysctl -qw net.netfilter.nf_conntrack_tcp_timeout_close=1`)
 		conn.Close()
 	}
 	sendUDP(t, udpFlows, "10.96.0.10:53")
+	for range udp6Flows {
+		conn, err := net.Dial("udp6", "[fd00:96::10]:53")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.Write([]byte("q")); err != nil {
+			t.Fatal(err)
+		}
+		conn.Close()
+	}
 	// The flows end as their short timeouts expire; reading the table reaps expired entries.
 	waitFor(t, "every flow's DESTROY event", func() bool {
 		_ = dumpTable(func(*flowEvent) {})
 		mu.Lock()
 		defer mu.Unlock()
-		return destroys >= tcpFlows+udpFlows
+		return destroys >= tcpFlows+udpFlows+udp6Flows
 	})
 	sock.Close()
 	if err := <-received; err != errSocketClosed {
@@ -178,6 +192,7 @@ func TestDecodeAgreesWithTiMo(t *testing.T) {
 		return false
 	}
 	seen := map[eventType]int{}
+	families := map[int]int{}
 	for i, msg := range loadCapturedEvents(t) {
 		var ours flowEvent
 		if err := decodeFlowMessage(msg, &ours); err != nil {
@@ -188,6 +203,11 @@ func TestDecodeAgreesWithTiMo(t *testing.T) {
 			t.Fatalf("message %d: ti-mo/conntrack: %v", i, err)
 		}
 		seen[ours.typ]++
+		if ours.orig.src.Is6() {
+			families[6]++
+		} else {
+			families[4]++
+		}
 		f := theirs.Flow
 		if !sameType(ours.typ, theirs) || ours.id != f.ID || ours.status != uint32(f.Status) {
 			t.Errorf("message %d: type %v id %d status %#x, ti-mo/conntrack %v %d %#x", i, ours.typ, ours.id, ours.status, theirs.Type, f.ID, uint32(f.Status))
@@ -206,6 +226,9 @@ func TestDecodeAgreesWithTiMo(t *testing.T) {
 	}
 	if seen[eventNew] == 0 || seen[eventUpdate] == 0 || seen[eventDestroy] == 0 {
 		t.Errorf("the capture lacks an event type: %v", seen)
+	}
+	if families[4] == 0 || families[6] == 0 {
+		t.Errorf("the capture lacks IPv4 or IPv6 flows: %v", families)
 	}
 }
 
