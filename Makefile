@@ -65,7 +65,8 @@ deploy-generate:
 
 # The deploy tool's tests: the generated files are current, the chart lints (--strict) and
 # renders with each values file of charts/proxyhealth/ci, and renders what the kustomize overlay
-# does. The manifests against a real apiserver: TestDeployManifests in the e2e lab.
+# does. The manifests against a real apiserver, and a real helm install, upgrade and uninstall:
+# TestDeployManifests in the e2e lab (make e2e), which starts that apiserver.
 deploy-check:
 	cd test/deploy && $(GO) vet ./... && $(GO) test -count=1 ./...
 

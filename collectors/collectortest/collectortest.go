@@ -109,6 +109,15 @@ func typeLike(mf *dto.MetricFamily, t dto.MetricType) {
 	mf.Type = t.Enum()
 }
 
+// Names returns the names of the metric families sent, sorted.
+func (s *Scrape) Names() []string {
+	names := make([]string, 0, len(s.families))
+	for _, mf := range s.families {
+		names = append(names, mf.GetName())
+	}
+	return names
+}
+
 // Count returns how many series the families named have together.
 func (s *Scrape) Count(names ...string) int {
 	n := 0

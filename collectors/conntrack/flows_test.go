@@ -2,6 +2,7 @@ package conntrack
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -150,7 +151,7 @@ func TestTrackerResync(t *testing.T) {
 }
 
 func TestCollectorExposition(t *testing.T) {
-	cfg := Config{ProcPath: "testdata/proc-full", UnrepliedAfter: time.Second, MaxTrackedFlows: 10, MaxServiceSeries: 10, SocketBufferBytes: 1 << 20, ServiceRefreshInterval: time.Minute}
+	cfg := Config{ProcPath: "testdata/proc-full", UnrepliedAfter: time.Second, MaxTrackedFlows: 10, MaxServiceSeries: 10, SocketBufferBytes: 1 << 20, ServiceRefreshInterval: time.Minute, TableStats: true}
 	c, err := New(cfg, promslog.NewNopLogger())
 	if err != nil {
 		t.Fatal(err)
@@ -184,6 +185,48 @@ proxyhealth_conntrack_unreplied_flows_total{protocol="tcp",reason="same_bridge",
 	c.stats = func() (tableStats, error) { return tableStats{}, describeNetlinkError("x", unix.EPERM) }
 	if err := c.Update(make(chan prometheus.Metric, 100)); err == nil || !strings.Contains(err.Error(), "CAP_NET_ADMIN") {
 		t.Errorf("Update with stats refused = %v, want an error naming CAP_NET_ADMIN", err)
+	}
+}
+
+// TestTableStatsOff: --no-conntrack.table-stats leaves out exactly the series node_exporter's
+// conntrack collector also exports (node_nf_conntrack_entries, _entries_limit and
+// _stat_{found,invalid,ignore,insert,insert_failed,drop,early_drop,search_restart}); the
+// kernel's error counter, which node_exporter lacks, and the event-stream series stay.
+func TestTableStatsOff(t *testing.T) {
+	series := func(exportTableStats bool) map[string]bool {
+		cfg := Config{ProcPath: "testdata/proc-full", UnrepliedAfter: time.Second, MaxTrackedFlows: 10, MaxServiceSeries: 10, SocketBufferBytes: 1 << 20, ServiceRefreshInterval: time.Minute, TableStats: exportTableStats}
+		c, err := New(cfg, promslog.NewNopLogger())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.stats = func() (tableStats, error) {
+			return tableStats{entries: 5, limit: 262144, cpu: cpuStats{invalid: 50, error: 7}}, nil
+		}
+		names := map[string]bool{}
+		for _, name := range collectortest.CollectOK(t, c).Names() {
+			names[name] = true
+		}
+		return names
+	}
+	on, off := series(true), series(false)
+	overlap := []string{"entries", "entries_limit", "found_total", "invalid_packets_total", "ignore_total", "insert_total",
+		"insert_failed_total", "drop_total", "early_drop_total", "search_restart_total"}
+	for _, name := range overlap {
+		name = "proxyhealth_conntrack_" + name
+		if !on[name] {
+			t.Errorf("with table stats on, %s is missing", name)
+		}
+		if off[name] {
+			t.Errorf("with table stats off, %s is still exported", name)
+		}
+	}
+	for name := range on {
+		if !off[name] && !slices.Contains(overlap, strings.TrimPrefix(name, "proxyhealth_conntrack_")) {
+			t.Errorf("with table stats off, %s is gone too", name)
+		}
+	}
+	if !off["proxyhealth_conntrack_error_total"] || !off["proxyhealth_conntrack_events_total"] {
+		t.Errorf("with table stats off, error_total or events_total is gone: %v", off)
 	}
 }
 

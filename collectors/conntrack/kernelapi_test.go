@@ -89,7 +89,7 @@ func TestKernelAndClockFromConfig(t *testing.T) {
 		Name:       cluster.ServicePortName{Namespace: "lab", Name: "web", Port: "http", Protocol: "TCP"},
 		ClusterIPs: []netip.Addr{vip}, Port: 80,
 	}}}}
-	cfg := Config{ProcPath: "testdata/proc-full", UnrepliedAfter: time.Second, MaxTrackedFlows: 10, MaxServiceSeries: 10, SocketBufferBytes: 1,
+	cfg := Config{ProcPath: "testdata/proc-full", TableStats: true, UnrepliedAfter: time.Second, MaxTrackedFlows: 10, MaxServiceSeries: 10, SocketBufferBytes: 1,
 		ServiceRefreshInterval: time.Hour, ResyncMinInterval: time.Hour, API: view, Kernel: k,
 		Now: func() time.Time { return time.Unix(0, clock.Load()) }}
 	c, err := New(cfg, promslog.NewNopLogger())

@@ -40,7 +40,7 @@ proxyhealth_conntrack_tcp_be_liberal 1
 `, filepath.Join(netfilter, "nf_conntrack_events") + `: not an integer: "yes"`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := New(Config{ProcPath: tt.proc, UnrepliedAfter: time.Second, MaxTrackedFlows: 10, SocketBufferBytes: 1,
+			c, err := New(Config{ProcPath: tt.proc, TableStats: true, UnrepliedAfter: time.Second, MaxTrackedFlows: 10, SocketBufferBytes: 1,
 				ServiceRefreshInterval: time.Hour}, promslog.NewNopLogger())
 			if err != nil {
 				t.Fatal(err)

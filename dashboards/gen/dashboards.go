@@ -82,9 +82,23 @@ func queryVar(name, label, query, description string, multi bool) *Variable {
 	return v
 }
 
+// clusterVar is the cluster of a Prometheus holding several (Thanos, Mimir, federation), as
+// kubernetes-mixin has it: single-valued, every selector carries cluster="$cluster". Where the
+// series carry no cluster label (one Prometheus per cluster) it lists nothing, its value is
+// empty, and cluster="" matches exactly those series.
+func clusterVar() *Variable {
+	return queryVar("cluster", "Cluster", "label_values(proxyhealth_build_info, cluster)",
+		"The cluster, where one Prometheus holds several and labels their series cluster; empty otherwise.", false)
+}
+
 func jobVar() *Variable {
-	return queryVar("job", "Job", "label_values(proxyhealth_build_info, job)",
+	return queryVar("job", "Job", `label_values(proxyhealth_build_info{cluster="$cluster"}, job)`,
 		"The scrape job of the proxyhealth DaemonSet.", true)
+}
+
+// nodeVar lists the nodes of the selected cluster and jobs.
+func nodeVar(description string, multi bool) *Variable {
+	return queryVar("node", "Node", `label_values(proxyhealth_build_info{cluster="$cluster", job=~"$job"}, node)`, description, multi)
 }
 
 // Overview is the cluster-wide dashboard: which nodes and services are hit by the three
@@ -92,10 +106,9 @@ func jobVar() *Variable {
 func Overview() *Dashboard {
 	d := newDashboard(overviewUID, "proxyhealth / Cluster overview",
 		"Service traffic silently breaking on Kubernetes nodes, cluster-wide: kube-proxy rules drifting from the API (incident 3), unreplied Service flows and INVALID packets (incidents 1 and 2), and the exporters' own health. Open proxyhealth / Node for one node.",
-		datasourceVar(), jobVar(),
-		queryVar("node", "Node", `label_values(proxyhealth_build_info{job=~"$job"}, node)`,
-			"Kubernetes node names (the node label the PodMonitor sets from the pod's node).", true))
-	m := selector(`job=~"$job", node=~"$node"`)
+		datasourceVar(), clusterVar(), jobVar(),
+		nodeVar("Kubernetes node names (the node label the PodMonitor sets from the pod's node).", true))
+	m := selector(`cluster="$cluster", job=~"$job", node=~"$node"`)
 	top := func(expr string) string { return "topk(20, " + expr + ")" }
 
 	d.row("Summary")
@@ -122,7 +135,7 @@ func Overview() *Dashboard {
 	d.stat(4, "Exporters not scraped", "none",
 		"proxyhealth targets Prometheus failed to scrape (up == 0). Those nodes report nothing, so every other panel is blind to them: check the DaemonSet's pods there.",
 		nil, steps("green", 1, "red"),
-		q{`count(up{job=~"$job", node=~"$node"} == 0) or vector(0)`, ""})
+		q{`count(` + m("up") + ` == 0) or vector(0)`, ""})
 
 	d.row("Rules drift (incident 3)")
 	d.timeseries(12, "Nodes drifting, by service", "none",
@@ -191,10 +204,9 @@ func Overview() *Dashboard {
 func Node() *Dashboard {
 	d := newDashboard(nodeUID, "proxyhealth / Node",
 		"Everything proxyhealth knows about one node: the settings that decide incidents 1 and 2, kube-proxy's state, its rules against the API (incident 3), conntrack and the exporter's own health.",
-		datasourceVar(), jobVar(),
-		queryVar("node", "Node", `label_values(proxyhealth_build_info{job=~"$job"}, node)`,
-			"The Kubernetes node to show (the node label the PodMonitor sets from the pod's node).", false))
-	m := selector(`job=~"$job", node="$node"`)
+		datasourceVar(), clusterVar(), jobVar(),
+		nodeVar("The Kubernetes node to show (the node label the PodMonitor sets from the pod's node).", false))
+	m := selector(`cluster="$cluster", job=~"$job", node="$node"`)
 
 	d.row("Settings and kube-proxy")
 	d.stat(4, "bridge-nf-call-iptables", "none",

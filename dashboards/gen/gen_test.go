@@ -120,7 +120,7 @@ func TestDashboardConventions(t *testing.T) {
 			for i, v := range d.Templating.List {
 				vars[v.Name] = i
 			}
-			for _, want := range []struct{ name, typ string }{{"datasource", "datasource"}, {"job", "query"}, {"node", "query"}} {
+			for _, want := range []struct{ name, typ string }{{"datasource", "datasource"}, {"cluster", "query"}, {"job", "query"}, {"node", "query"}} {
 				i, ok := vars[want.name]
 				if !ok {
 					t.Errorf("variable %q missing", want.name)
@@ -141,6 +141,26 @@ func TestDashboardConventions(t *testing.T) {
 			}
 			if i, ok := vars["node"]; ok && !strings.Contains(string(d.Templating.List[i].Query), `, node)`) {
 				t.Errorf("node variable does not list the node label: %s", d.Templating.List[i].Query)
+			}
+			// cluster, as kubernetes-mixin's: one value (an empty one matches series without the
+			// label), before the variables whose values it narrows.
+			if i, ok := vars["cluster"]; ok {
+				if v := d.Templating.List[i]; v.Multi || v.AllValue != "" {
+					t.Errorf("cluster variable is multi-valued or has All; cluster=\"$cluster\" takes one value")
+				}
+				for _, name := range []string{"job", "node"} {
+					j, ok := vars[name]
+					if !ok {
+						continue
+					}
+					if j < i {
+						t.Errorf("variable %q comes before cluster, which it depends on", name)
+					}
+					var q struct{ Query string }
+					if err := json.Unmarshal(d.Templating.List[j].Query, &q); err != nil || !strings.Contains(q.Query, `cluster="$cluster"`) {
+						t.Errorf("variable %q does not select the cluster: %s (%v)", name, d.Templating.List[j].Query, err)
+					}
+				}
 			}
 
 			ids := map[int]bool{}
@@ -186,7 +206,7 @@ func TestDashboardConventions(t *testing.T) {
 	}
 }
 
-// checkExpr: every selector carries the job and node matchers, every range is
+// checkExpr: every selector carries the cluster, job and node matchers, every range is
 // $__rate_interval, and brackets balance (the full parse is the linter's and Prometheus's).
 func checkExpr(t *testing.T, panel, expr, nodeMatcher string) {
 	t.Helper()
@@ -199,8 +219,8 @@ func checkExpr(t *testing.T, panel, expr, nodeMatcher string) {
 		t.Errorf("panel %q: %s selects no series", panel, expr)
 	}
 	for _, s := range sels {
-		if !strings.Contains(s, `job=~"$job"`) || !strings.Contains(s, nodeMatcher) {
-			t.Errorf("panel %q: selector %s lacks job=~\"$job\" or %s", panel, s, nodeMatcher)
+		if !strings.Contains(s, `cluster="$cluster"`) || !strings.Contains(s, `job=~"$job"`) || !strings.Contains(s, nodeMatcher) {
+			t.Errorf("panel %q: selector %s lacks cluster=\"$cluster\", job=~\"$job\" or %s", panel, s, nodeMatcher)
 		}
 	}
 	for _, r := range rangeRE.FindAllString(expr, -1) {

@@ -353,7 +353,7 @@ func TestChartTemplate(t *testing.T) {
 			if c.Image != "registry.example.com/mirror/proxyhealth:v0.1.0-rc.1@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef" || c.ImagePullPolicy != corev1.PullAlways {
 				t.Errorf("image %s %s", c.Image, c.ImagePullPolicy)
 			}
-			if !slices.Equal(c.Args, []string{"--web.listen-address=:9970", "--node-name=$(NODE_NAME)", "--rules.grace-period=2m", "--log.format=json"}) {
+			if !slices.Equal(c.Args, []string{"--web.listen-address=:9970", "--node-name=$(NODE_NAME)", "--no-conntrack.table-stats", "--rules.grace-period=2m", "--log.format=json"}) {
 				t.Errorf("args %q", c.Args)
 			}
 			if len(c.Env) != 2 || c.Env[1].Name != "GOMEMLIMIT" || c.Ports[0].ContainerPort != 9970 {

@@ -11,6 +11,11 @@
 //	                                       charts/proxyhealth carries from alerts/ and dashboards/
 //	deploytool template CHART RELEASE NAMESPACE [VALUES...]
 //	                                       the chart rendered as helm template does
+//	deploytool install KUBECONFIG CHART RELEASE NAMESPACE [VALUES...]
+//	deploytool upgrade KUBECONFIG CHART RELEASE NAMESPACE [VALUES...]
+//	deploytool uninstall KUBECONFIG RELEASE NAMESPACE
+//	                                       helm install (creating the namespace), upgrade and
+//	                                       uninstall against the cluster of KUBECONFIG
 package main
 
 import (
@@ -35,7 +40,7 @@ func main() {
 
 func run(args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: deploytool render DIR | prometheusrule [-check] RULES OUT | crds | chart-files [-check] ROOT | template CHART RELEASE NAMESPACE [VALUES...]")
+		return errors.New("usage: deploytool render DIR | prometheusrule [-check] RULES OUT | crds | chart-files [-check] ROOT | template CHART RELEASE NAMESPACE [VALUES...] | install|upgrade KUBECONFIG CHART RELEASE NAMESPACE [VALUES...] | uninstall KUBECONFIG RELEASE NAMESPACE")
 	}
 	switch args[0] {
 	case "render":
@@ -98,6 +103,41 @@ func run(args []string) error {
 			return err
 		}
 		_, err = os.Stdout.Write(out)
+		return err
+	case "install", "upgrade":
+		if len(args) < 5 {
+			return fmt.Errorf("usage: deploytool %s KUBECONFIG CHART RELEASE NAMESPACE [VALUES...]", args[0])
+		}
+		vals, err := readValues(args[5:]...)
+		if err != nil {
+			return err
+		}
+		act := InstallRelease
+		if args[0] == "upgrade" {
+			act = UpgradeRelease
+		}
+		rel, err := act(args[1], args[2], args[3], args[4], vals)
+		if err != nil {
+			return err
+		}
+		line, err := releaseSummary(rel)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Print(line)
+		return err
+	case "uninstall":
+		if len(args) != 4 {
+			return errors.New("usage: deploytool uninstall KUBECONFIG RELEASE NAMESPACE")
+		}
+		res, err := UninstallRelease(args[1], args[2], args[3])
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Printf("release %s uninstalled\n", args[2])
+		if res.Info != "" {
+			fmt.Println(res.Info)
+		}
 		return err
 	case "crds":
 		out, err := crds()

@@ -72,10 +72,13 @@ var unresolvedVariable = regexp.MustCompile(`\$\{?\w+`)
 
 // substitute replaces the dashboards' variables the way Grafana does for a selection: the
 // overview with job and node at "All" (their allValue ".+"), the drill-down with the lab node.
+// The lab's Prometheus, like any one-cluster Prometheus, puts no cluster label on the series:
+// the cluster variable lists nothing and is empty, and cluster="" must match them all.
 func (q dashboardQuery) substitute(job, node string) (string, error) {
 	expr := strings.NewReplacer(
 		"$__rate_interval", labRateInterval,
 		"${datasource}", "",
+		"$cluster", "",
 		"$job", job,
 		"$node", node,
 	).Replace(q.expr)

@@ -36,9 +36,9 @@ const (
 	noListPort         = 19892
 )
 
-// deployTool builds test/deploy (a separate module: kustomize and the Prometheus Operator's
-// types) and returns a function running it.
-func deployTool(t *testing.T) func(args ...string) []byte {
+// deployTool builds test/deploy (a separate module: kustomize, Helm and the Prometheus
+// Operator's types).
+func deployTool(t *testing.T) *deployToolCmd {
 	t.Helper()
 	root, err := repoRoot()
 	if err != nil {
@@ -50,19 +50,38 @@ func deployTool(t *testing.T) func(args ...string) []byte {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("building test/deploy: %v\n%s", err, out)
 	}
-	return func(args ...string) []byte {
-		t.Helper()
-		cmd := exec.Command(bin, args...)
-		// crds runs `go mod download` in the tool's module.
-		cmd.Dir = filepath.Join(root, "test", "deploy")
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		out, err := cmd.Output()
-		if err != nil {
-			t.Fatalf("deploytool %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
-		}
-		return out
+	// crds runs `go mod download` in the tool's module; paths given are relative to it.
+	return &deployToolCmd{t: t, bin: bin, dir: cmd.Dir}
+}
+
+// deployToolCmd runs the built test/deploy tool.
+type deployToolCmd struct {
+	t        *testing.T
+	bin, dir string
+}
+
+// Run runs the tool with args and returns its standard output; a failure fails the test.
+func (d *deployToolCmd) Run(args ...string) []byte {
+	d.t.Helper()
+	return d.run(exec.Command(d.bin, args...))
+}
+
+// RunIn is Run inside network namespace ns (where the lab's apiserver listens).
+func (d *deployToolCmd) RunIn(ns string, args ...string) []byte {
+	d.t.Helper()
+	return d.run(exec.Command("ip", append([]string{"netns", "exec", ns, d.bin}, args...)...))
+}
+
+func (d *deployToolCmd) run(cmd *exec.Cmd) []byte {
+	d.t.Helper()
+	cmd.Dir = d.dir
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		d.t.Fatalf("deploytool %s: %v\n%s", strings.Join(cmd.Args[1:], " "), err, stderr.String())
 	}
+	return out
 }
 
 // decodeObjects splits a YAML stream into objects.
@@ -88,6 +107,7 @@ func decodeObjects(t *testing.T, stream []byte) []*unstructured.Unstructured {
 // deployClients is the admin's dynamic client and a REST mapper that sees CRDs added later.
 type deployClients struct {
 	dyn    dynamic.Interface
+	disc   discovery.DiscoveryInterface
 	mapper *restmapper.DeferredDiscoveryRESTMapper
 }
 
@@ -98,8 +118,11 @@ func newDeployClients(t *testing.T, cp *ControlPlane) *deployClients {
 		BearerToken:     cp.AdminToken,
 		TLSClientConfig: rest.TLSClientConfig{Insecure: true},
 		Dial:            netnsdial.Dialer(cp.Lab.Node),
-		Timeout:         20 * time.Second,
-		WarningHandler:  rest.NoWarnings{},
+		// Listing every resource (helm_release) is a few hundred requests: not throttled.
+		QPS:            100,
+		Burst:          200,
+		Timeout:        20 * time.Second,
+		WarningHandler: rest.NoWarnings{},
 	}
 	dyn, err := dynamic.NewForConfig(cfg)
 	if err != nil {
@@ -109,7 +132,7 @@ func newDeployClients(t *testing.T, cp *ControlPlane) *deployClients {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &deployClients{dyn: dyn, mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disc))}
+	return &deployClients{dyn: dyn, disc: disc, mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disc))}
 }
 
 func (c *deployClients) resource(t *testing.T, obj *unstructured.Unstructured) dynamic.ResourceInterface {
@@ -151,22 +174,23 @@ func describe(o *unstructured.Unstructured) string {
 	return fmt.Sprintf("%s %s", o.GetKind(), o.GetName())
 }
 
-// TestDeployManifests validates deploy/ against the lab's real kube-apiserver (v1.36): the
-// kustomize renderings (krusty, as `kubectl kustomize`) of the base and of the example overlay
-// are created with a server-side dry run and strict field validation, the PodMonitor and
-// PrometheusRule against the Prometheus Operator's own CRDs loaded into the apiserver. Then the
-// RBAC is proven: the overlay's ServiceAccount, ClusterRole and ClusterRoleBinding are created
-// for real, the exporter runs in the lab node with that ServiceAccount's token, and its API
-// view becomes fresh and its drift check succeeds; with the ClusterRole lacking list on
-// EndpointSlices it never becomes fresh. Without watch it should not either; it does today
-// (the subtest skips and says so).
+// TestDeployManifests validates deploy/ and charts/proxyhealth against the lab's real
+// kube-apiserver (v1.36): the kustomize renderings (krusty, as `kubectl kustomize`) of the base
+// and of the example overlay, and the chart rendered with each of its ci/ values files, are
+// created with a server-side dry run and strict field validation, the monitors and
+// PrometheusRule against the Prometheus Operator's own CRDs loaded into the apiserver. The
+// chart is then installed, upgraded and uninstalled for real (testHelmRelease). Then the RBAC
+// is proven: the overlay's ServiceAccount, ClusterRole and ClusterRoleBinding are created for
+// real, the exporter runs in the lab node with that ServiceAccount's token, and its API view
+// becomes fresh and its drift check succeeds; with the ClusterRole lacking list or watch on
+// EndpointSlices it never becomes fresh.
 func TestDeployManifests(t *testing.T) {
 	requireKube(t)
 	requireExporter(t)
 	tool := deployTool(t)
-	overlay := decodeObjects(t, tool("render", "../../deploy/overlays/example"))
-	base := decodeObjects(t, tool("render", "../../deploy/base"))
-	crds := decodeObjects(t, tool("crds"))
+	overlay := decodeObjects(t, tool.Run("render", "../../deploy/overlays/example"))
+	base := decodeObjects(t, tool.Run("render", "../../deploy/base"))
+	crds := decodeObjects(t, tool.Run("crds"))
 
 	kinds := map[string]*unstructured.Unstructured{}
 	for _, o := range overlay {
@@ -264,7 +288,7 @@ func TestDeployManifests(t *testing.T) {
 		}
 		created := map[string]bool{ns: true}
 		for _, f := range files {
-			objs := decodeObjects(t, tool("template", "../../charts/proxyhealth", "proxyhealth", ns, f))
+			objs := decodeObjects(t, tool.Run("template", "../../charts/proxyhealth", "proxyhealth", ns, f))
 			for _, o := range objs {
 				if n := o.GetNamespace(); n != "" && !created[n] {
 					nsObj := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": n}}}
@@ -280,6 +304,9 @@ func TestDeployManifests(t *testing.T) {
 			t.Logf("%s: %d objects accepted", filepath.Base(f), len(objs))
 		}
 	})
+
+	// The chart installed, upgraded and uninstalled for real, as the helm CLI does.
+	t.Run("helm_release", func(t *testing.T) { testHelmRelease(t, cp, c, tool) })
 
 	t.Run("rbac_view_fresh", func(t *testing.T) {
 		for _, k := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding"} {
