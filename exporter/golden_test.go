@@ -28,6 +28,8 @@ import (
 	"github.com/proxyhealth/proxyhealth/collectors/node"
 	"github.com/proxyhealth/proxyhealth/collectors/rules"
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
+	"github.com/proxyhealth/proxyhealth/internal/nodecondition"
+	"github.com/proxyhealth/proxyhealth/internal/verdict"
 )
 
 var update = flag.Bool("update", false, "rewrite "+goldenScrape+" from this run (go test ./exporter -run Golden -update)")
@@ -118,6 +120,13 @@ func TestGoldenScrape(t *testing.T) {
 	}
 	registry := newRegistry(newCollectorSet(built, logger), true)
 	registry.MustRegister(cluster.NewHealthCollector(view))
+	// --node-conditions' series, after its first round on a healthy node.
+	conditions, err := nodecondition.New(acceptingAPI{}, nodecondition.Config{NodeName: "lab-node", HeartbeatInterval: 5 * time.Minute}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conditions.Publish(context.Background(), verdict.Report{Node: "lab-node", Verdict: verdict.Healthy})
+	registry.MustRegister(conditions)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup

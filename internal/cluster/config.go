@@ -105,3 +105,13 @@ func (c *Config) loadRestConfig() (*rest.Config, error) {
 	}
 	return cfg, nil
 }
+
+// RESTConfig is the API server connection the view uses (--kubeconfig, in-cluster, or
+// $KUBECONFIG), for other clients of the same API: a copy, which they may change.
+func (c *Config) RESTConfig() (*rest.Config, error) {
+	cfg, err := c.restConfig()
+	if err != nil {
+		return nil, err
+	}
+	return rest.CopyConfig(cfg), nil
+}
