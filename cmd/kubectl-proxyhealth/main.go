@@ -9,6 +9,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -21,6 +22,7 @@ import (
 	"github.com/prometheus/common/version"
 	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -219,8 +221,40 @@ func (o *options) proxyReader(core corev1client.CoreV1Interface) statusReader {
 		}
 		body, err := core.Pods(pod.Namespace).ProxyGet(scheme, pod.Name, port, "status", nil).DoRaw(ctx)
 		if err != nil {
+			if detail := proxyErrorDetail(err, body); detail != "" {
+				return nil, fmt.Errorf("GET /status through the pod proxy: %s", detail)
+			}
 			return nil, fmt.Errorf("GET /status through the pod proxy: %w", err)
 		}
 		return body, nil
 	}
+}
+
+// proxyErrorDetail digs out why the pod proxy failed (the pod unreachable: "error trying to
+// reach service: dial tcp ...: connection refused"), which client-go's error leaves in the
+// response body (a Status, or text) or the status's causes rather than in its message; "" when
+// there is nothing more than the message.
+func proxyErrorDetail(err error, body []byte) string {
+	var st metav1.Status
+	text := strings.TrimSpace(string(body))
+	if json.Unmarshal(body, &st) == nil && st.Kind == "Status" {
+		text = st.Message
+	}
+	if text == "" {
+		if status, ok := err.(apierrors.APIStatus); ok && status.Status().Details != nil {
+			for _, c := range status.Status().Details.Causes {
+				if m := strings.TrimSpace(c.Message); m != "" && m != "unknown" {
+					text = m
+					break
+				}
+			}
+		}
+	}
+	if text == "" || strings.Contains(err.Error(), text) {
+		return ""
+	}
+	if status, ok := err.(apierrors.APIStatus); ok && status.Status().Code != 0 {
+		return fmt.Sprintf("HTTP %d: %s", status.Status().Code, text)
+	}
+	return text
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/proxyhealth/proxyhealth/internal/verdict"
@@ -280,5 +281,28 @@ func TestFlags(t *testing.T) {
 	}
 	if code := run(context.Background(), []string{"--help"}, io.Discard, io.Discard); code != exitHealthy {
 		t.Errorf("--help: exit %d", code)
+	}
+}
+
+func TestProxyErrorDetail(t *testing.T) {
+	unavailable := &apierrors.StatusError{ErrStatus: metav1.Status{Code: 503, Message: "the server is currently unable to handle the request",
+		Details: &metav1.StatusDetails{Causes: []metav1.StatusCause{{Type: metav1.CauseTypeUnexpectedServerResponse, Message: "unknown"}}}}}
+	refused := "error trying to reach service: dial tcp 172.18.0.3:19877: connect: connection refused"
+	status, _ := json.Marshal(metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}, Code: 503, Message: refused})
+	for _, tc := range []struct {
+		body []byte
+		want string
+	}{
+		{[]byte(refused + "\n"), "HTTP 503: " + refused},
+		{status, "HTTP 503: " + refused},
+		{nil, ""},
+	} {
+		if got := proxyErrorDetail(unavailable, tc.body); got != tc.want {
+			t.Errorf("body %q: %q, want %q", tc.body, got, tc.want)
+		}
+	}
+	forbidden := apierrors.NewForbidden(corev1.Resource("pods/proxy"), "proxyhealth-a", errors.New("no RBAC"))
+	if got := proxyErrorDetail(forbidden, nil); got != "" {
+		t.Errorf("forbidden: %q, want nothing beyond the error's message", got)
 	}
 }

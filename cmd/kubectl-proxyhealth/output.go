@@ -146,8 +146,8 @@ func orDash(s string) string {
 // oneLine keeps an error on its table row: an API server's error may carry the response body.
 func oneLine(s string) string {
 	s = strings.Join(strings.Fields(s), " ")
-	if len(s) > 200 {
-		s = s[:197] + "..."
+	if len(s) > 300 {
+		s = s[:297] + "..."
 	}
 	return s
 }
