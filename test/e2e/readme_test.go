@@ -54,6 +54,10 @@ func testScrapeMatchesReadme(t *testing.T, s Scrape) {
 		"proxyhealth_kubeproxy_sync_failures_total":               true,
 		"proxyhealth_kubeproxy_invalid_dropped_packets_total":     true,
 		"proxyhealth_kubeproxy_healthy":                           true,
+		// Served with --node-conditions only (TestVerdictStaleRules).
+		"proxyhealth_node_condition_patches_total":      true,
+		"proxyhealth_node_condition_last_patch_success": true,
+		"proxyhealth_node_events_total":                 true,
 	}
 	for name := range ref {
 		if _, ok := s[name]; !ok && !strings.Contains(name, "_unlisted") && !conditional[name] {

@@ -361,6 +361,18 @@ func TestVerdictStaleRules(t *testing.T) {
 	if pcode != 0 || !regexp.MustCompile(`(?m)^lab-node\s+healthy\s+-\s+-$`).MatchString(out) {
 		t.Errorf("kubectl proxyhealth after healing: exit %d, want 0\n%s%s", pcode, out, perr)
 	}
+	// The publisher's own series: three patches at least (True, False, True), three Events
+	// sent (Node, Service, recovery), no error.
+	s := e.Scrape(t)
+	checkScrapeSignatures(t, s, readmeReference(t))
+	if ok, errs, sent, evErrs, last := s.Sum("proxyhealth_node_condition_patches_total", map[string]string{"result": "success"}),
+		s.Sum("proxyhealth_node_condition_patches_total", map[string]string{"result": "error"}),
+		s.Sum("proxyhealth_node_events_total", map[string]string{"result": "sent"}),
+		s.Sum("proxyhealth_node_events_total", map[string]string{"result": "error"}),
+		s.Sum("proxyhealth_node_condition_last_patch_success", nil); ok < 3 || errs != 0 || sent != 3 || evErrs != 0 || last != 1 {
+		t.Errorf("node condition series: patches %v ok %v failed, events %v sent %v failed, last patch success %v\n%s\n%s", ok, errs, sent, evErrs, last,
+			s.Series("proxyhealth_node_condition_patches_total"), s.Series("proxyhealth_node_events_total"))
+	}
 }
 
 // diagnoseDuring runs diagnose in the lab's node namespace over window while during runs (after
