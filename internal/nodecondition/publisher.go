@@ -56,6 +56,9 @@ type Publisher struct {
 	events *eventLimiter
 
 	read       bool   // the Node's condition as found at start-up was read
+	// toldReason is the reason of a False condition found at start-up: its findings were told
+	// by the exporter that ran before (a restart, a rollout), and are not told again.
+	toldReason string
 	published  *state // the condition as last patched, or as found; nil when unknown
 	transition time.Time
 	lastPatch  time.Time // last successful patch (or the heartbeat found at start-up)
@@ -168,6 +171,9 @@ func (p *Publisher) readCondition(ctx context.Context) {
 		if c.Type == ConditionType {
 			p.published = &state{status: c.Status, reason: c.Reason, message: c.Message}
 			p.transition, p.lastPatch = c.LastTransitionTime.Time, c.LastHeartbeatTime.Time
+			if c.Status == corev1.ConditionFalse {
+				p.toldReason = c.Reason
+			}
 			return
 		}
 	}
@@ -241,20 +247,20 @@ func (p *Publisher) emitEvents(ctx context.Context, rep verdict.Report, want sta
 		}
 		k := keyOf(f)
 		current[k] = struct{}{}
-		if _, seen := p.critical[k]; seen {
+		reason, msg := Reason(f.Cause), truncate(f.Summary, maxMessage)
+		if _, seen := p.critical[k]; seen || reason == p.toldReason {
 			continue
 		}
-		reason, msg := Reason(f.Cause), truncate(f.Summary, maxMessage)
 		p.event(ctx, p.nodeRef(), k.service, corev1.EventTypeWarning, reason, msg)
 		if f.Cause == verdict.StaleRules && f.Service != nil {
 			p.event(ctx, p.serviceRef(ctx, f.Service.Namespace, f.Service.Name), k.service, corev1.EventTypeWarning, reason,
 				truncate(fmt.Sprintf("On node %s: %s", p.cfg.NodeName, f.Summary), maxMessage))
 		}
 	}
-	if len(p.critical) > 0 && len(current) == 0 {
+	if (len(p.critical) > 0 || p.toldReason != "") && len(current) == 0 {
 		p.event(ctx, p.nodeRef(), "", corev1.EventTypeNormal, ReasonHealthy, "No critical finding any more: "+want.message)
 	}
-	p.critical = current
+	p.critical, p.toldReason = current, ""
 }
 
 // nodeRef refers to the Node as the kubelet does (its UID is its name), which is what

@@ -314,6 +314,37 @@ func TestPublisherKeepsTheTransitionAcrossRestarts(t *testing.T) {
 	}
 }
 
+func TestPublisherDoesNotRetellAfterARestart(t *testing.T) {
+	l := newLab(t, Config{HeartbeatInterval: 5 * time.Minute, EventInterval: 10 * time.Minute})
+	since := l.now.Add(-20 * time.Minute)
+	n, _ := l.client.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+	n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: ConditionType, Status: corev1.ConditionFalse, Reason: "StaleRules",
+		Message: "backend stale.", LastTransitionTime: metav1.NewTime(since), LastHeartbeatTime: metav1.NewTime(l.now.Add(-time.Minute))})
+	if _, err := l.client.CoreV1().Nodes().UpdateStatus(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	bridge := verdict.Finding{Cause: verdict.BridgeNetfilterOff, Severity: verdict.Critical, Summary: "bridge netfilter is off."}
+	// The previous run told the stale rules; bridge netfilter is news.
+	l.publish(report(staleFinding(backend, "backend stale."), bridge))
+	c, _ := l.condition()
+	ev := l.events("default")
+	if len(ev) != 1 || ev[0].Reason != "BridgeNetfilterOff" || len(l.events("lab")) != 0 {
+		t.Errorf("after a restart: %+v", ev)
+	}
+	if c.Status != corev1.ConditionFalse || !c.LastTransitionTime.Time.Equal(since) {
+		t.Errorf("after a restart: %+v", c)
+	}
+	// Cleared: told, with the transition.
+	l.now = l.now.Add(10 * time.Second)
+	l.publish(report())
+	c, _ = l.condition()
+	ev = l.events("default")
+	recovered := slices.IndexFunc(ev, func(e corev1.Event) bool { return e.Reason == "ProxyHealthy" && e.Type == corev1.EventTypeNormal })
+	if c.Status != corev1.ConditionTrue || !c.LastTransitionTime.Time.Equal(l.now) || len(ev) != 2 || recovered < 0 {
+		t.Errorf("cleared after a restart: %+v, events %+v", c, ev)
+	}
+}
+
 func TestPublisherDegradesWhenTheAPIRefuses(t *testing.T) {
 	l := newLab(t, Config{HeartbeatInterval: 5 * time.Minute, RetryInterval: 30 * time.Second})
 	forbidden := errors.New(`nodes "worker-3" is forbidden: User "system:serviceaccount:monitoring:proxyhealth" cannot patch resource "nodes/status"`)
