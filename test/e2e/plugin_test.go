@@ -127,11 +127,17 @@ func (cp *ControlPlane) pluginKubeconfig() string {
 	return cp.tokenKubeconfig(t, exporterNamespace, "oncall", "oncall.kubeconfig", apiserverAddr)
 }
 
-// pluginRun runs kubectl-proxyhealth (in the node namespace, where the apiserver listens) and
-// returns its stdout, stderr and exit code.
+// pluginRun runs kubectl-proxyhealth -n monitoring (in the node namespace, where the apiserver
+// listens) and returns its stdout, stderr and exit code.
 func pluginRun(t *testing.T, cp *ControlPlane, kubeconfig string, args ...string) (string, string, int) {
 	t.Helper()
-	cmd := exec.Command("ip", append([]string{"netns", "exec", cp.Lab.Node, pluginBin, "--kubeconfig=" + kubeconfig, "-n", exporterNamespace}, args...)...)
+	return pluginRunIn(t, cp, kubeconfig, append([]string{"-n", exporterNamespace}, args...)...)
+}
+
+// pluginRunIn runs kubectl-proxyhealth with args alone.
+func pluginRunIn(t *testing.T, cp *ControlPlane, kubeconfig string, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command("ip", append([]string{"netns", "exec", cp.Lab.Node, pluginBin, "--kubeconfig=" + kubeconfig}, args...)...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()

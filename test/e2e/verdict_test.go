@@ -180,6 +180,12 @@ func TestVerdictStaleRules(t *testing.T) {
 		fleet.Nodes[0].Verdict != "healthy" || len(fleet.Nodes[0].Causes) != 0 {
 		t.Errorf("kubectl proxyhealth -o json on a healthy node: exit %d\n%s%s", pcode, out, perr)
 	}
+	// Bound in the exporters' namespace only, the engineer must say which: listing pods
+	// everywhere is refused, and said so.
+	if out, perr, pcode := pluginRunIn(t, cp, oncall); pcode != 3 || out != "" ||
+		!strings.Contains(perr, `listing the exporter pods (selector app.kubernetes.io/name=proxyhealth in all namespaces): pods is forbidden`) {
+		t.Errorf("kubectl proxyhealth without -n, bound in %s only: exit %d, want 3\n%s%s", exporterNamespace, pcode, out, perr)
+	}
 	// A second node whose exporter cannot be reached: listed with the error, and the fleet is
 	// no longer known healthy.
 	cp.registerExporterPod("proxyhealth-node-b", "node-b", unreachablePodIP, verdictExporterPort)
