@@ -55,7 +55,7 @@ type Publisher struct {
 	now    func() time.Time
 	events *eventLimiter
 
-	read       bool   // the Node's condition as found at start-up was read
+	read bool // the Node's condition as found at start-up was read
 	// toldReason is the reason of a False condition found at start-up: its findings were told
 	// by the exporter that ran before (a restart, a rollout), and are not told again.
 	toldReason string
