@@ -50,14 +50,14 @@ Flags:
 
 // options are the plugin's own flags.
 type options struct {
-	selector  string
-	port      string
-	scheme    string
-	service   string
-	output    string
-	timeout   time.Duration
-	parallel  int
-	kubeFlags clientcmd.ClientConfig
+	selector     string
+	port         string
+	scheme       string
+	service      string
+	output       string
+	timeout      time.Duration
+	parallel     int
+	clientConfig clientcmd.ClientConfig
 	// namespace is --namespace: only an explicit one narrows the search (the exporters live
 	// in a namespace of their own, rarely the context's); "" is every namespace.
 	namespace string
@@ -139,7 +139,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 			return nil, err
 		}
 	}
-	o.kubeFlags = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides)
+	o.clientConfig = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides)
 	o.namespace = overrides.Context.Namespace
 	return o, nil
 }
@@ -153,7 +153,7 @@ func splitService(s string) (namespace, name string, err error) {
 }
 
 func (o *options) run(ctx context.Context, stdout io.Writer) (int, error) {
-	cfg, err := o.kubeFlags.ClientConfig()
+	cfg, err := o.clientConfig.ClientConfig()
 	if err != nil {
 		return exitCannotRun, fmt.Errorf("kubeconfig: %w", err)
 	}
