@@ -26,12 +26,17 @@ ifeq ($(notdir $(firstword $(CONTAINER_ENGINE))),podman)
 IMAGE_ENGINE_FLAGS ?= --layers=false --ulimit nofile=$$(ulimit -Hn):$$(ulimit -Hn) --build-arg TARGETOS=linux
 endif
 
-.PHONY: all build run image image-binaries cross test test-all vet unit kube alerts dashboards deploy-check deploy-generate e2e bench-smoke
+.PHONY: all build plugin run image image-binaries cross test test-all vet unit kube alerts dashboards deploy-check deploy-generate e2e bench-smoke
 
 all: build
 
 build:
 	CGO_ENABLED=0 $(GO) build $(BUILDFLAGS) -o proxyhealth .
+
+# The kubectl plugin, for this machine (GOOS/GOARCH for another): put kubectl-proxyhealth on PATH
+# and run `kubectl proxyhealth`.
+plugin:
+	CGO_ENABLED=0 $(GO) build $(BUILDFLAGS) -o kubectl-proxyhealth ./cmd/kubectl-proxyhealth
 
 # What the image holds, in $(OUT): proxyhealth for GOOS/GOARCH (default this machine's) and
 # setfcap, which sets its file capabilities during the image build, for this machine. The
@@ -49,11 +54,17 @@ image:
 		--build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) -t $(IMAGE) -f Dockerfile $(IMAGE_CONTEXT)
 	@$(CONTAINER_ENGINE) image inspect --format '$(IMAGE): {{.Size}} bytes' $(IMAGE)
 
-# The exporter and setfcap build for every platform of CROSS_PLATFORMS (CI: linux/arm64 too).
+# The exporter and setfcap build for every platform of CROSS_PLATFORMS (CI: linux/arm64 too), the
+# kubectl plugin for the engineers' machines of PLUGIN_PLATFORMS (linux/amd64: the e2e lab runs it).
+PLUGIN_PLATFORMS ?= darwin/arm64 windows/amd64
 cross:
 	@set -e; for p in $(CROSS_PLATFORMS); do \
 		echo "GOOS=$${p%/*} GOARCH=$${p#*/}"; \
 		CGO_ENABLED=0 GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) build $(IMAGE_BUILDFLAGS) -o /dev/null . ./internal/capability/setfcap; \
+	done
+	@set -e; for p in $(PLUGIN_PLATFORMS); do \
+		echo "kubectl-proxyhealth GOOS=$${p%/*} GOARCH=$${p#*/}"; \
+		CGO_ENABLED=0 GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) build $(IMAGE_BUILDFLAGS) -o /dev/null ./cmd/kubectl-proxyhealth; \
 	done
 
 # deploy/ and charts/: the PrometheusRule is generated from alerts/proxyhealth.rules.yml, and the

@@ -42,9 +42,10 @@ func Main(args []string) int {
 	var srv serverFlags
 	srv.addFlags(app)
 	var (
-		webConfig = webflag.AddFlags(app, DefaultListenAddress)
-		paths     = addPathFlags(app)
-		statusCfg = addStatusFlags(app)
+		webConfig  = webflag.AddFlags(app, DefaultListenAddress)
+		paths      = addPathFlags(app)
+		statusCfg  = addStatusFlags(app)
+		conditions = addNodeConditionsFlags(app)
 	)
 	regs, api, host := registrations(app, paths)
 	promslogConfig := &promslog.Config{}
@@ -73,6 +74,10 @@ func Main(args []string) int {
 	}
 	if statusCfg.Window <= 0 {
 		fmt.Fprintln(os.Stderr, "proxyhealth: --status.window must be positive")
+		return 2
+	}
+	if err := conditions.validate(); err != nil {
+		fmt.Fprintf(os.Stderr, "proxyhealth: %v\n", err)
 		return 2
 	}
 	logger := promslog.New(promslogConfig)
@@ -151,6 +156,11 @@ func Main(args []string) int {
 	if api.view != nil {
 		// The view's own health, whichever of its users are switched on.
 		registry.MustRegister(cluster.NewHealthCollector(api.view))
+	}
+	if conditions.Enabled {
+		if pub := startNodeConditions(ctx, conditions, api, judge, logger); pub != nil {
+			registry.MustRegister(pub)
+		}
 	}
 
 	// One collection shortly after start-up (background work has had its first try by then),

@@ -29,6 +29,8 @@ import (
 	"github.com/proxyhealth/proxyhealth/collectors/rules"
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
 	"github.com/proxyhealth/proxyhealth/internal/kubeauth"
+	"github.com/proxyhealth/proxyhealth/internal/nodecondition"
+	"github.com/proxyhealth/proxyhealth/internal/verdict"
 	authenticationv1 "k8s.io/api/authentication/v1"
 )
 
@@ -143,6 +145,13 @@ func testGoldenScrape(t *testing.T, g golden) {
 	built := map[string]phcollectors.Collector{conntrack.Name: conntrackC, node.Name: nodeC, rules.Name: rulesC, kubeproxy.Name: kubeproxyC}
 	registry := newRegistry(newCollectorSet(built, logger), true)
 	registry.MustRegister(cluster.NewHealthCollector(view))
+	// --node-conditions' series, after its first round on a healthy node.
+	conditions, err := nodecondition.New(acceptingAPI{}, nodecondition.Config{NodeName: "lab-node", HeartbeatInterval: 5 * time.Minute}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conditions.Publish(context.Background(), verdict.Report{Node: "lab-node", Verdict: verdict.Healthy})
+	registry.MustRegister(conditions)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/alecthomas/kingpin/v2"
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,6 +17,7 @@ import (
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
 	"github.com/proxyhealth/proxyhealth/internal/kubeauth"
 	"github.com/proxyhealth/proxyhealth/internal/metricsref"
+	"github.com/proxyhealth/proxyhealth/internal/nodecondition"
 )
 
 func readmeMetrics(t *testing.T) map[string]metricsref.Metric {
@@ -61,6 +63,11 @@ func describedMetrics(t *testing.T) map[string]string {
 		c.Describe(ch)
 	}
 	host.source.Describe(ch)
+	pub, err := nodecondition.New(nil, nodecondition.Config{NodeName: "node", HeartbeatInterval: time.Minute}, promslog.NewNopLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub.Describe(ch)
 	cluster.NewHealthCollector(api.view).Describe(ch)
 	auth, err := kubeauth.New(kubeauth.Config{}, nil, promslog.NewNopLogger())
 	if err != nil {

@@ -81,12 +81,6 @@ func (c *Config) restConfig() (*rest.Config, error) {
 	return cfg, nil
 }
 
-// RESTConfig is the API server and credentials the view uses, for the exporter's other
-// clients of the same API server (the scrape auth's reviews).
-func (c *Config) RESTConfig() (*rest.Config, error) {
-	return c.restConfig()
-}
-
 func (c *Config) loadRestConfig() (*rest.Config, error) {
 	if c.Kubeconfig != "" {
 		cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
@@ -110,4 +104,15 @@ func (c *Config) loadRestConfig() (*rest.Config, error) {
 		return nil, fmt.Errorf("loading $KUBECONFIG %s: %w", path, err)
 	}
 	return cfg, nil
+}
+
+// RESTConfig is the API server connection the view uses (--kubeconfig, in-cluster, or
+// $KUBECONFIG), for the exporter's other clients of the same API server (the scrape auth's
+// reviews, the Node condition): a copy, which they may change.
+func (c *Config) RESTConfig() (*rest.Config, error) {
+	cfg, err := c.restConfig()
+	if err != nil {
+		return nil, err
+	}
+	return rest.CopyConfig(cfg), nil
 }

@@ -108,7 +108,9 @@ func typed(t *testing.T, objs []object) {
 	}
 }
 
-// byKind indexes objects by kind; a kind rendered twice fails (except ConfigMaps). The RBAC
+// byKind indexes objects by kind, and those of an optional component (label
+// app.kubernetes.io/component other than the exporter's "metrics": node-conditions,
+// kubectl-plugin) by kind/component; a key rendered twice fails (except ConfigMaps). The RBAC
 // that lets Prometheus get /metrics (a ClusterRole and binding named *-metrics-reader) is
 // indexed apart, as "ClusterRole/metrics-reader" and "ClusterRoleBinding/metrics-reader".
 func byKind(t *testing.T, objs []object) map[string]object {
@@ -118,6 +120,8 @@ func byKind(t *testing.T, objs []object) map[string]object {
 		key := o.Kind
 		if strings.HasSuffix(o.Name, metricsReaderSuffix) {
 			key += "/metrics-reader"
+		} else if c := o.Labels["app.kubernetes.io/component"]; c != "" && c != "metrics" {
+			key += "/" + c
 		}
 		if _, dup := m[key]; dup && o.Kind != "ConfigMap" {
 			t.Fatalf("two %s objects", key)
@@ -146,6 +150,76 @@ func hasRules(have, want []rbacv1.PolicyRule) bool {
 		}
 	}
 	return true
+}
+
+// shippedRules reads the rules of a ClusterRole of deploy/.
+func shippedRules(t *testing.T, file string) []rbacv1.PolicyRule {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(root, file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var role rbacv1.ClusterRole
+	if err := yaml.UnmarshalStrict(b, &role); err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	return role.Rules
+}
+
+// checkComponents checks the optional components' objects, rendered by the chart or kustomize:
+// the DaemonSet runs with --node-conditions, the node-conditions ClusterRole (the rules of
+// deploy/components/node-conditions) is bound to the exporter's ServiceAccount, and the
+// kubectl plugin's ClusterRole has deploy/components/kubectl-plugin's rules.
+func checkComponents(t *testing.T, k map[string]object) {
+	t.Helper()
+	var ds appsv1.DaemonSet
+	k["DaemonSet"].decodeStrict(t, &ds)
+	if !slices.Contains(ds.Spec.Template.Spec.Containers[0].Args, "--node-conditions") {
+		t.Errorf("args %q: no --node-conditions", ds.Spec.Template.Spec.Containers[0].Args)
+	}
+	var role, plugin rbacv1.ClusterRole
+	var binding rbacv1.ClusterRoleBinding
+	var sa corev1.ServiceAccount
+	k["ClusterRole/node-conditions"].decodeStrict(t, &role)
+	k["ClusterRoleBinding/node-conditions"].decodeStrict(t, &binding)
+	k["ClusterRole/kubectl-plugin"].decodeStrict(t, &plugin)
+	k["ServiceAccount"].decodeStrict(t, &sa)
+	if !slices.EqualFunc(role.Rules, shippedRules(t, "deploy/components/node-conditions/clusterrole.yaml"), rulesEqual) {
+		t.Errorf("node-conditions rules %+v", role.Rules)
+	}
+	want := []rbacv1.Subject{{Kind: "ServiceAccount", Name: sa.Name, Namespace: sa.Namespace}}
+	if binding.RoleRef.Name != role.Name || !slices.Equal(binding.Subjects, want) || sa.Namespace != ds.Namespace || sa.Namespace == "" {
+		t.Errorf("the node-conditions binding %+v -> %s does not bind %s to ServiceAccount %s/%s", binding.Subjects, binding.RoleRef.Name, role.Name, sa.Namespace, sa.Name)
+	}
+	if !slices.EqualFunc(plugin.Rules, shippedRules(t, "deploy/components/kubectl-plugin/clusterrole.yaml"), rulesEqual) {
+		t.Errorf("kubectl-plugin rules %+v", plugin.Rules)
+	}
+}
+
+func rulesEqual(a, b rbacv1.PolicyRule) bool {
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	return bytes.Equal(ja, jb)
+}
+
+// TestKustomizeComponents: an overlay in its own namespace with both optional components.
+func TestKustomizeComponents(t *testing.T) {
+	dir := t.TempDir()
+	deploy, err := filepath.Abs(filepath.Join(root, "deploy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(dir, deploy) // kustomize refuses absolute paths
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: monitoring\nresources:\n- %[1]s/base\ncomponents:\n- %[1]s/components/node-conditions\n- %[1]s/components/kubectl-plugin\n", rel)
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	objs := renderKustomize(t, dir)
+	typed(t, objs)
+	checkComponents(t, byKind(t, objs))
 }
 
 func renderChart(t *testing.T, release, namespace string, valuesFiles ...string) []object {
@@ -251,7 +325,7 @@ func TestChartLint(t *testing.T) {
 func TestChartTemplate(t *testing.T) {
 	checks := map[string]func(t *testing.T, objs []object, k map[string]object){
 		"default-values.yaml": func(t *testing.T, objs []object, k map[string]object) {
-			for _, kind := range []string{"PodMonitor", "ServiceMonitor", "PrometheusRule", "Service", "ConfigMap"} {
+			for _, kind := range []string{"PodMonitor", "ServiceMonitor", "PrometheusRule", "Service", "ConfigMap", "ClusterRole/node-conditions", "ClusterRole/kubectl-plugin"} {
 				if _, ok := k[kind]; ok {
 					t.Errorf("a %s by default", kind)
 				}
@@ -431,6 +505,16 @@ func TestChartTemplate(t *testing.T) {
 			srcs, _ := filepath.Glob(filepath.Join(root, sourceDashboards, "*.json"))
 			if dashboards != len(srcs) {
 				t.Errorf("%d dashboard ConfigMaps for %d dashboards", dashboards, len(srcs))
+			}
+		},
+		"node-conditions-values.yaml": func(t *testing.T, objs []object, k map[string]object) {
+			checkComponents(t, k)
+			var ds appsv1.DaemonSet
+			k["DaemonSet"].decodeStrict(t, &ds)
+			if args := ds.Spec.Template.Spec.Containers[0].Args; !slices.Contains(args, "--node-conditions.heartbeat-interval=2m") || slices.ContainsFunc(args, func(a string) bool {
+				return strings.HasPrefix(a, "--node-conditions.event-interval")
+			}) {
+				t.Errorf("args %q: want the heartbeat set, the event interval left to the default", args)
 			}
 		},
 		"external-rbac-values.yaml": func(t *testing.T, objs []object, k map[string]object) {

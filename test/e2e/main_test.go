@@ -26,6 +26,8 @@ var (
 	labtoolBin       string
 	exporterBin      string
 	exporterBuildErr error // the exporter may be mid-change; only its scenarios fail then
+	pluginBin        string
+	pluginBuildErr   error
 )
 
 func TestMain(m *testing.M) {
@@ -71,6 +73,11 @@ func testMain(m *testing.M) int {
 	if out, err := goBuild(root, exporterBin, "github.com/proxyhealth/proxyhealth"); err != nil {
 		exporterBuildErr = fmt.Errorf("building the exporter: %v\n%s", err, out)
 		fmt.Fprintln(os.Stderr, exporterBuildErr)
+	}
+	pluginBin = filepath.Join(dir, "kubectl-proxyhealth")
+	if out, err := goBuild(root, pluginBin, "./cmd/kubectl-proxyhealth"); err != nil {
+		pluginBuildErr = fmt.Errorf("building kubectl-proxyhealth: %v\n%s", err, out)
+		fmt.Fprintln(os.Stderr, pluginBuildErr)
 	}
 	return m.Run()
 }

@@ -58,6 +58,10 @@ func testScrapeMatchesReadme(t *testing.T, s Scrape) {
 		"proxyhealth_kubernetes_auth_requests_total":   true,
 		"proxyhealth_kubernetes_auth_reviews_total":    true,
 		"proxyhealth_kubernetes_auth_cache_hits_total": true,
+		// Served with --node-conditions only (TestVerdictStaleRules).
+		"proxyhealth_node_condition_patches_total":      true,
+		"proxyhealth_node_condition_last_patch_success": true,
+		"proxyhealth_node_events_total":                 true,
 	}
 	for name := range ref {
 		if _, ok := s[name]; !ok && !strings.Contains(name, "_unlisted") && !conditional[name] {

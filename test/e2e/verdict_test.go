@@ -4,13 +4,20 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os/exec"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/proxyhealth/proxyhealth/internal/verdict"
 )
@@ -119,14 +126,25 @@ func diagnose(t *testing.T, cp *ControlPlane, kubeconfig string, extra ...string
 // a one-shot `proxyhealth diagnose` name stale_rules for lab/backend:http with the exact stale
 // and missing addresses, explained by kube-proxy's watch failure from its log; a healthy node
 // gives verdict healthy and exit code 0, before and after.
+//
+// Along the way, the same verdict where else the engineer looks: the exporter's Node condition
+// ProxyHealthy and its Events (--node-conditions, with deploy/components/node-conditions'
+// RBAC), and `kubectl proxyhealth` reading /status through the apiserver's pod proxy (with
+// deploy/components/kubectl-plugin's RBAC), read back through the API.
 func TestVerdictStaleRules(t *testing.T) {
 	requireKube(t)
 	requireExporter(t)
+	requirePlugin(t)
 	l := newLabRules(t, labRawRules)
 	cp := StartControlPlane(t, l, ControlPlaneOptions{})
 	kubeconfig := cp.readOnlyKubeconfig("proxyhealth.kubeconfig", apiserverAddr)
+	cp.grantNodeConditions()
+	oncall := cp.pluginKubeconfig()
+	// The exporter also listens on the node's uplink address, the Pod IP the pod proxy dials.
 	e := l.StartExporter("proxyhealth", verdictExporterPort, nil,
-		append(driftExporterArgs(kubeconfig), append(kubeProxyExporterArgs(cp), "--status.window=1m")...)...)
+		append(driftExporterArgs(kubeconfig), append(kubeProxyExporterArgs(cp), "--status.window=1m",
+			"--node-conditions", "--web.listen-address="+uplinkN+":"+strconv.Itoa(verdictExporterPort))...)...)
+	cp.registerExporterPod("proxyhealth-lab", labNodeName, uplinkN, verdictExporterPort)
 	waitDriftSynced(t, e, cp)
 
 	const ns, name = "lab", "backend"
@@ -144,6 +162,37 @@ func TestVerdictStaleRules(t *testing.T) {
 	r, code, stderr := diagnose(t, cp, kubeconfig)
 	if code != 0 || r.Verdict != "healthy" || len(r.Findings) != 0 || r.Node != labNodeName {
 		t.Fatalf("diagnose on a healthy node: exit %d, report:\n%s\nstderr:\n%s", code, r.raw, stderr)
+	}
+
+	// The Node condition and the plugin agree.
+	waitFor(t, 30*time.Second, "node condition ProxyHealthy=True", func() (bool, string) {
+		c := cp.nodeCondition()
+		return c != nil && c.Status == corev1.ConditionTrue && c.Reason == "ProxyHealthy", describeCondition(c)
+	})
+	out, perr, pcode := pluginRun(t, cp, oncall)
+	if pcode != 0 || !regexp.MustCompile(`(?m)^lab-node\s+healthy\s+-\s+-$`).MatchString(out) {
+		t.Errorf("kubectl proxyhealth on a healthy node: exit %d\n%s%s", pcode, out, perr)
+	}
+	var fleet pluginNodes
+	out, perr, pcode = pluginRun(t, cp, oncall, "-o", "json")
+	parsePluginJSON(t, out, &fleet)
+	if pcode != 0 || len(fleet.Nodes) != 1 || fleet.Nodes[0].Node != labNodeName || fleet.Nodes[0].Pod != exporterNamespace+"/proxyhealth-lab" ||
+		fleet.Nodes[0].Verdict != "healthy" || len(fleet.Nodes[0].Causes) != 0 {
+		t.Errorf("kubectl proxyhealth -o json on a healthy node: exit %d\n%s%s", pcode, out, perr)
+	}
+	// Bound in the exporters' namespace only, the engineer must say which: listing pods
+	// everywhere is refused, and said so.
+	if out, perr, pcode := pluginRunIn(t, cp, oncall); pcode != 3 || out != "" ||
+		!strings.Contains(perr, `listing the exporter pods (selector app.kubernetes.io/name=proxyhealth in all namespaces): pods is forbidden`) {
+		t.Errorf("kubectl proxyhealth without -n, bound in %s only: exit %d, want 3\n%s%s", exporterNamespace, pcode, out, perr)
+	}
+	// A second node whose exporter cannot be reached: listed with the error, and the fleet is
+	// no longer known healthy.
+	cp.registerExporterPod("proxyhealth-node-b", "node-b", unreachablePodIP, verdictExporterPort)
+	out, perr, pcode = pluginRun(t, cp, oncall)
+	unreachable := regexp.MustCompile(`(?m)^node-b\s+unknown\s+-\s+error: GET /status through the pod proxy: .*connection refused.*\(monitoring/proxyhealth-node-b\)$`)
+	if pcode != 3 || !unreachable.MatchString(out) {
+		t.Errorf("kubectl proxyhealth with an unreachable exporter: exit %d, want 3\n%s%s", pcode, out, perr)
 	}
 
 	// Incident 3: kube-proxy's connection black-holed, the API moves on.
@@ -195,6 +244,61 @@ func TestVerdictStaleRules(t *testing.T) {
 		t.Errorf("/status: kube-proxy's side: %+v", kp)
 	}
 
+	// The Node condition, its Events, and the plugin.
+	var staleCondition *corev1.NodeCondition
+	waitFor(t, 30*time.Second, "node condition ProxyHealthy=False, reason StaleRules", func() (bool, string) {
+		staleCondition = cp.nodeCondition()
+		c := staleCondition
+		return c != nil && c.Status == corev1.ConditionFalse && c.Reason == "StaleRules", describeCondition(c)
+	})
+	if !strings.Contains(staleCondition.Message, "lab/backend:http (80/tcp)") ||
+		!strings.Contains(staleCondition.Message, "10 endpoints programmed, 11 in the API (3 missing, 2 stale)") {
+		t.Errorf("node condition message %q", staleCondition.Message)
+	}
+	t.Logf("node condition: %s", describeCondition(staleCondition))
+	backendSvc, err := cp.Client.CoreV1().Services(ns).Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 15*time.Second, "StaleRules Events on the Node and on lab/backend", func() (bool, string) {
+		nodeEvents, svcEvents := cp.eventsAbout("default", "Node", labNodeName), cp.eventsAbout(ns, "Service", name)
+		ok := len(nodeEvents) == 1 && nodeEvents[0].Reason == "StaleRules" && nodeEvents[0].Type == corev1.EventTypeWarning &&
+			len(svcEvents) == 1 && svcEvents[0].Reason == "StaleRules" && svcEvents[0].InvolvedObject.UID == backendSvc.UID &&
+			strings.Contains(svcEvents[0].Message, "On node "+labNodeName+": kube-proxy's rules for lab/backend:http")
+		return ok, fmt.Sprintf("node %+v\nservice %+v", nodeEvents, svcEvents)
+	})
+	out, perr, pcode = pluginRun(t, cp, oncall)
+	if pcode != 2 || !regexp.MustCompile(`(?m)^lab-node\s+broken\s+stale_rules\s+lab/backend:http \(80/tcp\)$`).MatchString(out) || !unreachable.MatchString(out) {
+		t.Errorf("kubectl proxyhealth during the incident: exit %d, want 2\n%s%s", pcode, out, perr)
+	}
+	t.Logf("kubectl proxyhealth during the incident:\n%s", out)
+	var bySvc struct {
+		Service string `json:"service"`
+		Nodes   []struct {
+			Node       string `json:"node"`
+			StaleRules []struct {
+				Service    verdict.Service `json:"service"`
+				Programmed int             `json:"programmed"`
+				Expected   int             `json:"expected"`
+				Missing    []string        `json:"missing"`
+				Stale      []string        `json:"stale"`
+			} `json:"stale_rules"`
+			Error string `json:"error"`
+		} `json:"nodes"`
+	}
+	out, perr, pcode = pluginRun(t, cp, oncall, "--service="+ns+"/"+name, "-o", "json")
+	parsePluginJSON(t, out, &bySvc)
+	if pcode != 2 || len(bySvc.Nodes) != 2 || bySvc.Nodes[0].Node != labNodeName || len(bySvc.Nodes[0].StaleRules) != 1 || bySvc.Nodes[1].Error == "" {
+		t.Errorf("kubectl proxyhealth --service: exit %d\n%s%s", pcode, out, perr)
+	} else if sr := bySvc.Nodes[0].StaleRules[0]; sr.Service != wantService || sr.Programmed != 10 || sr.Expected != 11 ||
+		!slices.Equal(sr.Missing, wantMissing) || !slices.Equal(sr.Stale, wantStale) {
+		t.Errorf("kubectl proxyhealth --service: %+v", sr)
+	}
+	out, _, _ = pluginRun(t, cp, oncall, "--service="+ns+"/"+name)
+	if !strings.Contains(out, "lab/backend: stale rules on 1 node, in step on 0 nodes, 1 unknown") {
+		t.Errorf("kubectl proxyhealth --service, text:\n%s", out)
+	}
+
 	// diagnose, once: the same finding, and the Service side by side.
 	r, code, stderr = diagnose(t, cp, kubeconfig, "--service="+ns+"/"+name)
 	if code != 2 {
@@ -244,6 +348,36 @@ func TestVerdictStaleRules(t *testing.T) {
 	r, code, stderr = diagnose(t, cp, kubeconfig)
 	if code != 0 || r.Verdict != "healthy" {
 		t.Errorf("diagnose after healing: exit %d, want 0:\n%s\nstderr:\n%s", code, r.raw, stderr)
+	}
+
+	// The condition clears, with a new transition, and the recovery is an Event.
+	waitFor(t, 30*time.Second, "node condition ProxyHealthy=True again", func() (bool, string) {
+		c := cp.nodeCondition()
+		return c != nil && c.Status == corev1.ConditionTrue && c.LastTransitionTime.After(staleCondition.LastTransitionTime.Time), describeCondition(c)
+	})
+	waitFor(t, 15*time.Second, "a Normal ProxyHealthy Event on the Node", func() (bool, string) {
+		evs := cp.eventsAbout("default", "Node", labNodeName)
+		return slices.ContainsFunc(evs, func(e corev1.Event) bool { return e.Reason == "ProxyHealthy" && e.Type == corev1.EventTypeNormal }), fmt.Sprint(evs)
+	})
+	zero := int64(0)
+	if err := cp.Client.CoreV1().Pods(exporterNamespace).Delete(context.Background(), "proxyhealth-node-b", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	out, perr, pcode = pluginRun(t, cp, oncall)
+	if pcode != 0 || !regexp.MustCompile(`(?m)^lab-node\s+healthy\s+-\s+-$`).MatchString(out) {
+		t.Errorf("kubectl proxyhealth after healing: exit %d, want 0\n%s%s", pcode, out, perr)
+	}
+	// The publisher's own series: three patches at least (True, False, True), three Events
+	// sent (Node, Service, recovery), no error.
+	s := e.Scrape(t)
+	checkScrapeSignatures(t, s, readmeReference(t))
+	if ok, errs, sent, evErrs, last := s.Sum("proxyhealth_node_condition_patches_total", map[string]string{"result": "success"}),
+		s.Sum("proxyhealth_node_condition_patches_total", map[string]string{"result": "error"}),
+		s.Sum("proxyhealth_node_events_total", map[string]string{"result": "sent"}),
+		s.Sum("proxyhealth_node_events_total", map[string]string{"result": "error"}),
+		s.Sum("proxyhealth_node_condition_last_patch_success", nil); ok < 3 || errs != 0 || sent != 3 || evErrs != 0 || last != 1 {
+		t.Errorf("node condition series: patches %v ok %v failed, events %v sent %v failed, last patch success %v\n%s\n%s", ok, errs, sent, evErrs, last,
+			s.Series("proxyhealth_node_condition_patches_total"), s.Series("proxyhealth_node_events_total"))
 	}
 }
 

@@ -37,12 +37,18 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
 {{- define "proxyhealth.labels" -}}
-helm.sh/chart: {{ include "proxyhealth.chart" . }}
-{{ include "proxyhealth.selectorLabels" . }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
-app.kubernetes.io/component: metrics
-{{- with .Values.commonLabels }}
+{{ include "proxyhealth.componentLabels" (list . "metrics") }}
+{{- end }}
+
+{{/* The labels of an object of one component: (list $ "node-conditions"). */}}
+{{- define "proxyhealth.componentLabels" -}}
+{{- $ := index . 0 }}
+helm.sh/chart: {{ include "proxyhealth.chart" $ }}
+{{ include "proxyhealth.selectorLabels" $ }}
+app.kubernetes.io/version: {{ $.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ $.Release.Service }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- with $.Values.commonLabels }}
 {{ toYaml . }}
 {{- end }}
 {{- end }}

@@ -1,0 +1,260 @@
+// Command kubectl-proxyhealth is a kubectl plugin (`kubectl proxyhealth` once it is on PATH):
+// from an engineer's machine it reads every proxyhealth exporter's verdict (GET /status)
+// through the API server's pod proxy and prints one line per node: its verdict, its causes and
+// its worst Service. With --service it shows which nodes have stale rules for that Service.
+//
+// It needs, in the API: list pods (in the exporters' namespace, or everywhere) and get
+// pods/proxy (deploy/components/kubectl-plugin, or the chart's kubectlPlugin.rbac).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/common/version"
+	"github.com/spf13/pflag"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/proxyhealth/proxyhealth/internal/buildinfo"
+)
+
+// defaultSelector matches the exporter pods of the Helm chart and of deploy/.
+const defaultSelector = "app.kubernetes.io/name=proxyhealth"
+
+const usage = `kubectl proxyhealth: the proxyhealth verdict of every node, read from each exporter's /status
+through the API server's pod proxy.
+
+Usage:
+  kubectl proxyhealth [flags]                          one line per node: verdict, causes, worst Service
+  kubectl proxyhealth --service=NAMESPACE/NAME [flags] the nodes with stale rules for that Service
+
+Exit code: 0 every node healthy; 1 only warnings; 2 a critical finding on some node (with
+--service: stale rules for it on some node); 3 it could not run, found no exporter, or could
+not read (or, with --service, judge) some node.
+
+Flags:
+`
+
+// options are the plugin's own flags.
+type options struct {
+	selector     string
+	port         string
+	scheme       string
+	service      string
+	output       string
+	timeout      time.Duration
+	parallel     int
+	clientConfig clientcmd.ClientConfig
+	// namespace is --namespace: only an explicit one narrows the search (the exporters live
+	// in a namespace of their own, rarely the context's); "" is every namespace.
+	namespace string
+	version   bool
+}
+
+func main() {
+	buildinfo.Set()
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	opts, err := parseFlags(args, stderr)
+	if errors.Is(err, pflag.ErrHelp) {
+		return exitHealthy
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "kubectl-proxyhealth: %v\n", err)
+		return exitCannotRun
+	}
+	if opts.version {
+		fmt.Fprintln(stdout, version.Print("kubectl-proxyhealth"))
+		return exitHealthy
+	}
+	code, err := opts.run(ctx, stdout)
+	if err != nil {
+		fmt.Fprintf(stderr, "kubectl-proxyhealth: %v\n", err)
+	}
+	return code
+}
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	fs := pflag.NewFlagSet("kubectl-proxyhealth", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o := &options{}
+	fs.StringVarP(&o.selector, "selector", "l", defaultSelector, "Label selector of the exporter pods.")
+	fs.StringVar(&o.port, "port", "metrics", "The exporters' port: a number, or the name of a container port.")
+	fs.StringVar(&o.scheme, "scheme", "http", "http, or https when the exporters serve TLS (--web.config.file); the API server does not verify their certificates.")
+	fs.StringVar(&o.service, "service", "", "NAMESPACE/NAME: show which nodes have stale rules for this Service, per port.")
+	fs.StringVarP(&o.output, "output", "o", "text", "Output format: text or json.")
+	fs.DurationVar(&o.timeout, "timeout", 15*time.Second, "Limit on reading one exporter's /status.")
+	fs.IntVar(&o.parallel, "parallel", 16, "Exporters read at once.")
+	fs.BoolVar(&o.version, "version", false, "Print the version and exit.")
+
+	// kubectl's connection flags: --kubeconfig, --context, --namespace/-n, --server, --token,
+	// --as, ...
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	fs.StringVar(&rules.ExplicitPath, "kubeconfig", "", "Path to the kubeconfig file to use.")
+	overrides := &clientcmd.ConfigOverrides{}
+	clientcmd.BindOverrideFlags(overrides, fs, clientcmd.RecommendedConfigOverrideFlags(""))
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q (see --help)", fs.Args())
+	}
+	switch {
+	case o.output != "text" && o.output != "json":
+		return nil, fmt.Errorf("--output %q: want text or json", o.output)
+	case o.scheme != "http" && o.scheme != "https":
+		return nil, fmt.Errorf("--scheme %q: want http or https", o.scheme)
+	case o.timeout <= 0:
+		return nil, errors.New("--timeout must be positive")
+	case o.parallel <= 0:
+		return nil, errors.New("--parallel must be positive")
+	}
+	if _, err := labels.Parse(o.selector); err != nil {
+		return nil, fmt.Errorf("--selector %q: %w", o.selector, err)
+	}
+	if o.service != "" {
+		if _, _, err := splitService(o.service); err != nil {
+			return nil, err
+		}
+	}
+	o.clientConfig = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides)
+	o.namespace = overrides.Context.Namespace
+	return o, nil
+}
+
+func splitService(s string) (namespace, name string, err error) {
+	namespace, name, ok := strings.Cut(s, "/")
+	if !ok || namespace == "" || name == "" || strings.Contains(name, "/") {
+		return "", "", fmt.Errorf("--service %q: want NAMESPACE/NAME", s)
+	}
+	return namespace, name, nil
+}
+
+func (o *options) run(ctx context.Context, stdout io.Writer) (int, error) {
+	cfg, err := o.clientConfig.ClientConfig()
+	if err != nil {
+		return exitCannotRun, fmt.Errorf("kubeconfig: %w", err)
+	}
+	cfg.UserAgent = "kubectl-proxyhealth"
+	core, err := corev1client.NewForConfig(cfg)
+	if err != nil {
+		return exitCannotRun, fmt.Errorf("the API client: %w", err)
+	}
+	namespace := o.namespace
+	pods, err := core.Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: o.selector})
+	if err != nil {
+		return exitCannotRun, fmt.Errorf("listing the exporter pods (%s): %w", where(namespace, o.selector), err)
+	}
+	if len(pods.Items) == 0 {
+		return exitCannotRun, fmt.Errorf("no exporter pods found (%s); set --namespace or --selector", where(namespace, o.selector))
+	}
+	nodes := readAll(ctx, pods.Items, o.proxyReader(core), o.parallel, o.timeout)
+	sortNodes(nodes)
+
+	if o.service != "" {
+		ns, name, _ := splitService(o.service)
+		svcNodes, err := forService(nodes, ns, name)
+		if err != nil {
+			return exitCannotRun, err
+		}
+		if o.output == "json" {
+			err = writeJSON(stdout, serviceJSON{Service: o.service, Nodes: svcNodes})
+		} else {
+			err = writeServiceText(stdout, o.service, svcNodes)
+		}
+		if err != nil {
+			return exitCannotRun, err
+		}
+		return serviceExitCode(svcNodes), nil
+	}
+	if o.output == "json" {
+		err = writeFleetJSON(stdout, nodes)
+	} else {
+		err = writeFleetText(stdout, nodes)
+	}
+	if err != nil {
+		return exitCannotRun, err
+	}
+	return exitCode(nodes), nil
+}
+
+func where(namespace, selector string) string {
+	if namespace == "" {
+		return "selector " + selector + " in all namespaces"
+	}
+	return "selector " + selector + " in namespace " + namespace
+}
+
+// proxyReader reads /status through the API server's pod proxy:
+// GET /api/v1/namespaces/NS/pods/[https:]NAME:PORT/proxy/status.
+func (o *options) proxyReader(core corev1client.CoreV1Interface) statusReader {
+	return func(ctx context.Context, pod *corev1.Pod) ([]byte, error) {
+		port, err := podPort(pod, o.port)
+		if err != nil {
+			return nil, err
+		}
+		scheme := ""
+		if o.scheme == "https" {
+			scheme = "https"
+		}
+		body, err := core.Pods(pod.Namespace).ProxyGet(scheme, pod.Name, port, "status", nil).DoRaw(ctx)
+		if err != nil {
+			if detail := proxyErrorDetail(err, body); detail != "" {
+				return nil, fmt.Errorf("GET /status through the pod proxy: %s", detail)
+			}
+			return nil, fmt.Errorf("GET /status through the pod proxy: %w", err)
+		}
+		return body, nil
+	}
+}
+
+// proxyErrorDetail digs out why the pod proxy failed (the pod unreachable: "error trying to
+// reach service: dial tcp ...: connection refused"), which client-go's error leaves in the
+// response body (a Status, or text) or the status's causes rather than in its message; "" when
+// there is nothing more than the message.
+func proxyErrorDetail(err error, body []byte) string {
+	var st metav1.Status
+	text := strings.TrimSpace(string(body))
+	if json.Unmarshal(body, &st) == nil && st.Kind == "Status" {
+		text = st.Message
+	}
+	if text == "" {
+		if status, ok := err.(apierrors.APIStatus); ok && status.Status().Details != nil {
+			for _, c := range status.Status().Details.Causes {
+				if m := strings.TrimSpace(c.Message); m != "" && m != "unknown" {
+					text = m
+					break
+				}
+			}
+		}
+	}
+	if text == "" || strings.Contains(err.Error(), text) {
+		return ""
+	}
+	if status, ok := err.(apierrors.APIStatus); ok && status.Status().Code != 0 {
+		return fmt.Sprintf("HTTP %d: %s", status.Status().Code, text)
+	}
+	return text
+}

@@ -1,0 +1,153 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/proxyhealth/proxyhealth/internal/verdict"
+)
+
+// fleetJSON is -o json without --service.
+type fleetJSON struct {
+	Nodes []nodeJSON `json:"nodes"`
+}
+
+type nodeJSON struct {
+	Node         string           `json:"node"`
+	Pod          string           `json:"pod"`
+	Verdict      verdict.Verdict  `json:"verdict,omitempty"`
+	Causes       []string         `json:"causes"`
+	WorstService *verdict.Service `json:"worst_service"`
+	Err          string           `json:"error,omitempty"`
+	// Status is the pod's whole /status document.
+	Status *verdict.Report `json:"status,omitempty"`
+}
+
+// serviceJSON is -o json with --service.
+type serviceJSON struct {
+	Service string        `json:"service"`
+	Nodes   []serviceNode `json:"nodes"`
+}
+
+func writeJSON(w io.Writer, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(b, '\n'))
+	return err
+}
+
+func writeFleetJSON(w io.Writer, nodes []nodeStatus) error {
+	out := fleetJSON{Nodes: make([]nodeJSON, 0, len(nodes))}
+	for _, n := range nodes {
+		j := nodeJSON{Node: n.Node, Pod: n.Pod, Causes: []string{}, Err: n.Err, Status: n.Report}
+		if n.Report != nil {
+			j.Verdict = n.Report.Verdict
+			if c := causes(n.Report); c != nil {
+				j.Causes = c
+			}
+			j.WorstService = worstService(n.Report)
+		}
+		out.Nodes = append(out.Nodes, j)
+	}
+	return writeJSON(w, out)
+}
+
+// writeFleetText prints one line per node (node, verdict, causes, worst service), problems
+// first, then a count per verdict.
+func writeFleetText(w io.Writer, nodes []nodeStatus) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tVERDICT\tCAUSES\tWORST SERVICE")
+	counts := map[string]int{}
+	for _, n := range nodes {
+		if n.Report == nil {
+			counts["unread"]++
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", orDash(n.Node), "unknown", "-", "error: "+oneLine(n.Err)+" ("+n.Pod+")")
+			continue
+		}
+		counts[string(n.Report.Verdict)]++
+		svc := "-"
+		if s := worstService(n.Report); s != nil {
+			svc = s.String()
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", orDash(n.Node), n.Report.Verdict, orDash(strings.Join(causes(n.Report), ",")), svc)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "\n%s: %d broken, %d degraded, %d healthy, %d not read\n",
+		plural(len(nodes), "node"), counts[string(verdict.Broken)], counts[string(verdict.Degraded)], counts[string(verdict.Healthy)], counts["unread"])
+	return err
+}
+
+// writeServiceText prints which nodes have stale rules for the Service, per port, then the
+// nodes where it could not be judged, then how many are fine.
+func writeServiceText(w io.Writer, service string, nodes []serviceNode) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	stale, fine := 0, 0
+	fmt.Fprintln(tw, "NODE\tSERVICE PORT\tPROGRAMMED\tIN API\tMISSING\tSTALE\tSINCE")
+	for _, n := range nodes {
+		switch {
+		case len(n.StaleRules) > 0:
+			stale++
+			for _, s := range n.StaleRules {
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\n", n.Node, s.Service, s.Programmed, s.Expected,
+					addrs(s.MissingCount, s.Missing), addrs(s.StaleCount, s.Stale), s.Since.UTC().Format("2006-01-02T15:04:05Z"))
+			}
+		case n.Err != "":
+			fmt.Fprintf(tw, "%s\t%s\n", orDash(n.Node), "unknown: "+oneLine(n.Err)+" ("+n.Pod+")")
+		case n.NotChecked != "":
+			fmt.Fprintf(tw, "%s\t%s\n", orDash(n.Node), "not checked: "+oneLine(n.NotChecked))
+		default:
+			fine++
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "\n%s: stale rules on %s, in step on %s, %d unknown\n",
+		service, plural(stale, "node"), plural(fine, "node"), len(nodes)-stale-fine)
+	return err
+}
+
+// addrs is a count with the addresses that fit: "3 (10.244.3.11:8080, ...)".
+func addrs(count int, list []string) string {
+	if count == 0 {
+		return "0"
+	}
+	const show = 3
+	shown := list[:min(len(list), show)]
+	s := strconv.Itoa(count) + " (" + strings.Join(shown, ", ")
+	if count > len(shown) {
+		s += ", ..."
+	}
+	return s + ")"
+}
+
+func plural(n int, one string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return strconv.Itoa(n) + " " + one + "s"
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// oneLine keeps an error on its table row: an API server's error may carry the response body.
+func oneLine(s string) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > 300 {
+		s = s[:297] + "..."
+	}
+	return s
+}
