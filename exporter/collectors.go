@@ -145,7 +145,7 @@ func registrations(app *kingpin.Application, paths *Paths) ([]registration, *api
 				if err != nil {
 					return nil, err
 				}
-				conntrackCfg.ProcPath, conntrackCfg.API, conntrackCfg.Rules = paths.ProcFS, view, rules
+				conntrackCfg.ProcPath, conntrackCfg.View, conntrackCfg.Rules = paths.ProcFS, view, rules
 				return conntrack.New(conntrackCfg, l)
 			}),
 		register(app, node.Name, "bridge netfilter sysctls, and whether a conntrack INVALID drop rule is on the forward path (reading the rules needs CAP_NET_ADMIN, and CAP_NET_RAW for iptables-legacy).",

@@ -120,7 +120,7 @@ func testGoldenScrape(t *testing.T, g golden) {
 	}
 	// The node's netfilter state, read once at checkedAt, shared as the exporter shares it.
 	host := g.rules(t, g.captureDir, checkedAt)
-	conntrackCfg.ProcPath, conntrackCfg.API, conntrackCfg.Rules, conntrackCfg.Kernel, conntrackCfg.Now = paths.ProcFS, view, host, kernel, clock.now
+	conntrackCfg.ProcPath, conntrackCfg.View, conntrackCfg.Rules, conntrackCfg.Kernel, conntrackCfg.Now = paths.ProcFS, view, host, kernel, clock.now
 	nodeCfg.ProcPath, nodeCfg.Rules = paths.ProcFS, host
 	rulesCfg.View, rulesCfg.Rules, rulesCfg.Now, rulesCfg.MinCheckGap = view, host, clock.now, 10*time.Millisecond
 	kubeproxyCfg.Now = clock.now

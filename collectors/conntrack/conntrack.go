@@ -37,9 +37,9 @@ const Name = "conntrack"
 // Config holds the collector's settings; AddFlags binds them to command-line flags.
 type Config struct {
 	ProcPath string // filled by the exporter from --path.procfs
-	// API is the exporter's view of the Kubernetes API, the preferred source of Service
+	// View is the exporter's view of the Kubernetes API, the preferred source of Service
 	// attribution; nil without one (kube-proxy's rules are read instead).
-	API cluster.View
+	View cluster.View
 	// Rules is the node's netfilter state, the source of Service attribution while there is
 	// no synced API view; nil leaves flows unattributed then.
 	Rules Rules
@@ -375,14 +375,14 @@ func (c *Collector) refreshViewLoop(ctx context.Context) {
 	}
 	reload()
 	for {
-		if c.cfg.API == nil || !c.cfg.API.Snapshot().Synced {
+		if c.cfg.View == nil || !c.cfg.View.Snapshot().Synced {
 			if m, changed := c.services.load(); changed {
 				fromRules, dirty = m, true
 			}
 		}
 		services, api := fromRules, false
-		if c.cfg.API != nil {
-			if snap := c.cfg.API.Snapshot(); snap.Synced {
+		if c.cfg.View != nil {
+			if snap := c.cfg.View.Snapshot(); snap.Synced {
 				if fromAPI == nil || snap.Generation != lastGen {
 					fromAPI, lastGen, dirty = apiServiceMap(snap), snap.Generation, true
 				}

@@ -90,7 +90,7 @@ func TestKernelAndClockFromConfig(t *testing.T) {
 		ClusterIPs: []netip.Addr{vip}, Port: 80,
 	}}}}
 	cfg := Config{ProcPath: "testdata/proc-full", TableStats: true, UnrepliedAfter: time.Second, MaxTrackedFlows: 10, MaxServiceSeries: 10, SocketBufferBytes: 1,
-		ServiceRefreshInterval: time.Hour, ResyncMinInterval: time.Hour, API: view, Kernel: k,
+		ServiceRefreshInterval: time.Hour, ResyncMinInterval: time.Hour, View: view, Kernel: k,
 		Now: func() time.Time { return time.Unix(0, clock.Load()) }}
 	c, err := New(cfg, promslog.NewNopLogger())
 	if err != nil {

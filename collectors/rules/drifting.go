@@ -53,10 +53,7 @@ type CheckSummary struct {
 // LastCheck returns the last drift check without waiting for one. Its drifting ports are left
 // out (and Checked is 0) when the API view is not fresh now, as in the metrics.
 func (c *Collector) LastCheck() CheckSummary {
-	fresh := false
-	if c.cfg.View != nil {
-		fresh = c.cfg.View.Snapshot().Fresh
-	}
+	fresh := c.cfg.View.Snapshot().Fresh
 	c.mu.Lock()
 	res := c.last
 	c.mu.Unlock()

@@ -48,7 +48,7 @@ type LaggingRules interface {
 
 // Config holds the collector's settings; AddFlags binds them to command-line flags.
 type Config struct {
-	View  cluster.View // the API view; nil when no API is configured
+	View  cluster.View // the API view (required)
 	Rules Rules        // the node's netfilter state
 
 	CheckInterval time.Duration
@@ -75,15 +75,18 @@ func (c *Config) AddFlags(app *kingpin.Application) {
 }
 
 func (c *Config) validate() error {
-	var noRules error
+	var noRules, noView error
 	if c.Rules == nil {
 		noRules = errors.New("rules collector: no netfilter reader")
+	}
+	if c.View == nil {
+		noView = errors.New("rules collector: no API view")
 	}
 	return errors.Join(
 		phcollectors.Positive("rules.check-interval", c.CheckInterval),
 		phcollectors.NotNegative("rules.grace-period", c.GracePeriod),
 		phcollectors.NotNegative("rules.max-service-series", c.MaxSeries),
-		noRules,
+		noRules, noView,
 	)
 }
 
@@ -160,17 +163,11 @@ func (c *Collector) Run(ctx context.Context) {
 	}
 }
 
-var errNoAPI = errors.New("no Kubernetes API view: drift cannot be checked (see --kubeconfig)")
-
 // check runs one comparison and publishes it. It returns when a difference seen now comes of
 // age (zero when none is pending), for Run to check again then, and whether it ran at all (not
 // before the rules' first read).
 func (c *Collector) check() (time.Time, bool) {
 	start := c.now()
-	if c.cfg.View == nil {
-		c.publish(&checkResult{at: start, err: errNoAPI})
-		return time.Time{}, true
-	}
 	snap := c.cfg.View.Snapshot()
 	st := c.cfg.Rules.State()
 	if st == nil {
@@ -292,21 +289,16 @@ func (c *Collector) Update(ch chan<- prometheus.Metric) error {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	var viewErr error
-	fresh := false
-	if c.cfg.View != nil {
-		snap := c.cfg.View.Snapshot()
-		fresh = snap.Fresh
-		if !snap.Fresh {
-			// A stale own view is its own signal, never a false "kube-proxy is stale".
-			viewErr = errors.New("the exporter's API view is not fresh, so drift is not reported")
-			if withErr, ok := c.cfg.View.(interface{ LastError() error }); ok {
-				if err := withErr.LastError(); err != nil {
-					viewErr = fmt.Errorf("%w: %w", viewErr, err)
-				}
+	snap := c.cfg.View.Snapshot()
+	fresh := snap.Fresh
+	if !snap.Fresh {
+		// A stale own view is its own signal, never a false "kube-proxy is stale".
+		viewErr = errors.New("the exporter's API view is not fresh, so drift is not reported")
+		if r, ok := c.cfg.View.(cluster.ErrorReporter); ok {
+			if err := r.LastError(); err != nil {
+				viewErr = fmt.Errorf("%w: %w", viewErr, err)
 			}
 		}
-	} else {
-		viewErr = errNoAPI
 	}
 
 	c.mu.Lock()

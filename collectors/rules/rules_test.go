@@ -265,3 +265,17 @@ func scrape(t *testing.T, c *Collector) *collectortest.Scrape {
 	s, _ := collectortest.Collect(t, c)
 	return s
 }
+
+// The collector needs both sides of the comparison: New names each one missing, with the bad
+// flags, in one error.
+func TestNewNeedsViewAndRules(t *testing.T) {
+	_, err := New(Config{CheckInterval: 0, MaxSeries: 10}, promslog.NewNopLogger())
+	if err == nil {
+		t.Fatal("New without a view, rules or check interval: no error")
+	}
+	for _, want := range []string{"no API view", "no netfilter reader", "rules.check-interval"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+}

@@ -87,6 +87,12 @@ type Notifier interface {
 	Changed() <-chan struct{}
 }
 
+// ErrorReporter is implemented by views that can say why they are not fresh (Cluster does).
+type ErrorReporter interface {
+	// LastError returns the view's last failure to reach or list the API; nil when none.
+	LastError() error
+}
+
 // Confirmer is implemented by views that can prove on demand that they are current.
 type Confirmer interface {
 	// Confirm asks the view to prove its connection to the API server works now (a probe on
