@@ -160,7 +160,7 @@ func TestFaults(t *testing.T) {
 		"--kubeproxy.metrics-url=http://"+fakeKPAddr+"/metrics",
 		"--kubeproxy.health-url=http://"+fakeKPAddr+"/livez",
 		"--kubeproxy.poll-interval=1s", "--kubeproxy.timeout=1s",
-		"--kubeproxy.log-path="+kpLog, "--kubeproxy.log-poll-interval=1s")
+		"--kubeproxy.log-path="+kpLog, "--kubeproxy.log-poll-interval=1s", "--kubeproxy.log-rescan-interval=2s")
 	e.Poll(t, 10*time.Second, "kube-proxy up", nil, func(s Scrape) (bool, string) {
 		v, ok, _ := s.Value("proxyhealth_kubeproxy_up", nil)
 		return ok && v == 1, s.Series("proxyhealth_kubeproxy_up")
@@ -431,7 +431,8 @@ func testKubeProxyLogFaults(t *testing.T, e *Exporter, path string, base procSta
 	}
 	waitErrors("10 watch errors after copytruncate", start+20)
 
-	// Deleted and created again.
+	// Deleted and created again: the new file is found by the next rescan of the paths
+	// (--kubeproxy.log-rescan-interval) and read from its start.
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}
