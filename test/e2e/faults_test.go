@@ -38,6 +38,7 @@ import (
 const (
 	faultsPort      = 19872
 	faultsPprofPort = 19873
+	faultsLimitPort = 19874
 	fakeKPAddr      = "127.0.0.1:19249" // a fake kube-proxy's metrics and health endpoints
 
 	// peakRSSBound is the most the exporter may ever hold resident (VmHWM) in this suite: a
@@ -174,6 +175,7 @@ func TestFaults(t *testing.T) {
 	t.Run("kubeproxy_log", func(t *testing.T) { testKubeProxyLogFaults(t, e, kpLog, base) })
 	t.Run("sighup", func(t *testing.T) { testSIGHUP(t, e, base) })
 	t.Run("bad_flag", testBadFlagBinary)
+	t.Run("netfilter_read_limit", func(t *testing.T) { testNetfilterReadLimit(t, l.In(t)) })
 	t.Run("shutdown_with_profile_in_flight", func(t *testing.T) { testShutdownInFlight(t, l.In(t)) })
 	st := e.waitClean(t, base, 15*time.Second)
 	t.Logf("after the faults: VmHWM %.1f MiB, %g goroutines, %d fds", float64(st.hwm)/(1<<20), st.goroutines, st.fds)
@@ -547,4 +549,33 @@ func testShutdownInFlight(t *testing.T, l *Lab) {
 	if err := <-profile; err == nil {
 		t.Errorf("the profile request completed though the server closed it at shutdown")
 	}
+}
+
+// testNetfilterReadLimit: an nf_tables reply larger than --netfilter.max-dump-bytes (here 1 KiB,
+// smaller than the lab's own tables) is abandoned: the collectors that need the rules report
+// failure and the log says why, once; the rest serve, and memory stays bounded.
+func testNetfilterReadLimit(t *testing.T, l *Lab) {
+	e := l.StartExporter("proxyhealth-limit", faultsLimitPort, nil, "--log.level=info",
+		"--netfilter.max-dump-bytes=1024", "--no-collector.kubeproxy")
+	const why = "larger than the read limit"
+	s := e.Poll(t, 15*time.Second, "the node collector failing", nil, func(s Scrape) (bool, string) {
+		v, ok, _ := s.Value(success, map[string]string{"collector": "node"})
+		return ok && v == 0, s.Series(success)
+	})
+	// The sysctls need no rules and are still served.
+	checkValue(t, s, bridgeNF, nil, 1)
+	time.Sleep(2 * time.Second)
+	first := e.logCount(t, why)
+	for range 3 {
+		s = e.timedScrape(t)
+		checkValue(t, s, success, map[string]string{"collector": "node"}, 0)
+		time.Sleep(time.Second)
+	}
+	if first < 1 {
+		t.Errorf("no log line says a reply was %s", why)
+	}
+	if n := e.logCount(t, why); n != first {
+		t.Errorf("lines saying %q grew from %d to %d over three scrapes: logged per try, not once", why, first, n)
+	}
+	checkBounded(t, e.state(t))
 }
