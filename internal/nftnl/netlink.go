@@ -147,11 +147,12 @@ func (s *nlSocket) query(ctx context.Context, req request, fn func(m message) er
 			s.abandoned = true
 			return fmt.Errorf("receive nf_tables reply: %d byte datagram truncated to %d", n, len(s.buf))
 		}
-		if total += int64(n); total > limit {
+		total += int64(n)
+		s.received = total
+		if total > limit {
 			s.abandoned = true
 			return fmt.Errorf("%w: more than %d bytes, the limit, in one reply; the read was abandoned", ErrDumpTooLarge, limit)
 		}
-		s.received = total
 		done, err := splitMessages(s.buf[:n], s.seq, fn)
 		var errno unix.Errno
 		if err != nil && !errors.As(err, &errno) {
