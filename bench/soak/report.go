@@ -134,6 +134,7 @@ func (r *report) render() string {
 	}
 	if len(bad) > 0 {
 		b.WriteString("\nNot clean within " + r.cfg.settle.String() + ":\n\n" + strings.Join(bad, "\n") + "\n")
+		b.WriteString("\nThe exporter's log, its end:\n\n```\n" + r.exporterLog + "\n```\n")
 	} else if len(r.faults) > 0 {
 		b.WriteString("Every fault was followed by a clean exporter.\n")
 	}

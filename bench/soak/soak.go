@@ -37,18 +37,17 @@ const logPoll = 500 * time.Millisecond
 
 // sample is one look at the exporter.
 type sample struct {
-	at                time.Time
-	rssKiB, hwmKiB    int64
-	fds, threads      int
-	children          int
-	goroutines        float64
-	scrape            time.Duration
-	scrapeErr         error
-	values            map[string]float64 // the series the clean check reads
-	linesLo, linesHi  uint64             // log lines written before and after the scrape
-	failsLo, failsHi  uint64
-	exporterGone      bool
-	exporterGoneCause string
+	at               time.Time
+	rssKiB, hwmKiB   int64
+	fds, threads     int
+	children         int
+	goroutines       float64
+	scrape           time.Duration
+	scrapeErr        error
+	values           map[string]float64 // the series the clean check reads
+	linesLo, linesHi uint64             // log lines written before and after the scrape
+	failsLo, failsHi uint64
+	exporterGone     bool
 }
 
 // faultRun is one injected fault and how the exporter came back.
@@ -491,7 +490,7 @@ func (s *soaker) look() sample {
 	sm := sample{at: time.Now()}
 	pid := s.exporter.cmd.Process.Pid
 	if s.exporter.exited() {
-		sm.exporterGone, sm.exporterGoneCause = true, s.exporter.tail()
+		sm.exporterGone = true
 		return sm
 	}
 	status := readFile(fmt.Sprintf("/proc/%d/status", pid))
