@@ -3,6 +3,7 @@ package exporter
 import (
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/alecthomas/kingpin/v2"
@@ -14,6 +15,8 @@ import (
 	"github.com/proxyhealth/proxyhealth/collectors/rules"
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
 	"github.com/proxyhealth/proxyhealth/internal/hostrules"
+	"github.com/proxyhealth/proxyhealth/internal/iptlegacy"
+	"github.com/proxyhealth/proxyhealth/internal/nftnl"
 )
 
 // Paths are the host filesystems the collectors read; in a container they are the host's
@@ -95,6 +98,8 @@ type hostRules struct {
 	cfg    hostrules.Config
 	logger *slog.Logger
 	source *hostrules.Source
+	// Read limits of internal/nftnl and internal/iptlegacy, which are process-wide.
+	maxDumpBytes, maxLegacyTableBytes int64
 }
 
 func (h *hostRules) addFlags(app *kingpin.Application) {
@@ -104,11 +109,23 @@ func (h *hostRules) addFlags(app *kingpin.Application) {
 		Default("30s").DurationVar(&h.cfg.LegacyMinReadInterval)
 	app.Flag("netfilter.resync-interval", "How often the iptables-legacy tables are read again whatever their size said (nf_tables is followed through its notifications, and read whole only when some were lost).").
 		Default("5m").DurationVar(&h.cfg.ResyncInterval)
+	app.Flag("netfilter.max-dump-bytes", "Largest nf_tables netlink reply read (bytes); a larger one is abandoned and its read reported as failed. kube-proxy's nat table at 10,000 Services x 10 endpoints dumps to about 190 MiB.").
+		Default(strconv.FormatInt(nftnl.DefaultMaxDumpBytes, 10)).Int64Var(&h.maxDumpBytes)
+	app.Flag("netfilter.legacy-max-table-bytes", "Largest iptables-legacy table read (bytes, as the kernel gives its size); a larger one is not read and its read reported as failed. The table is held whole while read: kube-proxy's nat table at 10,000 Services x 10 endpoints is about 183 MiB.").
+		Default(strconv.FormatInt(iptlegacy.DefaultMaxTableBytes, 10)).Int64Var(&h.maxLegacyTableBytes)
 	h.cfg.Debounce = 100 * time.Millisecond
 }
 
 func (h *hostRules) get(procPath string) (*hostrules.Source, error) {
 	if h.source == nil {
+		switch {
+		case h.maxDumpBytes <= 0:
+			return nil, fmt.Errorf("--netfilter.max-dump-bytes must be positive, got %d", h.maxDumpBytes)
+		case h.maxLegacyTableBytes <= 0:
+			return nil, fmt.Errorf("--netfilter.legacy-max-table-bytes must be positive, got %d", h.maxLegacyTableBytes)
+		}
+		nftnl.SetMaxDumpBytes(h.maxDumpBytes)
+		iptlegacy.SetMaxTableBytes(h.maxLegacyTableBytes)
 		h.cfg.ProcPath = procPath
 		s, err := hostrules.New(h.cfg, h.logger.With("component", "netfilter"))
 		if err != nil {

@@ -88,6 +88,9 @@ func (s *socket) info(table string) (Info, error) {
 // kernel copies the whole table in one call and only when the size asked for is the table's
 // current size; EAGAIN means it was replaced by one of another size in between.
 func (s *socket) entries(info *Info, heap bool) (*mapping, error) {
+	if limit := MaxTableBytes(); int64(info.Size) > limit {
+		return nil, fmt.Errorf("%w: table %s is %d bytes, the limit %d", ErrTableTooLarge, info.Table, info.Size, limit)
+	}
 	m, err := newMapping(getEntriesHeader+int(info.Size), heap)
 	if err != nil {
 		return nil, fmt.Errorf("iptables-legacy: buffer for table %s (%d bytes): %w", info.Table, info.Size, err)

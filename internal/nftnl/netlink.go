@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/mdlayher/socket"
 	"golang.org/x/sys/unix"
@@ -14,6 +15,34 @@ import (
 // answers every request, reads included, with EPERM unless the socket was opened with
 // CAP_NET_ADMIN in the network namespace's user namespace.
 var ErrPermission = errors.New("nf_tables netlink needs CAP_NET_ADMIN")
+
+// DefaultMaxDumpBytes bounds what one nf_tables reply may carry. kube-proxy's iptables-mode nat
+// table written through iptables-nft, at 10,000 Services of 10 endpoints with its comments,
+// dumps to about 190 MiB of rule messages (19,837 bytes a Service, TestKernelDumpLimit); a
+// reply five times that is no kube-proxy's but a runaway or hostile ruleset. Dumps are decoded
+// as they arrive, so memory follows what is kept, not the reply: the bound caps the time one
+// read may spend.
+const DefaultMaxDumpBytes = 1 << 30
+
+// ErrDumpTooLarge is returned (wrapped) when a reply passed the bound SetMaxDumpBytes set: the
+// read stops there, and what was read so far is discarded.
+var ErrDumpTooLarge = errors.New("nf_tables reply larger than the read limit")
+
+var maxDumpBytes atomic.Int64
+
+func init() { maxDumpBytes.Store(DefaultMaxDumpBytes) }
+
+// SetMaxDumpBytes sets the most bytes one nf_tables reply may carry for every read the process
+// makes from now on; n <= 0 restores DefaultMaxDumpBytes.
+func SetMaxDumpBytes(n int64) {
+	if n <= 0 {
+		n = DefaultMaxDumpBytes
+	}
+	maxDumpBytes.Store(n)
+}
+
+// MaxDumpBytes returns the bound SetMaxDumpBytes set.
+func MaxDumpBytes() int64 { return maxDumpBytes.Load() }
 
 // message is one nf_tables netlink message of a reply: its nf_tables message type
 // (NFT_MSG_NEWRULE, ...), the nfgenmsg family, and its attributes.
@@ -50,6 +79,12 @@ type nlSocket struct {
 	c   *socket.Conn
 	seq uint32
 	buf []byte
+	// limit is the most bytes one reply may carry (0: MaxDumpBytes at each request).
+	limit int64
+	// abandoned is set when a reply was given up midway: the kernel refuses a new dump on a
+	// socket whose dump has not ended (EBUSY), so the next request opens a new socket.
+	abandoned bool
+	received  int64 // bytes of the last reply so far
 }
 
 // dial opens a netfilter netlink socket in the calling process's network namespace.
@@ -87,24 +122,59 @@ func encodeRequest(req request, seq uint32) []byte {
 }
 
 func (s *nlSocket) query(ctx context.Context, req request, fn func(m message) error) error {
+	if s.abandoned {
+		if err := s.reopen(); err != nil {
+			return err
+		}
+	}
+	limit := s.limit
+	if limit <= 0 {
+		limit = MaxDumpBytes()
+	}
 	s.seq++
 	if err := s.c.Sendto(ctx, encodeRequest(req, s.seq), 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		return fmt.Errorf("send nf_tables request: %w", err)
 	}
-	// Bounded by the kernel: every reply ends with NLMSG_DONE, an error or an ack.
+	// Every reply ends with NLMSG_DONE, an error or an ack; its size is bounded by limit.
+	var total int64
 	for {
 		n, _, err := s.c.Recvfrom(ctx, s.buf, unix.MSG_TRUNC)
 		if err != nil {
+			s.abandoned = true
 			return fmt.Errorf("receive nf_tables reply: %w", err)
 		}
 		if n > len(s.buf) {
+			s.abandoned = true
 			return fmt.Errorf("receive nf_tables reply: %d byte datagram truncated to %d", n, len(s.buf))
 		}
+		total += int64(n)
+		s.received = total
+		if total > limit {
+			s.abandoned = true
+			return fmt.Errorf("%w: more than %d bytes, the limit, in one reply; the read was abandoned", ErrDumpTooLarge, limit)
+		}
 		done, err := splitMessages(s.buf[:n], s.seq, fn)
+		var errno unix.Errno
+		if err != nil && !errors.As(err, &errno) {
+			// Not the kernel's answer, which ends the reply: the rest is still to come.
+			s.abandoned = true
+		}
 		if err != nil || done {
 			return err
 		}
 	}
+}
+
+// reopen replaces the socket with a new one in the same network namespace (the calling
+// thread's, as dial's).
+func (s *nlSocket) reopen() error {
+	fresh, err := dial()
+	if err != nil {
+		return err
+	}
+	_ = s.c.Close()
+	s.c, s.abandoned = fresh.c, false
+	return nil
 }
 
 // splitMessages hands the nf_tables messages of one datagram that answer sequence number seq

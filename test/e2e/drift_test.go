@@ -589,6 +589,7 @@ func testExporterConnectionDead(t *testing.T, cp *ControlPlane) {
 	kubeconfig := cp.readOnlyKubeconfig("proxyhealth-proxied.kubeconfig", exporterProxyAddr)
 	e := cp.Lab.StartExporter("proxyhealth-proxied", ownProxyExporterPort, nil, driftExporterArgs(kubeconfig)...)
 	waitConverged(t, e, cp, "the proxied exporter synced without drift")
+	base := e.state(t)
 
 	const ns, name = "lab", "backend"
 	t.Logf("exporter's fault proxy: %s", fp.Blackhole(t))
@@ -611,6 +612,10 @@ func testExporterConnectionDead(t *testing.T, cp *ControlPlane) {
 	})
 	t.Logf("view stale %s after the black-hole (fresh-within %s, probe interval %s)", time.Since(blackholed).Round(time.Millisecond), apiFreshWithin, apiProbeInterval)
 	checkValue(t, s, success, rulesCollector, 0)
+	// Only the collector that needs the API fails; the rest serve.
+	for _, c := range []string{"node", "conntrack", "kubeproxy"} {
+		checkValue(t, s, success, map[string]string{"collector": c}, 1)
+	}
 	if heard := gauge(t, s, lastHeard, nil); heard <= 0 || float64(blackholed.UnixNano())/1e9-heard > apiProbeInterval.Seconds()+1 {
 		t.Errorf("%s = %g, want within a probe interval before the black-hole at %g", lastHeard, heard, float64(blackholed.UnixNano())/1e9)
 	}
@@ -636,6 +641,8 @@ func testExporterConnectionDead(t *testing.T, cp *ControlPlane) {
 	// Through a grace period and a check beyond: the view caught up, nothing drifts.
 	watchScrapes(t, e, driftGrace+2*driftCheckInterval, func(s Scrape, _ time.Time) { checkNoDrift(t, s, "after healing") })
 	waitConverged(t, e, cp, "every service port checked after healing")
+	// Nothing of the dead connection is left behind (faults_test.go's bounds).
+	e.waitClean(t, base, 15*time.Second)
 }
 
 // testDriftScrapeMatchesReadme checks a scrape taken while a service drifted against the

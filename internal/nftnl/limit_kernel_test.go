@@ -1,0 +1,84 @@
+package nftnl
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/proxyhealth/proxyhealth/internal/nftnl/nftnltest"
+)
+
+// A reply larger than the read limit is abandoned with ErrDumpTooLarge once the limit is
+// passed, whatever is left of it; the socket then serves the next read; the public readers and
+// the Follower report the error for the table and read it again once the limit allows.
+func TestKernelDumpLimit(t *testing.T) {
+	needNetns(t)
+	nftnltest.Flush(t)
+	const services = 300
+	nftnltest.LoadIPTablesSave(t, genIPTables(0, services, true), false)
+	ctx := context.Background()
+	rules := func(s *nlSocket) (int, error) {
+		n := 0
+		err := dumpRules(ctx, s, unix.NFPROTO_IPV4, "nat", "", func(*ruleMsg) error { n++; return nil })
+		return n, err
+	}
+
+	s, err := dial()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	wantRules, err := rules(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole := s.received
+	t.Logf("nat table of %d services x 10 endpoints (commented): %d rules, %d bytes of replies (%.0f bytes a service)",
+		services, wantRules, whole, float64(whole)/services)
+
+	limit := whole / 4
+	s.limit = limit
+	n, err := rules(s)
+	if !errors.Is(err, ErrDumpTooLarge) {
+		t.Fatalf("dump of %d bytes with a %d byte limit: %d rules, err %v; want ErrDumpTooLarge", whole, limit, n, err)
+	}
+	t.Logf("limited: %v", err)
+	if s.received > limit+recvBufBytes {
+		t.Errorf("read %d bytes before giving up, limit %d: more than one datagram past it", s.received, limit)
+	}
+	if n >= wantRules {
+		t.Errorf("%d of %d rules handed on though the reply was abandoned", n, wantRules)
+	}
+	// The abandoned dump would make the kernel refuse a new one on this socket (EBUSY).
+	s.limit = 0
+	if n, err := rules(s); err != nil || n != wantRules {
+		t.Fatalf("after an abandoned reply: %d rules, %v; want %d", n, err, wantRules)
+	}
+
+	SetMaxDumpBytes(limit)
+	defer SetMaxDumpBytes(0)
+	if _, err := ReadIPTablesNAT(ctx, false); !errors.Is(err, ErrDumpTooLarge) {
+		t.Errorf("ReadIPTablesNAT with a %d byte limit: %v, want ErrDumpTooLarge", limit, err)
+	}
+	f, err := NewFollower()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Resync(ctx); !errors.Is(err, ErrDumpTooLarge) {
+		t.Errorf("Follower.Resync with a %d byte limit: %v, want ErrDumpTooLarge", limit, err)
+	}
+	if pt, err := f.IPTablesNAT(false); !errors.Is(err, ErrDumpTooLarge) || pt != nil {
+		t.Errorf("Follower.IPTablesNAT after the limited read: %v, %v; want no table and ErrDumpTooLarge", pt, err)
+	}
+	SetMaxDumpBytes(0)
+	if err := f.Resync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pt, err := f.IPTablesNAT(false)
+	if err != nil || pt == nil || len(pt.Services) != services {
+		t.Fatalf("Follower.IPTablesNAT under the default limit: %+v, %v; want %d services", pt, err, services)
+	}
+}
