@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"unique"
 )
 
 func TestComparePortNamesIsStringOrder(t *testing.T) {
@@ -58,5 +59,79 @@ func TestMergePorts(t *testing.T) {
 	}
 	if len(prev) != 5 || prev[0].Name.Protocol != "TCP" {
 		t.Errorf("mergePorts changed the previous list: %+v", prev)
+	}
+}
+
+// naiveMerge is what mergePorts computes, the slow way: filter, append, sort.
+func naiveMerge(prev []ServicePort, changed map[objKey]struct{}, fresh []ServicePort) []ServicePort {
+	var out []ServicePort
+	for _, p := range prev {
+		if _, ok := changed[objKey{unique.Make(p.Name.Namespace), p.Name.Name}]; !ok {
+			out = append(out, p)
+		}
+	}
+	return sortPorts(append(out, fresh...))
+}
+
+// generatedPorts is services Services of two ports each, in namespaces ns0..ns9, sorted.
+func generatedPorts(services int) []ServicePort {
+	var ports []ServicePort
+	for s := range services {
+		for _, proto := range []string{"TCP", "UDP"} {
+			ports = append(ports, ServicePort{Name: ServicePortName{Namespace: fmt.Sprintf("ns%d", s%10), Name: fmt.Sprintf("svc%d", s), Port: "dns", Protocol: proto}})
+		}
+	}
+	return sortPorts(ports)
+}
+
+// mergePorts places each changed Service's ports where a whole sort would: Services changed,
+// removed and added at random over a generated list.
+func TestMergePortsAsSorted(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	prev := generatedPorts(300)
+	for round := range 200 {
+		changed := map[objKey]struct{}{}
+		var fresh []ServicePort
+		for range rng.IntN(12) {
+			s := rng.IntN(400) // some past the list's end: added Services
+			ns, name := fmt.Sprintf("ns%d", s%10), fmt.Sprintf("svc%d", s)
+			if _, dup := changed[keyOf(ns, name)]; dup {
+				continue
+			}
+			changed[keyOf(ns, name)] = struct{}{}
+			for _, proto := range []string{"TCP", "UDP", "SCTP"}[:rng.IntN(4)] { // 0 ports: removed
+				fresh = append(fresh, ServicePort{Name: ServicePortName{Namespace: ns, Name: name, Port: "dns", Protocol: proto}})
+			}
+		}
+		want := naiveMerge(prev, changed, slices.Clone(fresh))
+		got := mergePorts(prev, changed, fresh)
+		if !slices.EqualFunc(got, want, func(a, b ServicePort) bool { return a.Name == b.Name }) {
+			t.Fatalf("round %d: mergePorts and a whole sort differ:\n%v\n%v", round, got, want)
+		}
+		prev = got
+	}
+}
+
+// BenchmarkMergePorts is one recompute under churn, 10 of 10,000 Services changed, against a
+// whole sort.
+func BenchmarkMergePorts(b *testing.B) {
+	prev := generatedPorts(10000)
+	changed := map[objKey]struct{}{}
+	var fresh []ServicePort
+	for s := 0; s < 10000; s += 1000 {
+		ns, name := fmt.Sprintf("ns%d", s%10), fmt.Sprintf("svc%d", s)
+		changed[keyOf(ns, name)] = struct{}{}
+		fresh = append(fresh, ServicePort{Name: ServicePortName{Namespace: ns, Name: name, Port: "dns", Protocol: "UDP"}})
+	}
+	for _, bc := range []struct {
+		name  string
+		merge func([]ServicePort, map[objKey]struct{}, []ServicePort) []ServicePort
+	}{{"merge", mergePorts}, {"whole-sort", naiveMerge}} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				bc.merge(prev, changed, slices.Clone(fresh))
+			}
+		})
 	}
 }
