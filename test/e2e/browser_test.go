@@ -219,8 +219,9 @@ type landingView struct {
 	VerdictFirst bool
 	// CollectorsAfter: the collector table follows the verdict.
 	CollectorsAfter bool
-	NoFindingText   string // the healthy page's sentence
-	MetricsRefHref  string // the "metrics reference" link
+	NoFindingText   string   // the healthy page's sentence
+	MetricsRefHref  string   // the "metrics reference" link
+	ProfileLinks    []string // links to the profiler, served only with --web.enable-pprof
 }
 
 // findingView is one finding as the page shows it.
@@ -284,6 +285,11 @@ func readLanding(t *testing.T, doc *html.Node) landingView {
 	if a := find(doc, func(n *html.Node) bool { return n.DataAtom == atom.A && text(n) == "metrics reference" }); a != nil {
 		v.MetricsRefHref = attr(a, "href")
 	}
+	for _, a := range findAll(doc, func(n *html.Node) bool {
+		return n.DataAtom == atom.A && strings.Contains(attr(n, "href"), "debug/pprof")
+	}) {
+		v.ProfileLinks = append(v.ProfileLinks, attr(a, "href"))
+	}
 	return v
 }
 
@@ -325,6 +331,10 @@ func checkLandingPage(t *testing.T, e *Exporter, name, verdict string, findings 
 		}
 		if !strings.HasPrefix(v.MetricsRefHref, "https://github.com/") {
 			t.Errorf("metrics reference link %q", v.MetricsRefHref)
+		}
+		// The labs' exporters run without --web.enable-pprof: a profiler link would be a 404.
+		if len(v.ProfileLinks) != 0 {
+			t.Errorf("the page links to the profiler, which is off: %q", v.ProfileLinks)
 		}
 		if len(findings) == 0 && !strings.HasPrefix(v.NoFindingText, "No finding: Service traffic on this node shows none of the causes proxyhealth knows") {
 			t.Errorf("healthy page: %q", v.NoFindingText)
