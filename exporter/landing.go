@@ -5,6 +5,7 @@ import (
 	"html/template"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"time"
 
@@ -66,7 +67,7 @@ const landingCSS = `table { border-collapse: collapse } td, th { padding: 2px 8p
 .verdict.broken { border-color: #c62828; background: #ffebee }
 .verdict.healthy .word { color: #2e7d32 } .verdict.degraded .word { color: #a36f00 } .verdict.broken .word { color: #c62828 }
 .finding { margin: 8px 0 16px } .finding.critical h3 { color: #c62828 } .finding.warning h3 { color: #a36f00 }
-.evidence th { font-weight: normal; color: #555 } .evidence td { font-family: monospace; word-break: break-all }`
+.evidence th { font-weight: normal; color: #555 } .evidence td { font-family: monospace; overflow-wrap: anywhere }`
 
 // reporter judges the node on demand.
 type reporter interface{ Report() verdict.Report }
@@ -112,6 +113,9 @@ func landingPage(telemetryPath string, pprof bool, set *collectorSet, rep report
 			Links:     links,
 			ExtraHTML: status.String(),
 			ExtraCSS:  landingCSS,
+			// The toolkit shows its heap and CPU profile links unless told otherwise; they
+			// are served only with --web.enable-pprof.
+			Profiling: strconv.FormatBool(pprof),
 		})
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)

@@ -159,6 +159,7 @@ func TestVerdictStaleRules(t *testing.T) {
 		r := e.status(t)
 		return r.Verdict == "healthy" && len(r.NotChecked) == 0, r.raw
 	})
+	checkLandingPage(t, e, "healthy", "healthy")
 	r, code, stderr := diagnose(t, cp, kubeconfig)
 	if code != 0 || r.Verdict != "healthy" || len(r.Findings) != 0 || r.Node != labNodeName {
 		t.Fatalf("diagnose on a healthy node: exit %d, report:\n%s\nstderr:\n%s", code, r.raw, stderr)
@@ -239,6 +240,14 @@ func TestVerdictStaleRules(t *testing.T) {
 	})
 	t.Logf("/status: %s, %d s after the change", explained.Findings[0].Summary, int(time.Since(changed).Seconds()))
 	checkStale("/status", explained)
+	checkLandingPage(t, e, "incident3_stale_rules", "broken", findingWant{
+		Severity: "critical", Cause: "stale_rules", Service: "lab/backend:http (80/tcp)",
+		Summary: []string{"kube-proxy's rules for lab/backend:http", "10 endpoints programmed, 11 in the API (3 missing, 2 stale)"},
+		Evidence: map[string]string{"programmed": "10", "expected": "11",
+			"missing": strings.Join(wantMissing, ", "), "stale": strings.Join(wantStale, ", "),
+			"explained_by": "kube_proxy_watch_failing"},
+		Runbook: "docs/runbooks.md#proxyhealthkubeproxyrulesstale",
+	})
 	if kp := explained.Findings[0].Evidence.KubeProxy; kp == nil || !kp.Up || kp.Healthy == nil || !*kp.Healthy || kp.LastListError.IsZero() ||
 		!slices.ContainsFunc(kp.ListErrors, func(l verdict.ListErrorCount) bool { return l.Resource == "endpointslices" && l.Total >= 1 }) {
 		t.Errorf("/status: kube-proxy's side: %+v", kp)
@@ -355,6 +364,7 @@ func TestVerdictStaleRules(t *testing.T) {
 		c := cp.nodeCondition()
 		return c != nil && c.Status == corev1.ConditionTrue && c.LastTransitionTime.After(staleCondition.LastTransitionTime.Time), describeCondition(c)
 	})
+	checkLandingPage(t, e, "healed", "healthy")
 	waitFor(t, 15*time.Second, "a Normal ProxyHealthy Event on the Node", func() (bool, string) {
 		evs := cp.eventsAbout("default", "Node", labNodeName)
 		return slices.ContainsFunc(evs, func(e corev1.Event) bool { return e.Reason == "ProxyHealthy" && e.Type == corev1.EventTypeNormal }), fmt.Sprint(evs)
@@ -441,6 +451,7 @@ func TestVerdictKernel(t *testing.T) {
 		r := e.status(t)
 		return r.Verdict == "healthy" && len(r.Findings) == 0, r.raw
 	})
+	checkLandingPage(t, e, "healthy", "healthy")
 
 	// Incident 1.
 	l.Sysctl("net.bridge.bridge-nf-call-iptables=0")
@@ -494,6 +505,14 @@ func TestVerdictKernel(t *testing.T) {
 		return slices.Contains(r.causes(), "bridge_netfilter_off") && strings.Contains(r.raw, `"ended": 3`), r.raw
 	})
 	checkBridge("/status", e.status(t))
+	checkLandingPage(t, e, "incident1_bridge_netfilter_off", "broken", findingWant{
+		Severity: "critical", Cause: "bridge_netfilter_off",
+		Summary: []string{"net.bridge.bridge-nf-call-iptables is 0, so replies from endpoints on the client's own bridge escape un-NATed",
+			"connections to lab/web:80/tcp fail (3 ended unreplied"},
+		Evidence: map[string]string{"bridge_nf_call_iptables": "0", "ended": "3", "open": "0",
+			"services": "service={namespace=lab name=web port=80 protocol=tcp} ended=3 open=0", "explains": "unreplied_flows"},
+		Runbook: "#proxyhealthbridgenetfilteroff",
+	})
 	l.Sysctl("net.bridge.bridge-nf-call-iptables=1")
 
 	// Incident 2: be_liberal off (the lab's setting) and no INVALID drop in KUBE-FORWARD.
@@ -508,6 +527,19 @@ func TestVerdictKernel(t *testing.T) {
 	waitFor(t, 10*time.Second, "/status: invalid_not_dropped", func() (bool, string) {
 		r := e.status(t)
 		return slices.Contains(r.causes(), "invalid_not_dropped"), r.raw
+	})
+	// Bridge netfilter is back on: incident 1's three failed connections, still inside the
+	// window, are now unreplied flows with no cause on the node.
+	checkLandingPage(t, e, "incident2_invalid_not_dropped", "degraded", findingWant{
+		Severity: "warning", Cause: "invalid_not_dropped",
+		Summary:  []string{"Conntrack marked 50 packets INVALID", "with nf_conntrack_tcp_be_liberal off and no ctstate INVALID drop rule on the forward path"},
+		Evidence: map[string]string{"invalid_packets": "50", "tcp_be_liberal": "0", "invalid_drop_rule": "false"},
+		Runbook:  "#proxyhealthinvalidpacketsnotdropped",
+	}, findingWant{
+		Severity: "warning", Cause: "unreplied_flows", Service: "lab/web:80/tcp",
+		Summary:  []string{"Connections to lab/web:80/tcp get no reply (3 ended unreplied"},
+		Evidence: map[string]string{"ended": "3", "open": "0", "by_reason": "reason=same_bridge ended=3 open=0"},
+		Runbook:  "#unreplied-service-flows",
 	})
 	// The drop rule makes the same packets harmless.
 	l.MustExec(l.Node, "iptables-nft", "-A", "KUBE-FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
