@@ -166,17 +166,12 @@ func exitCode(nodes []nodeStatus) int {
 	return exitHealthy
 }
 
-// staleRules is one node's stale_rules finding for one port of the Service asked about.
+// staleRules is one node's stale_rules finding for one port of the Service asked about: its
+// evidence as /status gives it, with the port and the summary.
 type staleRules struct {
-	Service      verdict.Service `json:"service"`
-	Programmed   int             `json:"programmed"`
-	Expected     int             `json:"expected"`
-	MissingCount int             `json:"missing_count"`
-	StaleCount   int             `json:"stale_count"`
-	Missing      []string        `json:"missing"`
-	Stale        []string        `json:"stale"`
-	Since        time.Time       `json:"since"`
-	Summary      string          `json:"summary"`
+	Service verdict.Service `json:"service"`
+	Summary string          `json:"summary"`
+	verdict.StaleRulesEvidence
 }
 
 // serviceNode is one node's answer about a Service: its stale ports, or why it is not known.
@@ -237,11 +232,7 @@ func decodeStale(f verdict.Finding) (staleRules, error) {
 	if err := json.Unmarshal(b, &ev); err != nil {
 		return staleRules{}, fmt.Errorf("stale_rules evidence for %s: %w", f.Service, err)
 	}
-	return staleRules{
-		Service: *f.Service, Programmed: ev.Programmed, Expected: ev.Expected,
-		MissingCount: ev.MissingCount, StaleCount: ev.StaleCount, Missing: ev.Missing, Stale: ev.Stale,
-		Since: ev.Since, Summary: f.Summary,
-	}, nil
+	return staleRules{Service: *f.Service, Summary: f.Summary, StaleRulesEvidence: ev}, nil
 }
 
 func notCheckedReason(r *verdict.Report, cause verdict.Cause) string {
