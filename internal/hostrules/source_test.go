@@ -59,6 +59,21 @@ func (f *fakeBackends) counts() (legacy, nft int) {
 	return f.legacyReads, f.nftReads
 }
 
+// runUntilEnd runs s until the test ends.
+func runUntilEnd(t *testing.T, s *Source) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+// startFake runs a Source of cfg on fb until the test ends.
+func startFake(t *testing.T, cfg Config, fb *fakeBackends) *Source {
+	s := newSource(cfg, nil, fb)
+	runUntilEnd(t, s)
+	return s
+}
+
 func table(chains int) *ruleset.ProxyTable {
 	t := &ruleset.ProxyTable{Chains: map[string][]netip.AddrPort{}}
 	for i := range chains {
@@ -134,10 +149,7 @@ func TestSourceFollowsChanges(t *testing.T) {
 	cfg := Config{LegacyPollInterval: 10 * time.Millisecond, LegacyMinReadInterval: 0, ResyncInterval: time.Hour, Debounce: 20 * time.Millisecond}
 	s := newSource(cfg, nil, fb)
 	sub := s.Subscribe()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { s.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	runUntilEnd(t, s)
 
 	<-sub
 	st := s.State()
@@ -194,11 +206,7 @@ func TestSourceFollowsChanges(t *testing.T) {
 func TestSourceLegacyMinReadInterval(t *testing.T) {
 	fb := &fakeBackends{changes: make(chan nftChange), fingerprint: "0"}
 	cfg := Config{LegacyPollInterval: 5 * time.Millisecond, LegacyMinReadInterval: time.Hour, ResyncInterval: time.Hour}
-	s := newSource(cfg, nil, fb)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { s.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	s := startFake(t, cfg, fb)
 	waitFor(t, "the first read", func() bool { return s.State() != nil })
 	for i := range 10 {
 		fb.mu.Lock()
@@ -216,11 +224,7 @@ func TestSourceLegacyMinReadInterval(t *testing.T) {
 func TestSourceBehindAndCatchUp(t *testing.T) {
 	fb := &fakeBackends{changes: make(chan nftChange), fingerprint: "0"}
 	cfg := Config{LegacyPollInterval: 5 * time.Millisecond, LegacyMinReadInterval: time.Hour, ResyncInterval: time.Hour}
-	s := newSource(cfg, nil, fb)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { s.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	s := startFake(t, cfg, fb)
 	waitFor(t, "the first read", func() bool { return s.State() != nil })
 	if b := s.Behind(); !b.IsZero() {
 		t.Fatalf("Behind() = %v after the first read, want zero", b)
@@ -270,11 +274,7 @@ func TestSourceNewsDuringReadStands(t *testing.T) {
 func TestSourceResyncReadsLegacyOnly(t *testing.T) {
 	fb := &fakeBackends{changes: make(chan nftChange), fingerprint: "0"}
 	cfg := Config{LegacyPollInterval: time.Hour, ResyncInterval: 10 * time.Millisecond}
-	s := newSource(cfg, nil, fb)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { s.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	startFake(t, cfg, fb)
 	waitFor(t, "three resyncs", func() bool { l, _ := fb.counts(); return l >= 4 })
 	if _, n := fb.counts(); n != 1 {
 		t.Errorf("nf_tables read %d times, want only the first read", n)
@@ -284,11 +284,7 @@ func TestSourceResyncReadsLegacyOnly(t *testing.T) {
 func TestSourceWithoutWatchPolls(t *testing.T) {
 	fb := &fakeBackends{watchErr: errors.New("operation not permitted")}
 	cfg := Config{LegacyPollInterval: 5 * time.Millisecond, ResyncInterval: time.Hour}
-	s := newSource(cfg, nil, fb)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { s.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	startFake(t, cfg, fb)
 	waitFor(t, "polled nf_tables reads", func() bool { _, n := fb.counts(); return n >= 3 })
 }
 

@@ -70,10 +70,7 @@ func startSource(t *testing.T, cfg Config) (*Source, <-chan struct{}) {
 		t.Fatal(err)
 	}
 	sub := s.Subscribe()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { s.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	runUntilEnd(t, s)
 	return s, sub
 }
 
