@@ -295,8 +295,12 @@ func (s *Source) Run(ctx context.Context) {
 				legacyDue = true
 			}
 			lastFP = fp
+			// Reads are held back only while they are costly: once kube-proxy's table was
+			// found. Until then it is about to appear (kube-proxy starting after the
+			// exporter), and the read that finds it should not wait.
 			catchUp := s.catchUp.Swap(false)
-			if legacyDue && (catchUp || s.now().Sub(s.legacyPart.at) >= s.cfg.LegacyMinReadInterval) {
+			costly := len(s.legacyPart.proxy) > 0
+			if legacyDue && (catchUp || !costly || s.now().Sub(s.legacyPart.at) >= s.cfg.LegacyMinReadInterval) {
 				legacyDue = false
 				s.readLegacy()
 			}

@@ -204,7 +204,7 @@ func TestSourceFollowsChanges(t *testing.T) {
 }
 
 func TestSourceLegacyMinReadInterval(t *testing.T) {
-	fb := &fakeBackends{changes: make(chan nftChange), fingerprint: "0"}
+	fb := &fakeBackends{changes: make(chan nftChange), fingerprint: "0", legacyProxy: map[bool]*ruleset.ProxyTable{false: table(3)}}
 	cfg := Config{LegacyPollInterval: 5 * time.Millisecond, LegacyMinReadInterval: time.Hour, ResyncInterval: time.Hour}
 	s := startFake(t, cfg, fb)
 	waitFor(t, "the first read", func() bool { return s.State() != nil })
@@ -219,10 +219,30 @@ func TestSourceLegacyMinReadInterval(t *testing.T) {
 	}
 }
 
+// Until kube-proxy's table is found, reads are cheap and not held back: the read that finds
+// the table kube-proxy is writing does not wait for the minimum interval.
+func TestSourceReadsAtOnceUntilKubeProxysTable(t *testing.T) {
+	fb := &fakeBackends{changes: make(chan nftChange), fingerprint: "0"}
+	cfg := Config{LegacyPollInterval: 5 * time.Millisecond, LegacyMinReadInterval: time.Hour, ResyncInterval: time.Hour}
+	s := startFake(t, cfg, fb)
+	waitFor(t, "the first read", func() bool { return s.State() != nil })
+	fb.mu.Lock()
+	fb.fingerprint, fb.legacyProxy = "1", map[bool]*ruleset.ProxyTable{false: table(3)}
+	fb.mu.Unlock()
+	waitFor(t, "the read that finds kube-proxy's table", func() bool { return s.State().Backend == BackendLegacy })
+	fb.mu.Lock()
+	fb.fingerprint = "2"
+	fb.mu.Unlock()
+	time.Sleep(30 * time.Millisecond)
+	if l, _ := fb.counts(); l != 2 {
+		t.Errorf("legacy read %d times, want 2: once the table is found, reads wait for the minimum interval", l)
+	}
+}
+
 // A hint the minimum interval holds back leaves the State behind since the hint; CatchUp reads
 // at the next poll, and the State published then is current again.
 func TestSourceBehindAndCatchUp(t *testing.T) {
-	fb := &fakeBackends{changes: make(chan nftChange), fingerprint: "0"}
+	fb := &fakeBackends{changes: make(chan nftChange), fingerprint: "0", legacyProxy: map[bool]*ruleset.ProxyTable{false: table(3)}}
 	cfg := Config{LegacyPollInterval: 5 * time.Millisecond, LegacyMinReadInterval: time.Hour, ResyncInterval: time.Hour}
 	s := startFake(t, cfg, fb)
 	waitFor(t, "the first read", func() bool { return s.State() != nil })
