@@ -172,7 +172,7 @@ func (s *state) lookup(key objKey) *serviceEntry {
 	return nil
 }
 
-// insert adds e, which holds an object, at its place; key's entry must not exist. The caller
+// insert adds e, which holds an object, at its place; no entry of its key may exist. The caller
 // holds mu.
 func (s *state) insert(e serviceEntry) {
 	i, _ := s.search(e.key())
