@@ -263,6 +263,9 @@ func (k *kube) fanoutPhase(ctx context.Context, cfg fanoutConfig, fanrun, kind s
 		ph.Lists = lists1 - lists0
 		time.Sleep(5 * time.Second) // the list's garbage is the sync's, not the churn's
 	}
+	if kind == "none" {
+		time.Sleep(10 * time.Second) // the load's, or the previous phase's, aftermath
+	}
 	var err error
 	if ph.Watches, err = k.watches(ctx); err != nil {
 		return ph, err
