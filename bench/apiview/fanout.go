@@ -55,6 +55,8 @@ type fanoutPhase struct {
 	ChurnAPIServerRSS       int64   // KiB, mean of 1 s samples
 	ChurnAPIServerPeak      int64   // VmHWM KiB, reset at the churn's start
 	ChurnLoad1Start, Load1E float64
+	APIServerHeap           int64  // KiB at the churn's end: HeapMetric
+	HeapMetric              string // go_gc_heap_live_bytes, else go_memstats_heap_inuse_bytes
 }
 
 type fanoutReport struct {
@@ -303,6 +305,11 @@ func (k *kube) fanoutPhase(ctx context.Context, cfg fanoutConfig, fanrun, kind s
 		ph.ChurnAPIServerRSS = rssSum / rssN
 	}
 	_, ph.ChurnAPIServerPeak, _ = procStatus(apiserver.pid())
+	if heap, metric, herr := k.apiserverHeap(ctx); herr == nil {
+		ph.APIServerHeap, ph.HeapMetric = int64(heap/1024), metric
+	} else if err == nil {
+		err = herr
+	}
 	if ctx.Err() != nil {
 		return ph, ctx.Err()
 	}
@@ -361,6 +368,32 @@ func (k *kube) watches(ctx context.Context) (int, error) {
 func (k *kube) lists(ctx context.Context) (int, error) {
 	n, err := k.apiserverMetric(ctx, "apiserver_request_total", `verb="LIST"`)
 	return int(n), err
+}
+
+// apiserverHeap is kube-apiserver's live Go heap as of its last collection
+// (go_gc_heap_live_bytes), else its heap in use (go_memstats_heap_inuse_bytes), in bytes, and
+// which of the two it is.
+func (k *kube) apiserverHeap(ctx context.Context) (float64, string, error) {
+	body, err := k.client.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return 0, "", fmt.Errorf("reading kube-apiserver's /metrics: %w", err)
+	}
+	found := map[string]float64{}
+	for _, line := range strings.Split(string(body), "\n") {
+		for _, name := range []string{"go_gc_heap_live_bytes", "go_memstats_heap_inuse_bytes"} {
+			if v, ok := strings.CutPrefix(line, name+" "); ok {
+				if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
+					found[name] = f
+				}
+			}
+		}
+	}
+	for _, name := range []string{"go_gc_heap_live_bytes", "go_memstats_heap_inuse_bytes"} {
+		if v, ok := found[name]; ok {
+			return v, name, nil
+		}
+	}
+	return 0, "", errors.New("kube-apiserver's /metrics has neither go_gc_heap_live_bytes nor go_memstats_heap_inuse_bytes")
 }
 
 // apiserverMetric sums the samples of kube-apiserver's metric name that carry label and are
