@@ -93,7 +93,7 @@ func newRESTSource(cfg *rest.Config) (*apiSource, error) {
 	if err != nil {
 		return nil, err
 	}
-	coreContinued, err := clientFor(corev1.SchemeGroupVersion, "/api", false)
+	coreUnthrottled, err := clientFor(corev1.SchemeGroupVersion, "/api", false)
 	if err != nil {
 		return nil, err
 	}
@@ -101,17 +101,17 @@ func newRESTSource(cfg *rest.Config) (*apiSource, error) {
 	if err != nil {
 		return nil, err
 	}
-	discoveryContinued, err := clientFor(discoveryv1.SchemeGroupVersion, "/apis", false)
+	discoveryUnthrottled, err := clientFor(discoveryv1.SchemeGroupVersion, "/apis", false)
 	if err != nil {
 		return nil, err
 	}
 	return &apiSource{
-		services:       restResource(core, coreContinued, params, "services", func() runtime.Object { return &corev1.ServiceList{} }),
-		endpointSlices: restResource(discovery, discoveryContinued, params, "endpointslices", func() runtime.Object { return &discoveryv1.EndpointSliceList{} }),
-		nodes:          restResource(core, coreContinued, params, "nodes", func() runtime.Object { return &corev1.NodeList{} }),
+		services:       restResource(core, coreUnthrottled, params, "services", func() runtime.Object { return &corev1.ServiceList{} }),
+		endpointSlices: restResource(discovery, discoveryUnthrottled, params, "endpointslices", func() runtime.Object { return &discoveryv1.EndpointSliceList{} }),
+		nodes:          restResource(core, coreUnthrottled, params, "nodes", func() runtime.Object { return &corev1.NodeList{} }),
 		// /version is the cheapest request the API server answers for any authenticated
 		// client (no etcd read, allowed by the default system:public-info-viewer role).
-		probe: func(ctx context.Context) error { return coreContinued.Get().AbsPath("/version").Do(ctx).Error() },
+		probe: func(ctx context.Context) error { return coreUnthrottled.Get().AbsPath("/version").Do(ctx).Error() },
 	}, nil
 }
 
