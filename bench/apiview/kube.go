@@ -89,6 +89,7 @@ type kube struct {
 	etcdDir    string
 	keepEtcd   bool
 	gogc       string
+	client     kubernetes.Interface // the admin's, for the load, the churn and /metrics
 }
 
 // startKube starts etcd and kube-apiserver in a new namespace, creates this node and the
@@ -187,6 +188,7 @@ func startKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp strin
 	if err != nil {
 		return k, err
 	}
+	k.client = client
 	err = waitFor(ctx, 120*time.Second, "kube-apiserver /readyz", func() (bool, string, error) {
 		if etcd.exited() || apiserver.exited() {
 			return false, "", fmt.Errorf("etcd or kube-apiserver exited:\n%s\n%s", etcd.tail(), apiserver.tail())
@@ -275,6 +277,16 @@ func (k *kube) start(name string, args ...string) (*proc, error) {
 		k.procs = append(k.procs, p)
 	}
 	return p, err
+}
+
+// proc returns the control-plane process called name.
+func (k *kube) proc(name string) *proc {
+	for _, p := range k.procs {
+		if p.name == name {
+			return p
+		}
+	}
+	return nil
 }
 
 // sample records the control plane's memory, for scale.

@@ -45,6 +45,9 @@ type config struct {
 func main() { os.Exit(runMain(os.Args[1:])) }
 
 func runMain(args []string) int {
+	if len(args) > 0 && args[0] == "fanout" {
+		return runFanout(args[1:])
+	}
 	fs := flag.NewFlagSet("apiview", flag.ContinueOnError)
 	var cfg config
 	fs.IntVar(&cfg.services, "services", 10000, "ClusterIP Services, one TCP port and one EndpointSlice each")
@@ -81,17 +84,8 @@ func runMain(args []string) int {
 		fmt.Fprintln(os.Stderr, "apiview must run as root (it creates a network namespace)")
 		return 2
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	defer signal.Stop(sigs)
-	go func() {
-		if s, ok := <-sigs; ok {
-			logf("%v: stopping", s)
-			cancel()
-		}
-	}()
+	ctx, stop := signalContext()
+	defer stop()
 	rep, err := bench(ctx, cfg, append([]string{"go run ./bench/apiview"}, args...))
 	if rep != nil {
 		text := rep.render()
@@ -111,6 +105,20 @@ func runMain(args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// signalContext is cancelled on SIGINT, SIGTERM or SIGHUP, which it logs.
+func signalContext() (context.Context, func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	go func() {
+		if s, ok := <-sigs; ok {
+			logf("%v: stopping", s)
+			cancel()
+		}
+	}()
+	return ctx, func() { signal.Stop(sigs); cancel() }
 }
 
 func bench(ctx context.Context, cfg config, argv []string) (*report, error) {

@@ -95,3 +95,46 @@ func (r *report) render() string {
 	fmt.Fprintf(&b, "viewrun: --fresh-within 60s --probe-interval 15s, GOGC %s.\n", gogc)
 	return b.String()
 }
+
+func (r *fanoutReport) render() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "## API fan-out: %d watchers of each kind at %d services x %d endpoints\n\n", r.cfg.watchers, r.cfg.services, r.cfg.endpoints)
+	fmt.Fprintf(&b, "%s, Linux %s, %s (%d cores), commit %s. `%s`\n\n", r.Date, r.Kernel, r.CPU, r.Cores, r.Commit, r.Cmdline)
+	k := r.Kube
+	if k == nil || (k.Load == 0 && !k.Reused) {
+		b.WriteString("The control plane failed before the load ended.\n")
+		return b.String()
+	}
+	fmt.Fprintf(&b, "etcd and kube-apiserver %s in namespace %s (loopback, token auth): %d Services and %d EndpointSlices (%d endpoints). ", r.Version, k.NS, k.Services, k.Slices, k.Endpoints)
+	fmt.Fprintf(&b, "Each phase starts its watchers in one process, each on a connection of its own, waits until all have synced, then patches one endpoint's readiness %.0f times a second for %s. ", r.cfg.churnRate, r.cfg.churn)
+	b.WriteString("CPU is the process's user and system time over the phase (percent of one core); RSS the mean of 1 s samples; peaks are VmHWM, reset at each phase's start.\n\n")
+	b.WriteString("| watchers | sync s | list requests until synced | apiserver CPU s until synced | etcd CPU s until synced | apiserver peak RSS until synced MiB | watches open | changes made | apiserver CPU % (churn) | etcd CPU % (churn) | apiserver RSS MiB (churn, mean) | apiserver peak RSS MiB (churn) | apiserver Go heap MiB (churn's end) | load avg |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, p := range r.Phases {
+		name := "none"
+		if p.Watchers > 0 {
+			name = fmt.Sprintf("%d × %s", p.Watchers, p.Kind)
+		}
+		fmt.Fprintf(&b, "| %s | %.1f | %d | %.1f | %.1f | %.0f | %d | %d | %.1f | %.1f | %.0f | %.0f | %.0f | %.1f–%.1f |\n", name,
+			p.SyncSeconds, p.Lists, p.SyncAPIServerCPU, p.SyncEtcdCPU, mib(p.SyncAPIServerPeak), p.Watches, p.Changes,
+			p.ChurnAPIServerCPU, p.ChurnEtcdCPU, mib(p.ChurnAPIServerRSS), mib(p.ChurnAPIServerPeak), mib(p.APIServerHeap), p.ChurnLoad1Start, p.Load1E)
+	}
+	if len(r.Phases) == 3 {
+		none := r.Phases[0]
+		b.WriteString("\nPer watcher, above no watchers, and linearly at 5,000 nodes (one watcher a node, one API server):\n\n")
+		b.WriteString("| kind | apiserver CPU s per sync | apiserver CPU % per watcher (churn) | apiserver RSS MiB per watcher (churn) | apiserver Go heap MiB per watcher | 5,000: apiserver cores (churn) | 5,000: apiserver RSS GiB | 5,000: apiserver Go heap GiB | 5,000: apiserver CPU s for every node to sync |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, p := range r.Phases[1:] {
+			n := float64(p.Watchers)
+			cpu := (p.ChurnAPIServerCPU - none.ChurnAPIServerCPU) / n
+			mem := (mib(p.ChurnAPIServerRSS) - mib(none.ChurnAPIServerRSS)) / n
+			heap := (mib(p.APIServerHeap) - mib(none.APIServerHeap)) / n
+			sync := p.SyncAPIServerCPU / n
+			fmt.Fprintf(&b, "| %s | %.2f | %.3f | %.2f | %.2f | %.1f | %.1f | %.1f | %.0f |\n", p.Kind, sync, cpu, mem, heap, cpu*5000/100, mem*5000/1024, heap*5000/1024, sync*5000)
+		}
+		if none.HeapMetric != "" {
+			fmt.Fprintf(&b, "\nThe Go heap is kube-apiserver's %s.\n", none.HeapMetric)
+		}
+	}
+	fmt.Fprintf(&b, "\nkube-apiserver at the end: VmRSS %.1f MiB; etcd: VmRSS %.1f MiB.\n", mib(k.APIServer.RSSKiB), mib(k.Etcd.RSSKiB))
+	return b.String()
+}

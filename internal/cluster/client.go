@@ -67,14 +67,9 @@ func newRESTSource(cfg *rest.Config) (*apiSource, error) {
 	}
 	codecs := serializer.NewCodecFactory(scheme)
 	params := runtime.NewParameterCodec(scheme)
-	base := rest.CopyConfig(cfg)
-	if base.UserAgent == "" {
-		base.UserAgent = rest.DefaultKubernetesUserAgent()
-	}
-	base.WrapTransport = transport.Wrappers(base.WrapTransport, limitStreamBuffer)
-	httpClient, err := rest.HTTPClientFor(base)
+	base, httpClient, err := newViewHTTPClient(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("building the HTTP client for %s: %w", cfg.Host, err)
+		return nil, err
 	}
 	clientFor := func(gv schema.GroupVersion, apiPath string, rateLimited bool) (*rest.RESTClient, error) {
 		c := rest.CopyConfig(base)
@@ -90,7 +85,15 @@ func newRESTSource(cfg *rest.Config) (*apiSource, error) {
 		}
 		return rc, nil
 	}
+	// Each group has a client behind the client-side rate limit, for what starts a list or a
+	// watch, and one outside it, for the pages that continue a list (restResource) and for
+	// the probe, which a burst of relists would otherwise make wait (and time out) and which
+	// asks only once per probe interval.
 	core, err := clientFor(corev1.SchemeGroupVersion, "/api", true)
+	if err != nil {
+		return nil, err
+	}
+	coreUnthrottled, err := clientFor(corev1.SchemeGroupVersion, "/api", false)
 	if err != nil {
 		return nil, err
 	}
@@ -98,21 +101,39 @@ func newRESTSource(cfg *rest.Config) (*apiSource, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The probe's own client, on the same http.Client: not behind the lists' and watches'
-	// client-side rate limit, which a burst of relists would otherwise make it wait on (and
-	// time out), nor counting against it. It asks once per probe interval.
-	prober, err := clientFor(corev1.SchemeGroupVersion, "/api", false)
+	discoveryUnthrottled, err := clientFor(discoveryv1.SchemeGroupVersion, "/apis", false)
 	if err != nil {
 		return nil, err
 	}
 	return &apiSource{
-		services:       restResource(core, params, "services", func() runtime.Object { return &corev1.ServiceList{} }),
-		endpointSlices: restResource(discovery, params, "endpointslices", func() runtime.Object { return &discoveryv1.EndpointSliceList{} }),
-		nodes:          restResource(core, params, "nodes", func() runtime.Object { return &corev1.NodeList{} }),
+		services:       restResource(core, coreUnthrottled, params, "services", func() runtime.Object { return &corev1.ServiceList{} }),
+		endpointSlices: restResource(discovery, discoveryUnthrottled, params, "endpointslices", func() runtime.Object { return &discoveryv1.EndpointSliceList{} }),
+		nodes:          restResource(core, coreUnthrottled, params, "nodes", func() runtime.Object { return &corev1.NodeList{} }),
 		// /version is the cheapest request the API server answers for any authenticated
 		// client (no etcd read, allowed by the default system:public-info-viewer role).
-		probe: func(ctx context.Context) error { return prober.Get().AbsPath("/version").Do(ctx).Error() },
+		probe: func(ctx context.Context) error { return coreUnthrottled.Get().AbsPath("/version").Do(ctx).Error() },
 	}, nil
+}
+
+// newViewHTTPClient returns the view's copy of cfg and the one http.Client all its requests
+// use, on a transport of its own: client-go hands clients whose TLS settings are equal one
+// shared transport (its TLS cache), and limitStreamBuffer changes the transport, which other
+// clients built from the same configuration (Config.RESTConfig) must neither see nor race
+// with. client-go never shares the transport of a configuration with a Proxy function.
+func newViewHTTPClient(cfg *rest.Config) (*rest.Config, *http.Client, error) {
+	base := rest.CopyConfig(cfg)
+	if base.UserAgent == "" {
+		base.UserAgent = rest.DefaultKubernetesUserAgent()
+	}
+	if base.Proxy == nil {
+		base.Proxy = http.ProxyFromEnvironment // what client-go's own transports do
+	}
+	base.WrapTransport = transport.Wrappers(base.WrapTransport, limitStreamBuffer)
+	httpClient, err := rest.HTTPClientFor(base)
+	if err != nil {
+		return nil, nil, fmt.Errorf("building the HTTP client for %s: %w", cfg.Host, err)
+	}
+	return base, httpClient, nil
 }
 
 // http2StreamBuffer bounds what the API server may send ahead on one list or watch before
@@ -124,39 +145,54 @@ const http2StreamBuffer = 256 << 10
 
 // limitStreamBuffer sets http2StreamBuffer on the http.Transport client-go built for the
 // view's config before the transport opens a connection (x/net/http2 reads the transport's
-// HTTP2 settings for each new connection). client-go hands over its transport wrapped (its
-// TLS cache's tracking, CA file rotation, whose replacement transports are clones that keep
-// the setting), so the wrappers are unwrapped to find it. A transport with settings of its
-// own, or net/http's shared default (a plain-HTTP server), is left alone; only the view uses
-// client-go in the exporter, so nothing else has used the transport yet.
+// HTTP2 settings for each new connection); the transport is the view's own
+// (newViewHTTPClient). A transport with settings of its own, or net/http's shared default,
+// is left alone.
 func limitStreamBuffer(rt http.RoundTripper) http.RoundTripper {
-	for inner := rt; ; {
-		switch t := inner.(type) {
+	if t := innerTransport(rt); t != nil && t != http.DefaultTransport && t.HTTP2 == nil {
+		t.HTTP2 = &http.HTTP2Config{MaxReceiveBufferPerStream: http2StreamBuffer}
+	}
+	return rt
+}
+
+// innerTransport is the http.Transport under rt, or nil. client-go hands over its transport
+// wrapped (its TLS cache's tracking, CA file rotation, whose replacement transports are
+// clones that keep the HTTP2 settings); each wrapper says what it wraps.
+func innerTransport(rt http.RoundTripper) *http.Transport {
+	for {
+		switch t := rt.(type) {
 		case *http.Transport:
-			if t != http.DefaultTransport && t.HTTP2 == nil {
-				t.HTTP2 = &http.HTTP2Config{MaxReceiveBufferPerStream: http2StreamBuffer}
-			}
-			return rt
+			return t
 		case utilnet.RoundTripperWrapper:
-			inner = t.WrappedRoundTripper()
+			rt = t.WrappedRoundTripper()
 		default:
-			return rt
+			return nil
 		}
 	}
 }
 
 // restResource lists and watches resource as the generated typed clients do
-// (k8s.io/client-go/gentype: List and Watch), across all namespaces.
-func restResource(c rest.Interface, params runtime.ParameterCodec, resource string, newList func() runtime.Object) resourceClient {
+// (k8s.io/client-go/gentype: List and Watch), across all namespaces. A list's first page and
+// every watch go through started, behind the client-side rate limit; the pages that continue
+// a list go through continued, outside it. client-go's limiter (5 requests a second after a
+// burst of 10 by default) makes every request wait, continuations too: it would hold a list
+// of 10,000 objects in pages of listPageSize for 18 s. It is there to space out the lists
+// and watches a client starts, relists above all, and a list's continuations are part of
+// one; the API server's priority and fairness still weighs each page.
+func restResource(started, continued rest.Interface, params runtime.ParameterCodec, resource string, newList func() runtime.Object) resourceClient {
 	return resourceClient{
 		list: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+			c := started
+			if opts.Continue != "" {
+				c = continued
+			}
 			list := newList()
 			err := c.Get().Resource(resource).VersionedParams(&opts, params).Timeout(timeoutOf(opts)).Do(ctx).Into(list)
 			return list, err
 		},
 		watch: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 			opts.Watch = true
-			return c.Get().Resource(resource).VersionedParams(&opts, params).Timeout(timeoutOf(opts)).Watch(ctx)
+			return started.Get().Resource(resource).VersionedParams(&opts, params).Timeout(timeoutOf(opts)).Watch(ctx)
 		},
 	}
 }

@@ -76,7 +76,7 @@ func New(cfg Config, logger *slog.Logger) (*Cluster, error) {
 		return nil, err
 	}
 	c := newCluster(cfg, logger)
-	restCfg, err := cfg.restConfig()
+	restCfg, err := cfg.RESTConfig()
 	if err != nil {
 		c.configErr = err
 		c.setErr(err)
@@ -188,7 +188,7 @@ func (c *Cluster) waitForConfig(ctx context.Context) bool {
 			return false
 		case <-t.C:
 		}
-		restCfg, err := c.cfg.restConfig()
+		restCfg, err := c.cfg.RESTConfig()
 		if err != nil {
 			c.configErr = err
 			c.setErr(err)

@@ -64,9 +64,12 @@ func (c *Config) setDefaults() error {
 // errNoAPI is wrapped by the error returned when no way to reach the API is configured.
 var errNoAPI = errors.New("no Kubernetes API configured")
 
-// restConfig finds the API server: --kubeconfig, else the in-cluster service account, else
-// $KUBECONFIG. It reads files only; nothing contacts the API server.
-func (c *Config) restConfig() (*rest.Config, error) {
+// RESTConfig is the client configuration for the API server every proxyhealth client is built
+// from: --kubeconfig, else the in-cluster service account, else $KUBECONFIG, asking for
+// protobuf. It reads files only; nothing contacts the API server. Each call returns a new
+// Config, which the caller may change; a typed client of any API group can be built from it
+// (NewForConfig) next to the view, which changes only its own copy.
+func (c *Config) RESTConfig() (*rest.Config, error) {
 	cfg, err := c.loadRestConfig()
 	if err != nil {
 		return nil, err
@@ -106,13 +109,3 @@ func (c *Config) loadRestConfig() (*rest.Config, error) {
 	return cfg, nil
 }
 
-// RESTConfig is the API server connection the view uses (--kubeconfig, in-cluster, or
-// $KUBECONFIG), for the exporter's other clients of the same API server (the scrape auth's
-// reviews, the Node condition): a copy, which they may change.
-func (c *Config) RESTConfig() (*rest.Config, error) {
-	cfg, err := c.restConfig()
-	if err != nil {
-		return nil, err
-	}
-	return rest.CopyConfig(cfg), nil
-}

@@ -3,6 +3,7 @@ package cluster
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -35,21 +36,40 @@ type state struct {
 	synced  func()
 
 	mu sync.Mutex
-	// services holds the slices too, under the Service they name: an update or delete finds
-	// a slice there (its label does not change), and only otherwise searches every Service's
-	// (see putSlice). A map by the slices' own keys would cost more than all the Services'
-	// entries.
-	services map[objKey]*serviceEntry
-	node     *nodeInfo // nil until this node is seen
-	listed   [numKinds]bool
+	// entries are the Services and their slices, sorted by key (namespace, then name), one
+	// entry per key: 32 bytes each, where a map of entries cost about 90 (its slots, and a
+	// pointer to each entry). The slices are kept under the Service they name: an update or
+	// delete finds a slice there (its label does not change), and only otherwise searches
+	// every Service's (see putSlice). A map by the slices' own keys would cost more than all
+	// the Services' entries.
+	entries []serviceEntry
+	node    *nodeInfo // nil until this node is seen
+	listed  [numKinds]bool
 }
 
 // serviceEntry is what one Service key has: the Service, and the slices that name it (by
 // their kubernetes.io/service-name label). Either may come first; an entry with neither is
-// removed.
+// removed, so the key is always that of one of them.
 type serviceEntry struct {
 	svc    *serviceInfo // nil while the Service is not kept (not seen yet, deleted, or not programmed)
 	slices []*sliceInfo
+}
+
+func (e *serviceEntry) key() objKey {
+	if e.svc != nil {
+		return e.svc.key
+	}
+	return e.slices[0].serviceKey()
+}
+
+func (e *serviceEntry) empty() bool { return e.svc == nil && len(e.slices) == 0 }
+
+// compareKeys orders keys by namespace, then name.
+func compareKeys(a, b objKey) int {
+	if a.namespace != b.namespace {
+		return strings.Compare(a.namespace.Value(), b.namespace.Value())
+	}
+	return strings.Compare(a.name, b.name)
 }
 
 func newState(nodeName string) *state {
@@ -58,7 +78,6 @@ func newState(nodeName string) *state {
 		changed:  func(objKey, bool) {},
 		heard:    func() {},
 		synced:   func() {},
-		services: map[objKey]*serviceEntry{},
 	}
 }
 
@@ -83,21 +102,21 @@ func (s *state) allListed() bool {
 func (s *state) service(key objKey) (*serviceInfo, []*sliceInfo) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := s.services[key]
+	e := s.lookup(key)
 	if e == nil || e.svc == nil {
 		return nil, nil
 	}
 	return e.svc, slices.Clone(e.slices)
 }
 
-// serviceKeys lists the Services kept.
+// serviceKeys lists the Services kept, sorted.
 func (s *state) serviceKeys() []objKey {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	keys := make([]objKey, 0, len(s.services))
-	for k, e := range s.services {
-		if e.svc != nil {
-			keys = append(keys, k)
+	keys := make([]objKey, 0, len(s.entries))
+	for i := range s.entries {
+		if e := &s.entries[i]; e.svc != nil {
+			keys = append(keys, e.svc.key)
 		}
 	}
 	return keys
@@ -139,20 +158,32 @@ func (s *state) changedLocked(key objKey, all bool) {
 	}
 }
 
-// entry returns key's entry, creating it. The caller holds mu.
-func (s *state) entry(key objKey) *serviceEntry {
-	e := s.services[key]
-	if e == nil {
-		e = &serviceEntry{}
-		s.services[key] = e
-	}
-	return e
+// search is where key's entry is, or would be inserted. The caller holds mu.
+func (s *state) search(key objKey) (int, bool) {
+	return slices.BinarySearchFunc(s.entries, key, compareEntryKey)
 }
 
-// prune removes key's entry once it holds nothing. The caller holds mu.
-func (s *state) prune(key objKey, e *serviceEntry) {
-	if e.svc == nil && len(e.slices) == 0 {
-		delete(s.services, key)
+// lookup returns key's entry, or nil. The pointer is good until entries are added or removed.
+// The caller holds mu.
+func (s *state) lookup(key objKey) *serviceEntry {
+	if i, found := s.search(key); found {
+		return &s.entries[i]
+	}
+	return nil
+}
+
+// insert adds e, which holds an object, at its place; no entry of its key may exist. The caller
+// holds mu.
+func (s *state) insert(e serviceEntry) {
+	i, _ := s.search(e.key())
+	s.entries = slices.Insert(s.entries, i, e)
+}
+
+// removeIfEmpty removes entry i once it holds nothing, before anything searches the entries
+// again (an empty entry has no key). The caller holds mu.
+func (s *state) removeIfEmpty(i int) {
+	if s.entries[i].empty() {
+		s.entries = slices.Delete(s.entries, i, i+1)
 	}
 }
 
@@ -161,11 +192,16 @@ func (s *state) prune(key objKey, e *serviceEntry) {
 func (s *state) put(k kind, obj any, scan bool) {
 	switch o := obj.(type) {
 	case *serviceInfo:
-		s.removeLocked(k, o.key)
-		if s.kept(o) {
-			s.entry(o.key).svc = o
-			s.changedLocked(o.key, false)
+		if !s.kept(o) {
+			s.removeLocked(k, o.key)
+			return
 		}
+		if e := s.lookup(o.key); e != nil {
+			e.svc = o
+		} else {
+			s.insert(serviceEntry{svc: o})
+		}
+		s.changedLocked(o.key, false)
 	case *sliceInfo:
 		s.putSlice(o, scan)
 	case *nodeInfo:
@@ -190,36 +226,48 @@ func (s *state) putSlice(o *sliceInfo, scan bool) {
 		s.removeSlice(o.key, sk, scan) // it may have lost the label that kept it
 		return
 	}
-	e := s.entry(sk)
-	if i := slices.IndexFunc(e.slices, func(x *sliceInfo) bool { return x.key == o.key }); i >= 0 {
-		e.slices[i] = o
-	} else {
-		if scan {
-			s.removeSlice(o.key, objKey{}, true)
+	defer s.changedLocked(sk, false)
+	if e := s.lookup(sk); e != nil {
+		if i := slices.IndexFunc(e.slices, func(x *sliceInfo) bool { return x.key == o.key }); i >= 0 {
+			e.slices[i] = o
+			return
 		}
-		e.slices = append(e.slices, o)
 	}
-	s.changedLocked(sk, false)
+	if scan {
+		s.removeSlice(o.key, objKey{}, true) // may remove entries: look sk up again after
+	}
+	if e := s.lookup(sk); e != nil {
+		e.slices = append(e.slices, o)
+	} else {
+		s.insert(serviceEntry{slices: []*sliceInfo{o}})
+	}
 }
 
 // removeSlice deletes the slice key from the Service named hint, else (with scan) from
 // whichever Service's slices hold it. The caller holds mu.
 func (s *state) removeSlice(key, hint objKey, scan bool) {
-	remove := func(sk objKey, e *serviceEntry) bool {
-		n := len(e.slices)
-		e.slices = slices.DeleteFunc(e.slices, func(x *sliceInfo) bool { return x.key == key })
-		if len(e.slices) == n {
+	remove := func(i int) bool {
+		e := &s.entries[i]
+		j := slices.IndexFunc(e.slices, func(x *sliceInfo) bool { return x.key == key })
+		if j < 0 {
 			return false
 		}
-		s.prune(sk, e)
+		sk := e.key()
+		e.slices = slices.Delete(e.slices, j, j+1)
+		s.removeIfEmpty(i)
 		s.changedLocked(sk, false)
 		return true
 	}
-	if e := s.services[hint]; e != nil && remove(hint, e) || !scan {
+	if hint != (objKey{}) {
+		if i, found := s.search(hint); found && remove(i) {
+			return
+		}
+	}
+	if !scan {
 		return
 	}
-	for sk, e := range s.services {
-		if remove(sk, e) {
+	for i := range s.entries {
+		if remove(i) {
 			return
 		}
 	}
@@ -230,9 +278,9 @@ func (s *state) removeSlice(key, hint objKey, scan bool) {
 func (s *state) removeLocked(k kind, key objKey) {
 	switch k {
 	case kindService:
-		if e := s.services[key]; e != nil && e.svc != nil {
-			e.svc = nil
-			s.prune(key, e)
+		if i, found := s.search(key); found && s.entries[i].svc != nil {
+			s.entries[i].svc = nil
+			s.removeIfEmpty(i)
 			s.changedLocked(key, false)
 		}
 	case kindNode:
@@ -257,30 +305,16 @@ func (s *state) replace(k kind, list []any) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch k {
-	case kindService:
-		for key, e := range s.services {
-			if e.svc != nil {
-				e.svc = nil
-				s.prune(key, e)
-				s.changedLocked(key, false)
-			}
-		}
-	case kindSlice:
-		for key, e := range s.services {
-			if len(e.slices) > 0 {
-				e.slices = nil
-				s.prune(key, e)
-				s.changedLocked(key, false)
-			}
-		}
+	case kindService, kindSlice:
+		s.replaceEntries(k, converted)
 	case kindNode:
 		if s.node != nil {
 			s.node = nil
 			s.changedLocked(objKey{}, true)
 		}
-	}
-	for _, c := range converted {
-		s.put(k, c, false) // every slice was just removed
+		for _, c := range converted {
+			s.put(k, c, false)
+		}
 	}
 	first := !s.listed[k]
 	s.listed[k] = true
@@ -289,6 +323,68 @@ func (s *state) replace(k kind, list []any) error {
 	}
 	return nil
 }
+
+// replaceEntries makes the Services or slices of the entries exactly list (compact objects
+// of kind k; it sorts list). Entries for new keys are appended in order and the entries
+// sorted once: 10,000 insertions into the middle would move them 10,000 times. The caller
+// holds mu.
+func (s *state) replaceEntries(k kind, list []any) {
+	for i := range s.entries {
+		e := &s.entries[i]
+		switch {
+		case k == kindService && e.svc != nil:
+			s.changedLocked(e.svc.key, false)
+			e.svc = nil
+		case k == kindSlice && len(e.slices) > 0:
+			s.changedLocked(e.key(), false)
+			e.slices = nil
+		}
+	}
+	s.entries = slices.DeleteFunc(s.entries, func(e serviceEntry) bool { return e.empty() })
+	// In key order, a Service's slices come together, so a key not found is new only for the
+	// first of them.
+	slices.SortStableFunc(list, func(a, b any) int { return compareKeys(entryKey(a), entryKey(b)) })
+	sorted := len(s.entries) // entries[:sorted] were there before, in order
+	for _, obj := range list {
+		if !s.kept(obj) {
+			continue
+		}
+		key := entryKey(obj)
+		var e *serviceEntry
+		if n := len(s.entries); n > sorted && s.entries[n-1].key() == key {
+			e = &s.entries[n-1]
+		} else if i, found := slices.BinarySearchFunc(s.entries[:sorted], key, compareEntryKey); found {
+			e = &s.entries[i]
+		} else {
+			s.entries = append(s.entries, serviceEntry{})
+			e = &s.entries[len(s.entries)-1]
+		}
+		switch o := obj.(type) {
+		case *serviceInfo:
+			e.svc = o
+		case *sliceInfo:
+			e.slices = append(e.slices, o)
+		}
+		s.changedLocked(key, false)
+	}
+	if len(s.entries) > sorted {
+		slices.SortFunc(s.entries, func(a, b serviceEntry) int { return compareKeys(a.key(), b.key()) })
+	}
+	// Appending grew the array by up to a quarter more than it holds: give the slack back.
+	if n := len(s.entries); cap(s.entries)-n > n/8 {
+		s.entries = slices.Clone(s.entries)
+	}
+}
+
+// entryKey is the key of the entry a compact Service or slice belongs under.
+func entryKey(obj any) objKey {
+	if svc, ok := obj.(*serviceInfo); ok {
+		return svc.key
+	}
+	return obj.(*sliceInfo).serviceKey()
+}
+
+func compareEntryKey(e serviceEntry, key objKey) int { return compareKeys(e.key(), key) }
 
 // convert turns an API object, or its compact form, into the compact form of kind k.
 func (s *state) convert(k kind, obj any) (any, error) {

@@ -49,7 +49,7 @@ func (r *recordingState) sliceNames(svc string) []string {
 // sliceKeys lists every slice kept, under whichever Service.
 func (r *recordingState) sliceKeys() []objKey {
 	var keys []objKey
-	for _, e := range r.services {
+	for _, e := range r.entries {
 		for _, s := range e.slices {
 			keys = append(keys, s.key)
 		}
@@ -144,8 +144,8 @@ func TestStore(t *testing.T) {
 	}
 	// Entries hold what is left: c's Service, and the slice a-2 naming b, whose Service is
 	// gone; a's entry, with neither, is removed.
-	if e := r.services[keyOf("ns", "b")]; len(r.services) != 2 || e == nil || e.svc != nil || len(e.slices) != 1 {
-		t.Errorf("entries after the relist: %d, b's %+v", len(r.services), e)
+	if e := r.lookup(keyOf("ns", "b")); len(r.entries) != 2 || e == nil || e.svc != nil || len(e.slices) != 1 {
+		t.Errorf("entries after the relist: %d, b's %+v", len(r.entries), e)
 	}
 
 	r.reset()
@@ -205,7 +205,91 @@ func TestStoreSliceLookups(t *testing.T) {
 	// An entry that named a slice but no kept Service is gone with the slice.
 	must(t, sls.Add(epSlice("y-1", "nosuch", ipv4, httpPort)))
 	must(t, sls.Delete(epSlice("y-1", "nosuch", ipv4, httpPort)))
-	if _, ok := r.services[keyOf("ns", "nosuch")]; ok {
+	if r.lookup(keyOf("ns", "nosuch")) != nil {
 		t.Error("an empty entry is left behind")
+	}
+}
+
+// checkEntries fails t unless the entries are sorted by key, one per key, none empty, and
+// each holds only objects of its key.
+func checkEntries(t *testing.T, s *state) {
+	t.Helper()
+	for i := range s.entries {
+		e := &s.entries[i]
+		if e.empty() {
+			t.Fatalf("entry %d is empty", i)
+		}
+		if i > 0 && compareKeys(s.entries[i-1].key(), e.key()) >= 0 {
+			t.Fatalf("entries %d and %d out of order: %v, %v", i-1, i, s.entries[i-1].key(), e.key())
+		}
+		if e.svc != nil && e.svc.key != e.key() {
+			t.Fatalf("entry %v holds the Service %v", e.key(), e.svc.key)
+		}
+		for _, sl := range e.slices {
+			if sl.serviceKey() != e.key() {
+				t.Fatalf("entry %v holds the slice %v of %v", e.key(), sl.key, sl.serviceKey())
+			}
+		}
+	}
+}
+
+// The entries stay sorted, one per key, through lists in any order (a namespace "a-b" comes
+// before "a" in etcd's key order, after it in the view's), slices of one Service that are not
+// listed together ("web-1", "web-api-1", "web-2"), relists and single changes.
+func TestStoreEntriesSorted(t *testing.T) {
+	svc := func(ns, name string) *corev1.Service {
+		return service(name, func(s *corev1.Service) { s.Namespace = ns })
+	}
+	slice := func(ns, name, service string) *discoveryv1.EndpointSlice {
+		s := epSlice(name, service, ipv4, httpPort, apiEP("10.0.0.1", ""))
+		s.Namespace = ns
+		return s
+	}
+	r := newRecordingState("node-a")
+	svcs, sls := r.store(kindService), r.store(kindSlice)
+	must(t, sls.Replace([]any{
+		slice("a-b", "web-1", "web"), slice("a", "web-1", "web"), slice("a", "web-api-1", "web-api"),
+		slice("a", "web-2", "web"), slice("a", "zz-1", "zz"), slice("b", "x-1", "x"),
+	}, "1"))
+	checkEntries(t, r.state)
+	must(t, svcs.Replace([]any{svc("b", "x"), svc("a-b", "web"), svc("a", "web-api"), svc("a", "web"), svc("a", "aa")}, "1"))
+	checkEntries(t, r.state)
+	must(t, r.store(kindNode).Replace(nil, "1"))
+	if got := len(r.entries); got != 6 {
+		t.Errorf("%d entries, want 6 (a/aa, a/web, a/web-api, a/zz, a-b/web, b/x)", got)
+	}
+	_, webSlices := r.service(keyOf("a", "web"))
+	if len(webSlices) != 2 {
+		t.Errorf("a/web has %d slices, want 2", len(webSlices))
+	}
+	if got := r.serviceKeys(); len(got) != 5 || got[0] != keyOf("a", "aa") || got[4] != keyOf("b", "x") {
+		t.Errorf("service keys %v, want a/aa first and b/x last of 5", got)
+	}
+
+	// Single changes insert and remove in place.
+	must(t, svcs.Add(svc("a", "ab")))
+	must(t, svcs.Add(svc("0", "first")))
+	must(t, sls.Add(slice("c", "last-1", "last")))
+	must(t, svcs.Delete(svc("a", "aa")))
+	must(t, sls.Update(slice("a", "web-2", "web-api"))) // moves to a/web-api
+	must(t, sls.Delete(slice("a", "zz-1", "zz")))       // a/zz had nothing else
+	checkEntries(t, r.state)
+	want := []objKey{keyOf("0", "first"), keyOf("a", "ab"), keyOf("a", "web"), keyOf("a", "web-api"), keyOf("a-b", "web"), keyOf("b", "x"), keyOf("c", "last")}
+	var got []objKey
+	for i := range r.entries {
+		got = append(got, r.entries[i].key())
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("entries %v, want %v", got, want)
+	}
+
+	// A relist of the slices keeps the Services' entries and drops c/last.
+	must(t, sls.Replace([]any{slice("a", "web-1", "web"), slice("d", "new-1", "new")}, "2"))
+	checkEntries(t, r.state)
+	if got := len(r.entries); got != 7 || r.lookup(keyOf("c", "last")) != nil {
+		t.Errorf("after the relist: %d entries, c/last %v; want 7 without c/last", got, r.lookup(keyOf("c", "last")))
+	}
+	if cap(r.entries) > len(r.entries)+len(r.entries)/8+1 {
+		t.Errorf("entries hold %d with room for %d", len(r.entries), cap(r.entries))
 	}
 }
