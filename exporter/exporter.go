@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -79,6 +80,11 @@ func Main(args []string) int {
 	if err := conditions.validate(); err != nil {
 		fmt.Fprintf(os.Stderr, "proxyhealth: %v\n", err)
 		return 2
+	}
+	if !srv.enablePprof {
+		// Without the profiler nothing reads heap profiles: stop sampling allocations, whose
+		// records are about 1.4 MiB of the API view's peak at 10,000 Services.
+		runtime.MemProfileRate = 0
 	}
 	logger := promslog.New(promslogConfig)
 	logger.Info("starting proxyhealth", "version", version.Info(), "build_context", version.BuildContext())
