@@ -96,6 +96,9 @@ type Collector struct {
 	logger *slog.Logger
 	engine *driftEngine
 	now    func() time.Time
+	// askedToConfirm is set by a check that asked the view or the rules to prove themselves
+	// current; Run's own.
+	askedToConfirm bool
 
 	mu          sync.Mutex
 	checkErrors uint64
@@ -136,6 +139,7 @@ func (c *Collector) Run(ctx context.Context) {
 	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	skippedGap := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -145,13 +149,19 @@ func (c *Collector) Run(ctx context.Context) {
 		case <-timer.C:
 		}
 		started := c.now()
+		c.askedToConfirm = false
 		next, ran := c.check()
-		// Wait for the next change, or the next deadline, but at least MinCheckGap.
+		// Wait for the next change, or the next deadline, but at least MinCheckGap; except
+		// that the answer to a check's request for proof (the view's probe, the rules'
+		// read) is compared at once: a drift that came of age is then reported a second
+		// sooner. Never twice in a row, so a request answered at once cannot spin the loop.
 		wait := c.cfg.CheckInterval
 		if !next.IsZero() {
 			wait = min(wait, next.Sub(c.now()))
 		}
-		if gap := c.cfg.MinCheckGap - c.now().Sub(started); gap > 0 && ran {
+		skip := c.askedToConfirm && !skippedGap
+		skippedGap = skip
+		if gap := c.cfg.MinCheckGap - c.now().Sub(started); gap > 0 && ran && !skip {
 			select {
 			case <-ctx.Done():
 				return
@@ -187,6 +197,7 @@ func (c *Collector) check() (time.Time, bool) {
 			// A difference came of age, but kube-proxy may have changed its rules since the
 			// last read: read them now rather than at the reader's next turn.
 			c.cfg.Rules.(LaggingRules).CatchUp()
+			c.askedToConfirm = true
 		}
 		res.mode = st.Mode
 		if st.ProxyErr != nil {
@@ -205,6 +216,7 @@ func (c *Collector) check() (time.Time, bool) {
 		// to prove itself now rather than wait for its next probe.
 		if cf, ok := c.cfg.View.(cluster.Confirmer); ok {
 			cf.Confirm()
+			c.askedToConfirm = true
 		}
 	}
 	return res.nextDeadline, true

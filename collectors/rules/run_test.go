@@ -273,3 +273,48 @@ func TestWatchdog(t *testing.T) {
 		t.Errorf("stuck reader: %v", err)
 	}
 }
+
+// confirmingView answers Confirm as the API view does: it hears from the API server at once
+// and tells its consumers.
+type confirmingView struct {
+	notifyingView
+	at time.Time
+}
+
+func (v *confirmingView) Confirm() {
+	v.mu.Lock()
+	snap := *v.snap
+	snap.LastHeard = v.at
+	v.confirms++
+	v.mu.Unlock()
+	v.set(&snap)
+}
+
+// The answer to a check's request for proof is compared at once, not after MinCheckGap: a
+// drift that came of age is reported as soon as the view has proved itself current.
+func TestRunComparesTheConfirmationAtOnce(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	snap := snapshot(dnsPort("10.244.1.5:53"))
+	snap.LastHeard = t0
+	view := &confirmingView{notifyingView: notifyingView{changed: make(chan struct{}, 1), snap: snap}, at: t0.Add(11 * time.Second)}
+	rules := &changingRules{st: stateOf(hostrules.ModeIPTables, map[string][]netip.AddrPort{})}
+	c, err := New(Config{View: view, Rules: rules, CheckInterval: time.Hour, GracePeriod: 10 * time.Second, MaxSeries: 10, MinCheckGap: time.Hour}, promslog.NewNopLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := t0
+	c.now = func() time.Time { return now }
+	c.check() // the endpoint is missing from t0
+	now = t0.Add(11 * time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { c.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	// Run's first check finds the difference of age but unconfirmed and asks the view, which
+	// answers at once; with the hour-long gap, only an immediate second check reports it.
+	waitUntil(t, "the drift reported after the view confirmed", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.last != nil && len(c.last.drifting) == 1
+	})
+}
