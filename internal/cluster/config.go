@@ -108,4 +108,3 @@ func (c *Config) loadRestConfig() (*rest.Config, error) {
 	}
 	return cfg, nil
 }
-

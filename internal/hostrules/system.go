@@ -24,7 +24,9 @@ type systemBackends struct {
 	// change that cannot have touched the forward path reuses its graphs.
 	lastGen  uint32
 	lastRead *nftRead
-	// forwardReads counts ForwardGraphs reads.
+	// forward keeps the forward path's graphs, re-reading the tables each change touched;
+	// forwardReads counts its reads.
+	forward      nftnl.ForwardReader
 	forwardReads int
 }
 
@@ -91,8 +93,10 @@ func (b *systemBackends) nft(changes []nftChange) (nftRead, error) {
 			return *b.lastRead, nil
 		}
 		_ = b.follower.Resync(ctx) // the errors are the tables', below
-	} else {
-		cs := make([]nftnl.Change, len(changes))
+	}
+	var cs []nftnl.Change // nil: everything is read again
+	if changes != nil {
+		cs = make([]nftnl.Change, len(changes))
 		forward = false
 		for i, c := range changes {
 			cs[i] = c.change
@@ -122,7 +126,7 @@ func (b *systemBackends) nft(changes []nftChange) (nftRead, error) {
 		r.iptablesFwd, r.nativeFwd = b.lastRead.iptablesFwd, b.lastRead.nativeFwd
 	} else {
 		b.forwardReads++
-		graphs, err := nftnl.ForwardGraphs(ctx)
+		graphs, err := b.forward.Read(ctx, cs)
 		if err != nil {
 			r.iptablesErr, r.nativeFwdErr = err, err
 		}

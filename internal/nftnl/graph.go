@@ -31,29 +31,128 @@ func ForwardGraphs(ctx context.Context) ([]*ruleset.Graph, error) {
 	return gs, err
 }
 
-func forwardGraphs(ctx context.Context, q querier) ([]*ruleset.Graph, error) {
+// ForwardReader reads what ForwardGraphs does and follows it as it changes. Listing the base
+// chains takes a dump of every chain of every table (at 10,000 Services, over 100,000 of
+// kube-proxy's), so it is done again only when a change may have added or removed a base
+// chain; a forward table's graph is read again only when a change touched that table.
+type ForwardReader struct {
+	tables []tableChains // the tables with forward base chains, from the last listing
+	graphs []*ruleset.Graph
+	listed bool
+}
+
+// Read returns the forward graphs after changes (the Watch's, since the last Read); nil
+// changes, or a Resync among them, read everything again.
+func (r *ForwardReader) Read(ctx context.Context, changes []Change) ([]*ruleset.Graph, error) {
 	var out []*ruleset.Graph
-	err := consistently(ctx, q, func() error {
-		out = nil
-		chains, err := dumpBaseChains(ctx, q)
-		if err != nil {
+	err := withSocket(func(q querier) error {
+		var err error
+		out, err = r.read(ctx, q, changes)
+		return err
+	})
+	return out, err
+}
+
+func (r *ForwardReader) read(ctx context.Context, q querier, changes []Change) ([]*ruleset.Graph, error) {
+	if !r.listed || relist(changes) {
+		r.listed = false
+		var tables []tableChains
+		var graphs []*ruleset.Graph
+		err := consistently(ctx, q, func() error {
+			var err error
+			tables, graphs, err = forwardTablesAndGraphs(ctx, q)
 			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("read forward path rules: %w", err)
 		}
-		for _, t := range forwardTables(chains) {
-			g, err := readGraph(ctx, q, t)
-			if err != nil {
-				return err
-			}
-			if g != nil {
-				out = append(out, g)
+		r.tables, r.graphs, r.listed = tables, graphs, true
+		return nonNil(r.graphs), nil
+	}
+	for i, t := range r.tables {
+		if !touched(changes, Table{Family: t.family, Name: t.name}) {
+			continue
+		}
+		var g *ruleset.Graph
+		err := consistently(ctx, q, func() error {
+			var err error
+			g, err = readGraph(ctx, q, t)
+			return err
+		})
+		if err != nil {
+			r.listed = false // start over next time
+			return nil, fmt.Errorf("read forward path rules of %s: %w", Table{Family: t.family, Name: t.name}, err)
+		}
+		r.graphs[i] = g
+	}
+	return nonNil(r.graphs), nil
+}
+
+// relist says whether changes may have added or removed a base chain, or lost track.
+func relist(changes []Change) bool {
+	if changes == nil {
+		return true
+	}
+	for _, c := range changes {
+		if c.Resync {
+			return true
+		}
+		for _, d := range c.Details {
+			if d.TableEvent || d.BaseChainEvent {
+				return true
 			}
 		}
-		return nil
+	}
+	return false
+}
+
+func touched(changes []Change, t Table) bool {
+	for _, c := range changes {
+		if slices.Contains(c.Tables, t) {
+			return true
+		}
+	}
+	return false
+}
+
+func forwardGraphs(ctx context.Context, q querier) ([]*ruleset.Graph, error) {
+	var graphs []*ruleset.Graph
+	err := consistently(ctx, q, func() error {
+		var err error
+		_, graphs, err = forwardTablesAndGraphs(ctx, q)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read forward path rules: %w", err)
 	}
-	return out, nil
+	return nonNil(graphs), nil
+}
+
+// forwardTablesAndGraphs lists the tables with forward base chains and reads each one's graph
+// (nil where there is none to read), in the same order.
+func forwardTablesAndGraphs(ctx context.Context, q querier) ([]tableChains, []*ruleset.Graph, error) {
+	chains, err := dumpBaseChains(ctx, q)
+	if err != nil {
+		return nil, nil, err
+	}
+	tables := forwardTables(chains)
+	graphs := make([]*ruleset.Graph, len(tables))
+	for i, t := range tables {
+		if graphs[i], err = readGraph(ctx, q, t); err != nil {
+			return nil, nil, err
+		}
+	}
+	return tables, graphs, nil
+}
+
+func nonNil(graphs []*ruleset.Graph) []*ruleset.Graph {
+	var out []*ruleset.Graph
+	for _, g := range graphs {
+		if g != nil {
+			out = append(out, g)
+		}
+	}
+	return out
 }
 
 // tableChains is one table with its base chains.

@@ -52,6 +52,9 @@ type TableChange struct {
 	// Overflow: the commit touched more than maxDetailNames chains and sets of the table;
 	// the lists stop there and the table should be read whole.
 	Overflow bool
+	// BaseChainEvent: a base chain (one on a netfilter hook) was created, deleted or updated;
+	// set whatever Overflow says.
+	BaseChainEvent bool
 	// Other: objects other than chains, rules, sets and elements changed (objects,
 	// flowtables).
 	Other bool
@@ -265,6 +268,9 @@ func (d *detailAcc) note(m message) {
 	case unix.NFT_MSG_NEWCHAIN, unix.NFT_MSG_DELCHAIN:
 		if name, ok := strAttr(m.attrs, unix.NFTA_CHAIN_NAME); ok {
 			d.add('e', name)
+		}
+		if _, ok := strAttr(m.attrs, unix.NFTA_CHAIN_HOOK); ok {
+			d.tc.BaseChainEvent = true
 		}
 	case unix.NFT_MSG_NEWSET, unix.NFT_MSG_DELSET:
 		if name, ok := strAttr(m.attrs, unix.NFTA_SET_NAME); ok {
