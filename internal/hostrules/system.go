@@ -85,7 +85,7 @@ func (b *systemBackends) nft(changes []nftChange) (nftRead, error) {
 		}
 		b.follower, changes = f, nil
 	}
-	gen, genErr := nftnl.Generation(ctx)
+	gen, genErr := b.follower.Generation(ctx)
 	forward := true
 	if changes == nil {
 		// No watch to say what changed: everything, unless nothing did.

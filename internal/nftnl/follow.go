@@ -91,6 +91,9 @@ func (f *Follower) Close() error {
 	return f.sock.Close()
 }
 
+// Generation asks for the ruleset's current generation on the Follower's socket.
+func (f *Follower) Generation(ctx context.Context) (uint32, error) { return generation(ctx, f.q) }
+
 // Stats returns the reads made so far; unlike the rest, it may be called concurrently.
 func (f *Follower) Stats() FollowStats {
 	return FollowStats{FullReads: f.q.full.Load(), RuleDumps: f.q.rules.Load(), ElementDumps: f.q.elements.Load()}

@@ -32,6 +32,7 @@ func TestKernelForwardReaderFollowsChanges(t *testing.T) {
 	iptablesNFT(t, "-t", "filter", "-A", "KUBE-FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
 	iptablesNFT(t, "-t", "nat", "-N", "KUBE-SERVICES")
 	var r ForwardReader
+	defer r.Close()
 	if p := dropPath(t, &r, nil); p == nil {
 		t.Fatal("no INVALID drop path on the first read")
 	}

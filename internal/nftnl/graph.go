@@ -35,22 +35,37 @@ func ForwardGraphs(ctx context.Context) ([]*ruleset.Graph, error) {
 // chains takes a dump of every chain of every table (at 10,000 Services, over 100,000 of
 // kube-proxy's), so it is done again only when a change may have added or removed a base
 // chain; a forward table's graph is read again only when a change touched that table.
+//
+// It keeps one socket open between reads (closing a netfilter netlink socket costs the kernel
+// more than the small reads it serves); Close closes it.
 type ForwardReader struct {
 	tables []tableChains // the tables with forward base chains, from the last listing
 	graphs []*ruleset.Graph
 	listed bool
+	sock   *nlSocket
 }
 
 // Read returns the forward graphs after changes (the Watch's, since the last Read); nil
 // changes, or a Resync among them, read everything again.
 func (r *ForwardReader) Read(ctx context.Context, changes []Change) ([]*ruleset.Graph, error) {
-	var out []*ruleset.Graph
-	err := withSocket(func(q querier) error {
-		var err error
-		out, err = r.read(ctx, q, changes)
-		return err
-	})
-	return out, err
+	if r.sock == nil {
+		s, err := dial()
+		if err != nil {
+			return nil, err
+		}
+		r.sock = s
+	}
+	return r.read(ctx, r.sock, changes)
+}
+
+// Close closes the reader's socket; a later Read opens another.
+func (r *ForwardReader) Close() error {
+	if r.sock == nil {
+		return nil
+	}
+	err := r.sock.Close()
+	r.sock = nil
+	return err
 }
 
 func (r *ForwardReader) read(ctx context.Context, q querier, changes []Change) ([]*ruleset.Graph, error) {
