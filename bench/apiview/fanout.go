@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -60,12 +61,11 @@ type fanoutPhase struct {
 }
 
 type fanoutReport struct {
-	cfg                        fanoutConfig
-	Date, Kernel, CPU, Cmdline string
-	Cores                      int
-	Commit, Version            string
-	Kube                       *kubeResult
-	Phases                     []fanoutPhase
+	cfg fanoutConfig
+	benchrun.Machine
+	Version string
+	Kube    *kubeResult
+	Phases  []fanoutPhase
 }
 
 func runFanout(args []string) int {
@@ -107,27 +107,14 @@ func runFanout(args []string) int {
 		fmt.Fprintln(os.Stderr, "apiview fanout must run as root (it creates a network namespace)")
 		return 2
 	}
-	ctx, stop := signalContext()
+	ctx, stop := benchrun.SignalContext("stopping")
 	defer stop()
 	rep, err := fanout(ctx, cfg, append([]string{"go run ./bench/apiview fanout"}, args...))
+	var text string
 	if rep != nil {
-		text := rep.render()
-		fmt.Print(text)
-		if cfg.out != "" {
-			if werr := os.WriteFile(cfg.out, []byte(text), 0o644); werr != nil {
-				fmt.Fprintln(os.Stderr, werr)
-				return 1
-			}
-		}
+		text = rep.render()
 	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "apiview fanout: %v\n", err)
-		if ctx.Err() != nil {
-			return 130
-		}
-		return 1
-	}
-	return 0
+	return benchrun.Finish(ctx, "apiview fanout", text, cfg.out, err)
 }
 
 func fanout(ctx context.Context, cfg fanoutConfig, argv []string) (*fanoutReport, error) {
@@ -136,14 +123,11 @@ func fanout(ctx context.Context, cfg fanoutConfig, argv []string) (*fanoutReport
 		return nil, err
 	}
 	defer unlock()
-	for _, ns := range benchns.List(nsPrefix) {
-		fmt.Fprintf(os.Stderr, "removing leftover namespace %s\n", ns)
-		if err := benchns.Delete(nsPrefix, ns); err != nil {
-			return nil, err
-		}
+	if err := benchns.RemoveLeftovers(nsPrefix); err != nil {
+		return nil, err
 	}
 	if cfg.repo == "" {
-		if cfg.repo, err = findRepo(); err != nil {
+		if cfg.repo, err = benchrun.FindRepo(); err != nil {
 			return nil, err
 		}
 	}
@@ -162,15 +146,10 @@ func fanout(ctx context.Context, cfg fanoutConfig, argv []string) (*fanoutReport
 	}
 	rep := &fanoutReport{
 		cfg:     cfg,
-		Date:    time.Now().UTC().Format(time.RFC3339),
-		Kernel:  strings.TrimSpace(readFile("/proc/sys/kernel/osrelease")),
-		CPU:     benchns.CPUModel(),
-		Cores:   benchns.NumCPU(),
-		Cmdline: strings.Join(argv, " "),
-		Commit:  git(cfg.repo, "describe", "--always", "--dirty"),
+		Machine: benchrun.Describe(cfg.repo, argv),
 		Version: bins.Version,
 	}
-	logf("building fanrun")
+	benchrun.Logf("building fanrun")
 	fanrun := filepath.Join(tmp, "fanrun")
 	build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", fanrun, "./bench/apiview/fanrun")
 	build.Dir = cfg.repo
@@ -187,13 +166,13 @@ func fanout(ctx context.Context, cfg fanoutConfig, argv []string) (*fanoutReport
 		return rep, err
 	}
 	for _, kind := range []string{"none", "view", "informer"} {
-		logf("phase %s", kind)
+		benchrun.Logf("phase %s", kind)
 		ph, err := k.fanoutPhase(ctx, cfg, fanrun, kind)
 		rep.Phases = append(rep.Phases, ph)
 		if err != nil {
 			return rep, fmt.Errorf("phase %s: %w", kind, err)
 		}
-		logf("  synced in %.1f s (apiserver %.1f CPU s), churn: apiserver %.1f%% of a core, RSS %.0f MiB", ph.SyncSeconds, ph.SyncAPIServerCPU, ph.ChurnAPIServerCPU, mib(ph.ChurnAPIServerRSS))
+		benchrun.Logf("  synced in %.1f s (apiserver %.1f CPU s), churn: apiserver %.1f%% of a core, RSS %.0f MiB", ph.SyncSeconds, ph.SyncAPIServerCPU, ph.ChurnAPIServerCPU, mib(ph.ChurnAPIServerRSS))
 	}
 	k.sample()
 	return rep, nil
@@ -444,7 +423,7 @@ func resetHWM(pid int) {
 }
 
 func loadavg1() float64 {
-	f := strings.Fields(readFile("/proc/loadavg"))
+	f := strings.Fields(benchrun.ReadFile("/proc/loadavg"))
 	if len(f) == 0 {
 		return 0
 	}

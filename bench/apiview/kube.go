@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
 	corev1 "k8s.io/api/core/v1"
@@ -136,7 +137,7 @@ func startKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp strin
 	if k.kubeconfig, err = writeCredentials(k.dir, token); err != nil {
 		return k, err
 	}
-	logf("starting etcd and kube-apiserver %s in %s", bins.Version, k.ns)
+	benchrun.Logf("starting etcd and kube-apiserver %s in %s", bins.Version, k.ns)
 	t0 := time.Now()
 	etcd, err := k.start("etcd", bins.Etcd,
 		"--name", "bench",
@@ -217,13 +218,13 @@ func startKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp strin
 	}
 	k.res.ControlPlaneUp = time.Since(t0)
 
-	logf("creating %d Services and their EndpointSlices (%d endpoints each, every %dth on this node) with %d workers", cfg.services, cfg.endpoints, cfg.localEvery, cfg.workers)
+	benchrun.Logf("creating %d Services and their EndpointSlices (%d endpoints each, every %dth on this node) with %d workers", cfg.services, cfg.endpoints, cfg.localEvery, cfg.workers)
 	t0 = time.Now()
 	if err := load(ctx, client, cfg, k.res); err != nil {
 		return k, err
 	}
 	k.res.Load = time.Since(t0)
-	logf("loaded in %s", k.res.Load.Round(time.Millisecond))
+	benchrun.Logf("loaded in %s", k.res.Load.Round(time.Millisecond))
 	if k.keepEtcd {
 		return k, os.WriteFile(filepath.Join(k.etcdDir, "loaded"), []byte(marker), 0o600)
 	}
@@ -232,7 +233,7 @@ func startKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp strin
 
 // count fills in the figures of a load done by an earlier run (--etcd-data).
 func (k *kube) count(ctx context.Context, client kubernetes.Interface, cfg config) error {
-	logf("reusing the Services and EndpointSlices in %s", k.etcdDir)
+	benchrun.Logf("reusing the Services and EndpointSlices in %s", k.etcdDir)
 	sls, err := client.DiscoveryV1().EndpointSlices("").List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return fmt.Errorf("counting the EndpointSlices: %w", err)
@@ -470,7 +471,7 @@ func load(ctx context.Context, client kubernetes.Interface, cfg config, res *kub
 				atomic.AddInt64(&eps, int64(len(slice.Endpoints)))
 				atomic.AddInt64(&locs, int64(local))
 				if n := s + 1; n%2000 == 0 {
-					logf("  ~%d services created", n)
+					benchrun.Logf("  ~%d services created", n)
 				}
 			}
 		})

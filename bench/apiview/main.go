@@ -12,18 +12,14 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
-	"strings"
-	"syscall"
-	"time"
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
 )
 
@@ -84,42 +80,17 @@ func runMain(args []string) int {
 		fmt.Fprintln(os.Stderr, "apiview must run as root (it creates a network namespace)")
 		return 2
 	}
-	ctx, stop := signalContext()
+	ctx, stop := benchrun.SignalContext("stopping")
 	defer stop()
 	rep, err := bench(ctx, cfg, append([]string{"go run ./bench/apiview"}, args...))
+	var text string
 	if rep != nil {
-		text := rep.render()
-		fmt.Print(text)
-		if cfg.out != "" {
-			if werr := os.WriteFile(cfg.out, []byte(text), 0o644); werr != nil {
-				fmt.Fprintln(os.Stderr, werr)
-				return 1
-			}
-		}
+		text = rep.render()
 	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "apiview: %v\n", err)
-		if ctx.Err() != nil {
-			return 130
-		}
-		return 1
-	}
-	return 0
+	return benchrun.Finish(ctx, "apiview", text, cfg.out, err)
 }
 
 // signalContext is cancelled on SIGINT, SIGTERM or SIGHUP, which it logs.
-func signalContext() (context.Context, func()) {
-	ctx, cancel := context.WithCancel(context.Background())
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	go func() {
-		if s, ok := <-sigs; ok {
-			logf("%v: stopping", s)
-			cancel()
-		}
-	}()
-	return ctx, func() { signal.Stop(sigs); cancel() }
-}
 
 func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
 	unlock, err := benchns.Lock()
@@ -127,14 +98,11 @@ func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
 		return nil, err
 	}
 	defer unlock()
-	for _, ns := range benchns.List(nsPrefix) {
-		fmt.Fprintf(os.Stderr, "removing leftover namespace %s\n", ns)
-		if err := benchns.Delete(nsPrefix, ns); err != nil {
-			return nil, err
-		}
+	if err := benchns.RemoveLeftovers(nsPrefix); err != nil {
+		return nil, err
 	}
 	if cfg.repo == "" {
-		if cfg.repo, err = findRepo(); err != nil {
+		if cfg.repo, err = benchrun.FindRepo(); err != nil {
 			return nil, err
 		}
 	}
@@ -153,22 +121,17 @@ func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
 	}
 	rep := &report{
 		cfg:     cfg,
-		Date:    time.Now().UTC().Format(time.RFC3339),
-		Kernel:  strings.TrimSpace(readFile("/proc/sys/kernel/osrelease")),
-		CPU:     benchns.CPUModel(),
-		Cores:   benchns.NumCPU(),
-		Cmdline: strings.Join(argv, " "),
-		Commit:  git(cfg.repo, "describe", "--always", "--dirty"),
+		Machine: benchrun.Describe(cfg.repo, argv),
 		Version: bins.Version,
 	}
 
-	logf("building viewrun")
+	benchrun.Logf("building viewrun")
 	builds := []*build{{Name: "this tree", Rev: rep.Commit}}
 	if builds[0].Bin, err = buildViewrun(ctx, cfg.repo, filepath.Join(tmp, "viewrun-head")); err != nil {
 		return rep, err
 	}
 	if cfg.base != "" {
-		b := &build{Name: cfg.base, Rev: git(cfg.repo, "rev-parse", "--short", cfg.base)}
+		b := &build{Name: cfg.base, Rev: benchrun.Git(cfg.repo, "rev-parse", "--short", cfg.base)}
 		if b.Bin, err = buildBase(ctx, cfg, tmp); err != nil {
 			return rep, fmt.Errorf("building viewrun against %s: %w", cfg.base, err)
 		}
@@ -186,7 +149,7 @@ func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
 	}
 	for i := range cfg.reps {
 		for j, b := range builds {
-			logf("run %d of %s", i+1, b.Name)
+			benchrun.Logf("run %d of %s", i+1, b.Name)
 			profile := ""
 			if cfg.profiles != "" {
 				profile = filepath.Join(cfg.profiles, fmt.Sprintf("viewrun-%d-%d.pprof", j, i+1))
@@ -195,7 +158,7 @@ func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
 			if err != nil {
 				return rep, fmt.Errorf("%s: %w", b.Name, err)
 			}
-			logf("  synced in %.1f s, VmHWM %.1f MiB, live heap %.1f MiB", r.SyncSeconds, mib(r.HWMKiB), float64(r.LiveHeap)/(1<<20))
+			benchrun.Logf("  synced in %.1f s, VmHWM %.1f MiB, live heap %.1f MiB", r.SyncSeconds, mib(r.HWMKiB), float64(r.LiveHeap)/(1<<20))
 			b.Runs = append(b.Runs, r)
 		}
 	}
@@ -251,43 +214,6 @@ func buildBase(ctx context.Context, cfg config, tmp string) (string, error) {
 		return "", err
 	}
 	return buildViewrun(ctx, dir, filepath.Join(tmp, "viewrun-base"))
-}
-
-func logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
-}
-
-func findRepo() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
-		if err == nil && bytes.Contains(b, []byte("module github.com/proxyhealth/proxyhealth\n")) {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("proxyhealth repository not found upwards from the working directory; pass --repo")
-		}
-		dir = parent
-	}
-}
-
-func git(repo string, args ...string) string {
-	cmd := exec.Command("git", args...)
-	cmd.Dir = repo
-	out, err := cmd.Output()
-	if err != nil {
-		return "unknown"
-	}
-	return strings.TrimSpace(string(out))
-}
-
-func readFile(p string) string {
-	b, _ := os.ReadFile(p)
-	return string(b)
 }
 
 func mib(kib int64) float64 { return float64(kib) / 1024 }

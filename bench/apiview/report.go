@@ -6,16 +6,17 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 )
 
 // report is everything one run measured.
 type report struct {
-	cfg                        config
-	Date, Kernel, CPU, Cmdline string
-	Cores                      int
-	Commit, Version            string
-	Builds                     []*build
-	Kube                       *kubeResult
+	cfg config
+	benchrun.Machine
+	Version string
+	Builds  []*build
+	Kube    *kubeResult
 }
 
 // spread formats the median and, for more than one value, the range of vals.

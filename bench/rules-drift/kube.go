@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
 	corev1 "k8s.io/api/core/v1"
@@ -242,7 +243,7 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 	}
 	defer os.RemoveAll(etcdDir)
 
-	logf("building proxyhealth")
+	benchrun.Logf("building proxyhealth")
 	exporterBin := filepath.Join(tmp, "proxyhealth")
 	build := exec.CommandContext(ctx, "go", "build", "-o", exporterBin, ".")
 	build.Dir = cfg.repo
@@ -280,7 +281,7 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 		return p, err
 	}
 
-	logf("starting etcd and kube-apiserver %s in %s", bins.Version, ns)
+	benchrun.Logf("starting etcd and kube-apiserver %s in %s", bins.Version, ns)
 	t0 := time.Now()
 	cp, err := startControlPlane(ctx, ns, start, bins, dir, etcdDir, token, "127.0.0.1", nodeIP)
 	if err != nil {
@@ -289,7 +290,7 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 	etcd, apiserver, client := cp.etcd, cp.apiserver, cp.client
 	res.ControlPlaneUp = time.Since(t0)
 
-	logf("creating %d Services and their EndpointSlices (%d endpoints each) with %d workers", cfg.services, cfg.endpoints, cfg.workers)
+	benchrun.Logf("creating %d Services and their EndpointSlices (%d endpoints each) with %d workers", cfg.services, cfg.endpoints, cfg.workers)
 	t0 = time.Now()
 	ls, err := load(ctx, client, cfg.services, cfg.endpoints, cfg.workers)
 	res.Services, res.Slices, res.Endpoints, res.LoadRetries = ls.Services, ls.Slices, ls.Endpoints, ls.Retries
@@ -297,7 +298,7 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 		return res, err
 	}
 	res.Load = time.Since(t0)
-	logf("loaded in %s", res.Load.Round(time.Millisecond))
+	benchrun.Logf("loaded in %s", res.Load.Round(time.Millisecond))
 
 	// The exporter first, alone: its informers hold the whole API view, and no rules exist.
 	scrape := func() (string, error) { return nsGet(ns, "http://"+exporterAddr+"/metrics") }
@@ -324,7 +325,7 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 	res.ExporterFresh = time.Since(t0)
 	time.Sleep(2 * time.Second)
 	res.ExporterInformersOnly = exporter.mem()
-	logf("exporter's API view fresh after %s: VmRSS %.1f MiB", res.ExporterFresh.Round(time.Millisecond), mib(res.ExporterInformersOnly.RSSKiB))
+	benchrun.Logf("exporter's API view fresh after %s: VmRSS %.1f MiB", res.ExporterFresh.Round(time.Millisecond), mib(res.ExporterInformersOnly.RSSKiB))
 
 	// kube-proxy writes the rules.
 	kpArgs := []string{
@@ -345,7 +346,7 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 	if err != nil {
 		return res, err
 	}
-	logf("starting kube-proxy (iptables %s backend)", cfg.kubeProxyIPTables)
+	benchrun.Logf("starting kube-proxy (iptables %s backend)", cfg.kubeProxyIPTables)
 	t0 = time.Now()
 	kp, err := start("kube-proxy", append([]string{"env", "PATH=" + shim + ":" + os.Getenv("PATH"), bins.Proxy}, kpArgs...)...)
 	if err != nil {
@@ -378,7 +379,7 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 		return res, err
 	}
 	res.KubeProxyFirstSync = time.Since(t0)
-	logf("kube-proxy synced %d KUBE-SVC chains after %s", res.KubeProxySVCChains, res.KubeProxyFirstSync.Round(time.Millisecond))
+	benchrun.Logf("kube-proxy synced %d KUBE-SVC chains after %s", res.KubeProxySVCChains, res.KubeProxyFirstSync.Round(time.Millisecond))
 	time.Sleep(2 * time.Second)
 	res.KubeProxy = kp.mem()
 
@@ -415,7 +416,7 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 	res.Exporter = exporter.mem()
 	res.KubeProxy = maxMem(res.KubeProxy, kp.mem())
 	res.Etcd, res.APIServer = etcd.mem(), apiserver.mem()
-	logf("exporter after %d checks: VmRSS %.1f MiB, VmHWM %.1f MiB; kube-proxy VmRSS %.1f MiB, VmHWM %.1f MiB",
+	benchrun.Logf("exporter after %d checks: VmRSS %.1f MiB, VmHWM %.1f MiB; kube-proxy VmRSS %.1f MiB, VmHWM %.1f MiB",
 		len(seen), mib(res.Exporter.RSSKiB), mib(res.Exporter.HWMKiB), mib(res.KubeProxy.RSSKiB), mib(res.KubeProxy.HWMKiB))
 	return res, nil
 }
@@ -644,7 +645,7 @@ func load(ctx context.Context, client kubernetes.Interface, services, endpoints,
 				atomic.AddInt64(&slices, 1)
 				atomic.AddInt64(&eps, int64(len(slice.Endpoints)))
 				if n := s + 1; n%2000 == 0 {
-					logf("  ~%d services created", n)
+					benchrun.Logf("  ~%d services created", n)
 				}
 			}
 		}()

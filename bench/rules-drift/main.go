@@ -15,18 +15,14 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"strings"
-	"syscall"
-	"time"
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
 )
 
@@ -98,54 +94,31 @@ func runMain(args []string) int {
 		fmt.Fprintln(os.Stderr, "rules-drift must run as root (it creates network namespaces)")
 		return 2
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	defer signal.Stop(sigs)
-	go func() {
-		if s, ok := <-sigs; ok {
-			logf("%v: stopping", s)
-			cancel()
-		}
-	}()
+	ctx, stop := benchrun.SignalContext("stopping")
+	defer stop()
 	rep, err := bench(ctx, cfg, append([]string{"go run ./bench/rules-drift"}, args...))
+	var text string
 	if rep != nil {
-		text := rep.render()
-		fmt.Print(text)
-		if cfg.out != "" {
-			if werr := os.WriteFile(cfg.out, []byte(text), 0o644); werr != nil {
-				fmt.Fprintln(os.Stderr, werr)
-				return 1
-			}
-		}
+		text = rep.render()
 	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "rules-drift: %v\n", err)
-		if ctx.Err() != nil {
-			return 130
-		}
-		return 1
-	}
-	return 0
+	return benchrun.Finish(ctx, "rules-drift", text, cfg.out, err)
 }
 
 // report is everything one run measured.
 type report struct {
-	cfg                        config
-	Date, Kernel, CPU, Cmdline string
-	Cores                      int
-	Commit, IPTablesVersion    string
-	GenLines, GenBytes         int
-	GenChains                  int
-	RSSFloorKiB                int64 // rusage maxrss of `true` run the same way as the saves
-	Saves                      []saveResult
-	GoBench                    []goBench
-	GoBenchCmd                 string
-	GoBenchScale               string
-	Kube                       *kubeResult
-	KubeSkipped                string
-	Errs                       []string
+	cfg config
+	benchrun.Machine
+	IPTablesVersion    string
+	GenLines, GenBytes int
+	GenChains          int
+	RSSFloorKiB        int64 // rusage maxrss of `true` run the same way as the saves
+	Saves              []saveResult
+	GoBench            []goBench
+	GoBenchCmd         string
+	GoBenchScale       string
+	Kube               *kubeResult
+	KubeSkipped        string
+	Errs               []string
 }
 
 func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
@@ -154,14 +127,11 @@ func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
 		return nil, err
 	}
 	defer unlock()
-	for _, ns := range benchns.List(nsPrefix) {
-		fmt.Fprintf(os.Stderr, "removing leftover namespace %s\n", ns)
-		if err := benchns.Delete(nsPrefix, ns); err != nil {
-			return nil, err
-		}
+	if err := benchns.RemoveLeftovers(nsPrefix); err != nil {
+		return nil, err
 	}
 	if cfg.repo == "" {
-		if cfg.repo, err = findRepo(); err != nil {
+		if cfg.repo, err = benchrun.FindRepo(); err != nil {
 			return nil, err
 		}
 	}
@@ -175,21 +145,13 @@ func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
 		defer os.RemoveAll(tmp)
 	}
 
-	rep := &report{
-		cfg:     cfg,
-		Date:    time.Now().UTC().Format(time.RFC3339),
-		Kernel:  strings.TrimSpace(readFile("/proc/sys/kernel/osrelease")),
-		CPU:     benchns.CPUModel(),
-		Cores:   benchns.NumCPU(),
-		Cmdline: strings.Join(argv, " "),
-		Commit:  gitDescribe(cfg.repo),
-	}
+	rep := &report{cfg: cfg, Machine: benchrun.Describe(cfg.repo, argv)}
 	if out, err := run(ctx, nil, "iptables-legacy-save", "--version"); err == nil {
 		rep.IPTablesVersion = strings.TrimSpace(out)
 	}
 
 	// Part 1: save (and in-process parse) per backend, each in its own namespace.
-	logf("generating %d services x %d endpoints", cfg.services, cfg.endpoints)
+	benchrun.Logf("generating %d services x %d endpoints", cfg.services, cfg.endpoints)
 	rules := natRules(cfg.services, cfg.endpoints)
 	rep.GenBytes = len(rules)
 	rep.GenLines = bytes.Count(rules, []byte("\n"))
@@ -201,7 +163,7 @@ func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
 		rep.RSSFloorKiB = t.MaxRSSKiB
 	}
 	for _, b := range backends {
-		logf("%s: restore, then %d x %s -t nat", b.Name, cfg.reps, b.Save)
+		benchrun.Logf("%s: restore, then %d x %s -t nat", b.Name, cfg.reps, b.Save)
 		chunks := [][]byte{rules}
 		if b.Name == "nft" {
 			chunks = natRulesChunks(cfg.services, cfg.endpoints, 500)
@@ -215,7 +177,7 @@ func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
 	rules = nil
 
 	// Part 2: the rules package's own benchmarks.
-	logf("go benchmarks of ./collectors/rules")
+	benchrun.Logf("go benchmarks of ./collectors/rules")
 	var extra []string
 	if cfg.cpuprofile != "" {
 		extra = append(extra, "-cpuprofile", cfg.cpuprofile)
@@ -246,41 +208,4 @@ func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
 		}
 	}
 	return rep, nil
-}
-
-func logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
-}
-
-func findRepo() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
-		if err == nil && bytes.Contains(b, []byte("module github.com/proxyhealth/proxyhealth\n")) {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("proxyhealth repository not found upwards from the working directory; pass --repo")
-		}
-		dir = parent
-	}
-}
-
-func gitDescribe(repo string) string {
-	cmd := exec.Command("git", "describe", "--always", "--dirty")
-	cmd.Dir = repo
-	out, err := cmd.Output()
-	if err != nil {
-		return "unknown"
-	}
-	return strings.TrimSpace(string(out))
-}
-
-func readFile(p string) string {
-	b, _ := os.ReadFile(p)
-	return string(b)
 }

@@ -11,17 +11,16 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -145,44 +144,21 @@ func runNodeCost(args []string) int {
 		fmt.Fprintln(os.Stderr, "node-cost must run as root (network namespaces, cgroups)")
 		return 2
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	defer signal.Stop(sigs)
-	go func() {
-		if s, ok := <-sigs; ok {
-			logf("%v: stopping and cleaning up", s)
-			cancel()
-		}
-	}()
+	ctx, stop := benchrun.SignalContext("stopping and cleaning up")
+	defer stop()
 	rep, err := nodeCost(ctx, cfg, append([]string{"go run ./bench/rules-drift node-cost"}, args...))
+	var text string
 	if rep != nil {
-		text := rep.render()
-		fmt.Print(text)
-		if cfg.out != "" {
-			if werr := os.WriteFile(cfg.out, []byte(text), 0o644); werr != nil {
-				fmt.Fprintln(os.Stderr, werr)
-				return 1
-			}
-		}
+		text = rep.render()
 	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "rules-drift node-cost: %v\n", err)
-		if ctx.Err() != nil {
-			return 130
-		}
-		return 1
-	}
-	return 0
+	return benchrun.Finish(ctx, "rules-drift node-cost", text, cfg.out, err)
 }
 
 // ncReport is one node-cost run.
 type ncReport struct {
-	cfg                          ncConfig
-	Date, Kernel, CPU, Cmdline   string
-	Cores                        int
-	Commit, KubeVersion          string
+	cfg ncConfig
+	benchrun.Machine
+	KubeVersion                  string
 	IPTablesVersion, NFTVersion  string
 	Grace                        time.Duration
 	GraceFromDefault             bool
@@ -246,40 +222,22 @@ type ncLatency struct {
 	ChangedEndpoint   string        // the new address
 }
 
-// lockWithin takes the benchmark lock, trying again every 5 s for up to wait.
-func lockWithin(ctx context.Context, wait time.Duration) (func(), error) {
-	deadline := time.Now().Add(wait)
-	for logged := false; ; logged = true {
-		unlock, err := benchns.Lock()
-		if err == nil || !time.Now().Before(deadline) {
-			return unlock, err
-		}
-		if !logged {
-			logf("%v; waiting up to %s", err, wait)
-		}
-		if err := sleepCtx(ctx, 5*time.Second); err != nil {
-			return nil, err
-		}
-	}
-}
-
 func nodeCost(ctx context.Context, cfg ncConfig, argv []string) (*ncReport, error) {
-	unlock, err := lockWithin(ctx, cfg.lockWait)
+	unlock, err := benchns.LockWithin(ctx, cfg.lockWait, func(err error) {
+		benchrun.Logf("%v; waiting up to %s", err, cfg.lockWait)
+	})
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	for _, ns := range benchns.List(nsPrefix) {
-		fmt.Fprintf(os.Stderr, "removing leftover namespace %s\n", ns)
-		if err := benchns.Delete(nsPrefix, ns); err != nil {
-			return nil, err
-		}
+	if err := benchns.RemoveLeftovers(nsPrefix); err != nil {
+		return nil, err
 	}
 	if err := removeLeftoverCgroups(); err != nil {
 		return nil, err
 	}
 	if cfg.repo == "" {
-		if cfg.repo, err = findRepo(); err != nil {
+		if cfg.repo, err = benchrun.FindRepo(); err != nil {
 			return nil, err
 		}
 	}
@@ -298,12 +256,7 @@ func nodeCost(ctx context.Context, cfg ncConfig, argv []string) (*ncReport, erro
 	}
 	rep := &ncReport{
 		cfg:         cfg,
-		Date:        time.Now().UTC().Format(time.RFC3339),
-		Kernel:      strings.TrimSpace(readFile("/proc/sys/kernel/osrelease")),
-		CPU:         benchns.CPUModel(),
-		Cores:       benchns.NumCPU(),
-		Cmdline:     strings.Join(argv, " "),
-		Commit:      gitDescribe(cfg.repo),
+		Machine:     benchrun.Describe(cfg.repo, argv),
 		KubeVersion: bins.Version,
 	}
 	if out, err := run(ctx, nil, "iptables-legacy", "--version"); err == nil {
@@ -313,7 +266,7 @@ func nodeCost(ctx context.Context, cfg ncConfig, argv []string) (*ncReport, erro
 		rep.NFTVersion = strings.TrimSpace(out)
 	}
 
-	logf("building proxyhealth from %s", cfg.repo)
+	benchrun.Logf("building proxyhealth from %s", cfg.repo)
 	exporterBin := filepath.Join(tmp, "proxyhealth")
 	build := exec.CommandContext(ctx, "go", "build", "-o", exporterBin, ".")
 	build.Dir = cfg.repo
@@ -348,7 +301,7 @@ func nodeCost(ctx context.Context, cfg ncConfig, argv []string) (*ncReport, erro
 	fw, err := newForkWatch()
 	if err != nil {
 		rep.ForkWatch = err.Error()
-		logf("no process events (%v): counting children by polling the cgroups only", err)
+		benchrun.Logf("no process events (%v): counting children by polling the cgroups only", err)
 	} else {
 		defer fw.close()
 	}
@@ -364,16 +317,16 @@ func nodeCost(ctx context.Context, cfg ncConfig, argv []string) (*ncReport, erro
 		}
 		rep.Modes = append(rep.Modes, m)
 		t0 := time.Now()
-		logf("== node-cost %s: %d services x %d endpoints", mode, m.Services, m.Endpoints)
+		benchrun.Logf("== node-cost %s: %d services x %d endpoints", mode, m.Services, m.Endpoints)
 		err := runNodeCostMode(ctx, cfg, rep, m, bins, exporterBin, tmp, fw)
 		m.Took = time.Since(t0)
 		if err != nil {
 			m.Err = err.Error()
-			logf("%s failed after %s: %v", mode, m.Took.Round(time.Second), err)
+			benchrun.Logf("%s failed after %s: %v", mode, m.Took.Round(time.Second), err)
 			errs = append(errs, fmt.Errorf("%s: %w", mode, err))
 			continue
 		}
-		logf("%s done in %s", mode, m.Took.Round(time.Second))
+		benchrun.Logf("%s done in %s", mode, m.Took.Round(time.Second))
 	}
 	if err := ctx.Err(); err != nil {
 		errs = append(errs, err)
@@ -466,7 +419,7 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 		return err
 	}
 
-	logf("starting etcd and kube-apiserver %s in %s", bins.Version, r.cpNS)
+	benchrun.Logf("starting etcd and kube-apiserver %s in %s", bins.Version, r.cpNS)
 	t0 := time.Now()
 	cp, err := startControlPlane(ctx, r.cpNS, func(name string, args ...string) (*proc, error) {
 		p, err := startProc(r.cpNS, dir, name, args...)
@@ -481,14 +434,14 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	r.client = cp.client
 	m.ControlPlaneUp = time.Since(t0)
 
-	logf("creating %d Services and their EndpointSlices (%d endpoints each) with %d workers", m.Services, m.Endpoints, cfg.workers)
+	benchrun.Logf("creating %d Services and their EndpointSlices (%d endpoints each) with %d workers", m.Services, m.Endpoints, cfg.workers)
 	t0 = time.Now()
 	m.LoadStats, err = load(ctx, r.client, m.Services, m.Endpoints, cfg.workers)
 	if err != nil {
 		return err
 	}
 	m.Load = time.Since(t0)
-	logf("loaded in %s", m.Load.Round(time.Millisecond))
+	benchrun.Logf("loaded in %s", m.Load.Round(time.Millisecond))
 
 	// The fault proxy: only kube-proxy's API connection goes through it.
 	ln, err := netnsdial.Listen(r.nodeNS, "tcp4", ncFaultProxy)
@@ -497,7 +450,7 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	}
 	defer ln.Close()
 	r.fp = kubelab.NewFaultProxy(ncAPIServer, netnsdial.Dialer(r.nodeNS))
-	r.fp.Logf = func(format string, args ...any) { logf("fault proxy: "+format, args...) }
+	r.fp.Logf = func(format string, args ...any) { benchrun.Logf("fault proxy: "+format, args...) }
 	go func() { _ = r.fp.Serve(ln) }()
 
 	r.expHTTP = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: netnsdial.Dialer(r.nodeNS), MaxIdleConnsPerHost: 1}}
@@ -575,7 +528,7 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	defer stopPoll()
 	meter := r.newMeter()
 	meter.begin()
-	logf("starting proxyhealth and kube-proxy (%s) in %s", m.Mode, r.nodeNS)
+	benchrun.Logf("starting proxyhealth and kube-proxy (%s) in %s", m.Mode, r.nodeNS)
 	tStart := time.Now()
 	if r.exporter, err = startIn(r.expCG, "proxyhealth", append([]string{"env", lockEnv, exporterBin}, expArgs...)...); err != nil {
 		return err
@@ -593,15 +546,15 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	}
 	meter.end(startup)
 	m.Phases = append(m.Phases, startup)
-	logf("start-up: kube-proxy synced %d service chains after %s, exporter checked after %s",
+	benchrun.Logf("start-up: kube-proxy synced %d service chains after %s, exporter checked after %s",
 		m.KubeProxyChains, m.KubeProxySynced.Round(time.Millisecond), m.ExporterChecked.Round(time.Millisecond))
 
 	// Phase 2: idle.
 	idle := &ncPhase{Name: "idle"}
-	logf("idle for %s", cfg.idle)
+	benchrun.Logf("idle for %s", cfg.idle)
 	meter.begin()
 	err = r.watchDrift(ctx, ncIdleScrape, idle, func(ctx context.Context) error {
-		return sleepCtx(ctx, cfg.idle)
+		return benchns.Sleep(ctx, cfg.idle)
 	})
 	meter.end(idle)
 	m.Phases = append(m.Phases, idle)
@@ -613,7 +566,7 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	// Phase 3: churn at each rate.
 	for _, rate := range cfg.rates {
 		ph := &ncPhase{Name: fmt.Sprintf("churn %d/s", rate), Rate: rate}
-		logf("churn at %d endpoint changes a second for %s", rate, cfg.churn)
+		benchrun.Logf("churn at %d endpoint changes a second for %s", rate, cfg.churn)
 		meter.begin()
 		err = r.watchDrift(ctx, ncChurnScrape, ph, func(ctx context.Context) error {
 			return r.churn(ctx, rate, cfg.churn, ph)
@@ -647,19 +600,8 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	return err
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
-
 func (r *ncRun) logPhase(ph *ncPhase) {
-	logf("%s: proxyhealth %.1f%% of a core, peak %.0f MiB, %d children; kube-proxy %.1f%%, peak %.0f MiB; max drifted %.0f; %d changes",
+	benchrun.Logf("%s: proxyhealth %.1f%% of a core, peak %.0f MiB, %d children; kube-proxy %.1f%%, peak %.0f MiB; max drifted %.0f; %d changes",
 		ph.Name, ph.ExpCPU, bytesMiB(ph.ExpPeak), ph.ExpChildren, ph.KPCPU, bytesMiB(ph.KPPeak), ph.MaxDrifted, ph.Changes)
 }
 
@@ -904,7 +846,7 @@ func (r *ncRun) latency(ctx context.Context, grace time.Duration, ph *ncPhase) (
 	}
 	lat.ProxyBefore = r.fp.State()
 	r.fp.Blackhole()
-	logf("kube-proxy's API connection black-holed (%s)", lat.ProxyBefore)
+	benchrun.Logf("kube-proxy's API connection black-holed (%s)", lat.ProxyBefore)
 	s, newIP, err := r.change(ctx)
 	if err != nil {
 		r.fp.Heal()
@@ -914,11 +856,11 @@ func (r *ncRun) latency(ctx context.Context, grace time.Duration, ph *ncPhase) (
 	ph.Changes = 1
 	lat.Service = svcNamespace(s) + "/" + svcName(s)
 	lat.ChangedEndpoint = newIP
-	logf("changed an endpoint of %s to %s; waiting for proxyhealth_service_drift_endpoints (grace %s)", lat.Service, newIP, grace)
+	benchrun.Logf("changed an endpoint of %s to %s; waiting for proxyhealth_service_drift_endpoints (grace %s)", lat.Service, newIP, grace)
 	want := []string{`service_namespace="` + svcNamespace(s) + `"`, `service_name="` + svcName(s) + `"`}
 	limit := grace + r.cfg.latencyTimeout
 	for time.Since(changed) < limit {
-		if err := sleepCtx(ctx, ncLatencyPoll); err != nil {
+		if err := benchns.Sleep(ctx, ncLatencyPoll); err != nil {
 			r.fp.Heal()
 			return lat, err
 		}
@@ -941,16 +883,16 @@ func (r *ncRun) latency(ctx context.Context, grace time.Duration, ph *ncPhase) (
 	}
 	lat.Waited = time.Since(changed)
 	if lat.Seen {
-		logf("drift series after %s (grace %s: %+.1f s)", lat.Latency.Round(time.Millisecond), grace, (lat.Latency - grace).Seconds())
+		benchrun.Logf("drift series after %s (grace %s: %+.1f s)", lat.Latency.Round(time.Millisecond), grace, (lat.Latency - grace).Seconds())
 	} else {
-		logf("no drift series for %s within %s", lat.Service, limit)
+		benchrun.Logf("no drift series for %s within %s", lat.Service, limit)
 	}
 
 	r.fp.Heal()
 	healed := time.Now()
-	logf("healed (%s); waiting for the drift to clear", r.fp.State())
+	benchrun.Logf("healed (%s); waiting for the drift to clear", r.fp.State())
 	for time.Since(healed) < r.cfg.healTimeout {
-		if err := sleepCtx(ctx, time.Second); err != nil {
+		if err := benchns.Sleep(ctx, time.Second); err != nil {
 			return lat, err
 		}
 		body, err := r.scrapeExporter()
@@ -1005,7 +947,7 @@ type meter struct {
 func (r *ncRun) newMeter() *meter { return &meter{r: r} }
 
 func loadavg1() float64 {
-	f := strings.Fields(readFile("/proc/loadavg"))
+	f := strings.Fields(benchrun.ReadFile("/proc/loadavg"))
 	if len(f) == 0 {
 		return 0
 	}

@@ -24,7 +24,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
 )
 
@@ -38,18 +38,6 @@ const (
 	kpMetricsAddr = "127.0.0.1:10249"
 	kpHealthAddr  = "127.0.0.1:10256"
 )
-
-func lockSoak() (func(), error) {
-	f, err := os.OpenFile("/run/ph-soak.lock", os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("another soak holds /run/ph-soak.lock: %w", err)
-	}
-	return func() { f.Close() }, nil
-}
 
 func newNSName() string {
 	b := make([]byte, 3)
@@ -386,7 +374,7 @@ func (l *kubeProxyLog) run(ctx context.Context, interval time.Duration) {
 			return
 		case <-t.C:
 			if err := l.write(1); err != nil {
-				logf("writing the kube-proxy log: %v", err)
+				benchrun.Logf("writing the kube-proxy log: %v", err)
 			}
 		}
 	}
@@ -442,16 +430,5 @@ func (l *kubeProxyLog) remove(caughtUp func(lines uint64) bool, gap time.Duratio
 		return err
 	}
 	time.Sleep(gap)
-	return nil
-}
-
-// removeLeftovers deletes the namespaces of a killed earlier soak.
-func removeLeftovers() error {
-	for _, ns := range benchns.List(nsPrefix) {
-		logf("removing leftover namespace %s", ns)
-		if err := benchns.Delete(nsPrefix, ns); err != nil {
-			return err
-		}
-	}
 	return nil
 }

@@ -12,13 +12,12 @@
 package main
 
 import (
-	"context"
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
+
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 )
 
 func main() {
@@ -93,39 +92,19 @@ func runMain(args []string) int {
 	if cfg.seed == 0 {
 		cfg.seed = time.Now().UnixNano()
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	defer signal.Stop(sigs)
-	go func() {
-		if s, ok := <-sigs; ok {
-			logf("%v: stopping after the current step", s)
-			cancel()
-		}
-	}()
+	ctx, stop := benchrun.SignalContext("stopping after the current step")
+	defer stop()
 	rep, err := soak(ctx, cfg, *smoke, append([]string{"go run ./bench/soak"}, args...))
+	var text string
 	if rep != nil {
-		text := rep.render()
-		fmt.Print(text)
-		if cfg.out != "" {
-			if werr := os.WriteFile(cfg.out, []byte(text), 0o644); werr != nil {
-				fmt.Fprintln(os.Stderr, werr)
-				return 1
-			}
-		}
+		text = rep.render()
 	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "soak: %v\n", err)
-		return 1
+	if code := benchrun.Finish(ctx, "soak", text, cfg.out, err); code != 0 {
+		return code
 	}
 	if rep != nil && !rep.clean() {
 		fmt.Fprintln(os.Stderr, "soak: the exporter did not come back clean after every fault")
 		return 1
 	}
 	return 0
-}
-
-func logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, time.Now().UTC().Format("15:04:05 ")+format+"\n", args...)
 }

@@ -5,7 +5,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -21,6 +20,7 @@ import (
 	"time"
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
 )
@@ -92,17 +92,17 @@ type fault struct {
 }
 
 func soak(ctx context.Context, cfg config, smoke bool, argv []string) (rep *report, err error) {
-	unlock, err := lockSoak()
+	unlock, err := benchns.LockFile(benchns.SoakLock)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	if err := removeLeftovers(); err != nil {
+	if err := benchns.RemoveLeftovers(nsPrefix); err != nil {
 		return nil, err
 	}
 	repo := cfg.repo
 	if repo == "" {
-		if repo, err = findRepo(); err != nil {
+		if repo, err = benchrun.FindRepo(); err != nil {
 			return nil, err
 		}
 	}
@@ -111,7 +111,7 @@ func soak(ctx context.Context, cfg config, smoke bool, argv []string) (rep *repo
 		return nil, err
 	}
 	if cfg.keepTmp {
-		logf("temporary directory %s kept", tmp)
+		benchrun.Logf("temporary directory %s kept", tmp)
 	} else {
 		defer os.RemoveAll(tmp)
 	}
@@ -120,14 +120,12 @@ func soak(ctx context.Context, cfg config, smoke bool, argv []string) (rep *repo
 		return nil, err
 	}
 	s := &soaker{cfg: cfg, ns: newNSName(), dir: tmp, self: self, rng: rand.New(rand.NewPCG(uint64(cfg.seed), 0))}
-	rep = &report{cfg: cfg, smoke: smoke, argv: strings.Join(argv, " "), date: time.Now().UTC(),
-		kernel: strings.TrimSpace(readFile("/proc/sys/kernel/osrelease")), cpu: benchns.CPUModel(), cores: benchns.NumCPU(),
-		commit: git(repo, "describe", "--always", "--dirty")}
+	rep = &report{Machine: benchrun.Describe(repo, argv), cfg: cfg, smoke: smoke}
 
 	bin := cfg.exporter
 	if bin == "" {
 		bin = filepath.Join(tmp, "proxyhealth")
-		logf("building the exporter")
+		benchrun.Logf("building the exporter")
 		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", bin, ".")
 		cmd.Dir, cmd.Env = repo, append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -153,7 +151,7 @@ func soak(ctx context.Context, cfg config, smoke bool, argv []string) (rep *repo
 		case kerr != nil:
 			rep.kubeSkipped = kerr.Error()
 		default:
-			logf("starting etcd and kube-apiserver")
+			benchrun.Logf("starting etcd and kube-apiserver")
 			if s.cp, err = startControlPlane(ctx, s.ns, tmp, bins); err != nil {
 				return nil, err
 			}
@@ -210,7 +208,7 @@ func soak(ctx context.Context, cfg config, smoke bool, argv []string) (rep *repo
 	s.samples = s.samples[len(s.samples)-1:] // the warm-up is no part of the record
 	s.mu.Unlock()
 	rep.baseline = s.baseline
-	logf("baseline: RSS %d KiB, %g goroutines, %d fds", s.baseline.rssKiB, s.baseline.goroutines, s.baseline.fds)
+	benchrun.Logf("baseline: RSS %d KiB, %g goroutines, %d fds", s.baseline.rssKiB, s.baseline.goroutines, s.baseline.fds)
 
 	faults := s.faults()
 	order := func(i int) fault { return faults[s.rng.IntN(len(faults))] }
@@ -223,16 +221,16 @@ func soak(ctx context.Context, cfg config, smoke bool, argv []string) (rep *repo
 			break
 		}
 		gap := cfg.faultEvery/2 + time.Duration(s.rng.Int64N(int64(cfg.faultEvery)+1))
-		if err := sleepCtx(ctx, gap); err != nil {
+		if err := benchns.Sleep(ctx, gap); err != nil {
 			break
 		}
 		f := order(i)
 		fr := s.inject(ctx, f)
 		rep.faults = append(rep.faults, fr)
 		if fr.reason != "" {
-			logf("%s: NOT clean after %s: %s", fr.kind, cfg.settle, fr.reason)
+			benchrun.Logf("%s: NOT clean after %s: %s", fr.kind, cfg.settle, fr.reason)
 		} else {
-			logf("%s: clean %.1fs after the fault ended (peak RSS %d KiB, %g goroutines, %d fds)",
+			benchrun.Logf("%s: clean %.1fs after the fault ended (peak RSS %d KiB, %g goroutines, %d fds)",
 				fr.kind, fr.recovery().Seconds(), fr.peak.rssKiB, fr.peak.goroutines, fr.peak.fds)
 		}
 		if s.exporter.exited() {
@@ -274,7 +272,7 @@ func (s *soaker) faults() []fault {
 			s.kp.down()
 			return func() {
 				if err := s.kp.up(); err != nil {
-					logf("kube-proxy back up: %v", err)
+					benchrun.Logf("kube-proxy back up: %v", err)
 				}
 			}, nil
 		}, kubeProxyDown},
@@ -309,7 +307,7 @@ func (s *soaker) faults() []fault {
 // inject runs one fault for --fault-length (or once, for an instant one) and waits for the
 // exporter to come back clean.
 func (s *soaker) inject(ctx context.Context, f fault) *faultRun {
-	logf("fault: %s", f.kind)
+	benchrun.Logf("fault: %s", f.kind)
 	fr := &faultRun{kind: f.kind, start: time.Now()}
 	s.mu.Lock()
 	first := len(s.samples)
@@ -317,10 +315,10 @@ func (s *soaker) inject(ctx context.Context, f fault) *faultRun {
 	heal, err := f.inject(ctx)
 	if err != nil {
 		fr.injectErr = err
-		logf("%s: %v", f.kind, err)
+		benchrun.Logf("%s: %v", f.kind, err)
 	}
 	if heal != nil {
-		_ = sleepCtx(ctx, s.cfg.faultLength)
+		_ = benchns.Sleep(ctx, s.cfg.faultLength)
 		if f.seen != nil {
 			sm := s.look()
 			fr.unseen = f.seen(sm)
@@ -364,7 +362,7 @@ func (s *soaker) rulesChurn(ctx context.Context) (func(), error) {
 		for gen := 1; churnCtx.Err() == nil; gen++ {
 			in := natChurn(s.cfg.services, gen, s.rng)
 			if _, err := run(churnCtx, in, "ip", "netns", "exec", s.ns, "iptables-nft-restore", "--noflush"); err != nil && churnCtx.Err() == nil {
-				logf("rules churn: %v", err)
+				benchrun.Logf("rules churn: %v", err)
 			}
 			table := "table ip soak_churn {\n\tchain c {\n"
 			for r := range 50 {
@@ -373,14 +371,14 @@ func (s *soaker) rulesChurn(ctx context.Context) (func(), error) {
 			table += "\t}\n}\n"
 			_, _ = run(churnCtx, []byte(table), "ip", "netns", "exec", s.ns, "nft", "-f", "-")
 			_, _ = run(churnCtx, nil, "ip", "netns", "exec", s.ns, "nft", "delete", "table", "ip", "soak_churn")
-			_ = sleepCtx(churnCtx, 200*time.Millisecond)
+			_ = benchns.Sleep(churnCtx, 200*time.Millisecond)
 		}
 	}()
 	return func() {
 		stop()
 		<-done
 		if _, err := run(ctx, natRules(s.cfg.services, 0), "ip", "netns", "exec", s.ns, "iptables-nft-restore"); err != nil {
-			logf("restoring the rules: %v", err)
+			benchrun.Logf("restoring the rules: %v", err)
 		}
 	}, nil
 }
@@ -433,7 +431,7 @@ func (s *soaker) storm(ctx context.Context) (func(), error) {
 			p.stop()
 		}
 		if p.cmd.ProcessState == nil || !p.cmd.ProcessState.Success() {
-			logf("storm: %s", p.tail())
+			benchrun.Logf("storm: %s", p.tail())
 		}
 	}, nil
 }
@@ -493,7 +491,7 @@ func (s *soaker) look() sample {
 		sm.exporterGone = true
 		return sm
 	}
-	status := readFile(fmt.Sprintf("/proc/%d/status", pid))
+	status := benchrun.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	sm.rssKiB = statusKiB(status, "VmRSS:")
 	sm.hwmKiB = statusKiB(status, "VmHWM:")
 	sm.threads = int(statusKiB(status, "Threads:"))
@@ -517,7 +515,7 @@ func countChildren(pid int) int {
 	n := 0
 	files, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
 	for _, f := range files {
-		n += len(strings.Fields(readFile(f)))
+		n += len(strings.Fields(benchrun.ReadFile(f)))
 	}
 	return n
 }
@@ -642,49 +640,8 @@ func (s *soaker) waitClean(ctx context.Context, base *sample, timeout time.Durat
 			return time.Time{}, why
 		}
 		if n++; n%10 == 0 {
-			logf("not clean yet: %s", why)
+			benchrun.Logf("not clean yet: %s", why)
 		}
 		time.Sleep(time.Second)
 	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
-
-func findRepo() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && strings.Contains(string(b), "module github.com/proxyhealth/proxyhealth\n") {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("not inside the proxyhealth repository (use --repo)")
-		}
-		dir = parent
-	}
-}
-
-func git(repo string, args ...string) string {
-	out, err := exec.Command("git", append([]string{"-C", repo}, args...)...).Output()
-	if err != nil {
-		return "unknown"
-	}
-	return strings.TrimSpace(string(out))
-}
-
-func readFile(p string) string {
-	b, _ := os.ReadFile(p)
-	return string(b)
 }
