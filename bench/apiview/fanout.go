@@ -21,6 +21,7 @@ import (
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
+	"github.com/proxyhealth/proxyhealth/bench/internal/nsproc"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -192,8 +193,8 @@ func (k *kube) fanoutPhase(ctx context.Context, cfg fanoutConfig, fanrun, kind s
 		if err != nil {
 			return ph, err
 		}
-		resetHWM(apiserver.pid())
-		api0, etcd0 := cpuSeconds(apiserver.pid()), cpuSeconds(etcd.pid())
+		resetHWM(apiserver.Pid())
+		api0, etcd0 := cpuSeconds(apiserver.Pid()), cpuSeconds(etcd.Pid())
 		cmd := exec.CommandContext(ctx, "ip", "netns", "exec", k.ns, fanrun,
 			"--kubeconfig", k.kubeconfig, "--node-name", nodeName, "--kind", kind,
 			"--count", strconv.Itoa(cfg.watchers), "--ports", strconv.Itoa(k.res.Services))
@@ -234,9 +235,9 @@ func (k *kube) fanoutPhase(ctx context.Context, cfg fanoutConfig, fanrun, kind s
 			return ph, fmt.Errorf("fanrun's output %q: %w", line, err)
 		}
 		ph.SyncSeconds = synced.SyncSeconds
-		ph.SyncAPIServerCPU = cpuSeconds(apiserver.pid()) - api0
-		ph.SyncEtcdCPU = cpuSeconds(etcd.pid()) - etcd0
-		_, ph.SyncAPIServerPeak, _ = procStatus(apiserver.pid())
+		ph.SyncAPIServerCPU = cpuSeconds(apiserver.Pid()) - api0
+		ph.SyncEtcdCPU = cpuSeconds(etcd.Pid()) - etcd0
+		ph.SyncAPIServerPeak = apiserver.Memory().HWMKiB
 		lists1, err := k.lists(ctx)
 		if err != nil {
 			return ph, err
@@ -251,9 +252,9 @@ func (k *kube) fanoutPhase(ctx context.Context, cfg fanoutConfig, fanrun, kind s
 	if ph.Watches, err = k.watches(ctx); err != nil {
 		return ph, err
 	}
-	resetHWM(apiserver.pid())
+	resetHWM(apiserver.Pid())
 	ph.ChurnLoad1Start = loadavg1()
-	api0, etcd0, t0 := cpuSeconds(apiserver.pid()), cpuSeconds(etcd.pid()), time.Now()
+	api0, etcd0, t0 := cpuSeconds(apiserver.Pid()), cpuSeconds(etcd.Pid()), time.Now()
 	var (
 		rssSum, rssN int64
 		wg           sync.WaitGroup
@@ -269,21 +270,21 @@ func (k *kube) fanoutPhase(ctx context.Context, cfg fanoutConfig, fanrun, kind s
 				return
 			case <-t.C:
 			}
-			if rss, _, err := procStatus(apiserver.pid()); err == nil {
-				rssSum, rssN = rssSum+rss, rssN+1
+			if m, err := nsproc.Status(apiserver.Pid()); err == nil {
+				rssSum, rssN = rssSum+m.RSSKiB, rssN+1
 			}
 		}
 	})
 	ph.Changes, err = k.churn(churnCtx, cfg)
 	wg.Wait()
 	elapsed := time.Since(t0).Seconds()
-	ph.ChurnAPIServerCPU = 100 * (cpuSeconds(apiserver.pid()) - api0) / elapsed
-	ph.ChurnEtcdCPU = 100 * (cpuSeconds(etcd.pid()) - etcd0) / elapsed
+	ph.ChurnAPIServerCPU = 100 * (cpuSeconds(apiserver.Pid()) - api0) / elapsed
+	ph.ChurnEtcdCPU = 100 * (cpuSeconds(etcd.Pid()) - etcd0) / elapsed
 	ph.Load1E = loadavg1()
 	if rssN > 0 {
 		ph.ChurnAPIServerRSS = rssSum / rssN
 	}
-	_, ph.ChurnAPIServerPeak, _ = procStatus(apiserver.pid())
+	ph.ChurnAPIServerPeak = apiserver.Memory().HWMKiB
 	if heap, metric, herr := k.apiserverHeap(ctx); herr == nil {
 		ph.APIServerHeap, ph.HeapMetric = int64(heap/1024), metric
 	} else if err == nil {
@@ -397,8 +398,6 @@ func (k *kube) apiserverMetric(ctx context.Context, name, label string) (float64
 	}
 	return n, nil
 }
-
-func (p *proc) pid() int { return p.cmd.Process.Pid }
 
 // cpuSeconds is the user and system CPU time a process has used (/proc/<pid>/stat).
 func cpuSeconds(pid int) float64 {

@@ -21,6 +21,8 @@ import (
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
+	"github.com/proxyhealth/proxyhealth/bench/internal/controlplane"
+	"github.com/proxyhealth/proxyhealth/bench/internal/nsproc"
 	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -341,7 +343,7 @@ type ncRun struct {
 	nodeNS, cpNS   string
 	client         kubernetes.Interface
 	expCG, kpCG    *cgroup
-	exporter, kp   *proc
+	exporter, kp   *nsproc.Proc
 	fw             *forkWatch
 	fp             *kubelab.FaultProxy
 	expHTTP        *http.Client // keeps its connection: a scrape is not a new flow each time
@@ -364,13 +366,13 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	defer os.RemoveAll(etcdDir)
 
 	r := &ncRun{cfg: cfg, m: m, fw: fw, cpNS: newNSName("nc-cp"), nodeNS: newNSName("nc-node")}
-	var procs []*proc
+	var procs []*nsproc.Proc
 	var cgroups []*cgroup
 	// Cleanup, whatever happened: processes (kube-proxy and the exporter first), the fault
 	// proxy, cgroups, namespaces. Each step is bounded.
 	defer func() {
 		for i := len(procs) - 1; i >= 0; i-- {
-			procs[i].stop()
+			procs[i].Stop()
 		}
 		if r.fp != nil {
 			r.fp.Reset()
@@ -404,10 +406,10 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 			return err
 		}
 	}
-	token := randomToken()
+	token := controlplane.RandomToken()
 	// The token file and service-account keys the apiserver reads (its admin kubeconfig is
 	// not used: the exporter and kube-proxy get their own below).
-	if _, err := writeCredentials(dir, token, apiserverAddr); err != nil {
+	if _, err := controlplane.WriteCredentials(dir, token, controlplane.APIServerAddr); err != nil {
 		return err
 	}
 	exporterKubeconfig := filepath.Join(dir, "exporter.kubeconfig")
@@ -421,17 +423,24 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 
 	benchrun.Logf("starting etcd and kube-apiserver %s in %s", bins.Version, r.cpNS)
 	t0 := time.Now()
-	cp, err := startControlPlane(ctx, r.cpNS, func(name string, args ...string) (*proc, error) {
-		p, err := startProc(r.cpNS, dir, name, args...)
-		if err == nil {
-			procs = append(procs, p)
-		}
-		return p, err
-	}, bins, dir, etcdDir, token, "0.0.0.0", ncCPAddr)
+	cp, err := controlplane.Start(ctx, r.cpNS, bins, controlplane.Options{
+		Dir: dir, EtcdDir: etcdDir, Token: token,
+		Bind: "0.0.0.0", Advertise: ncCPAddr, ServiceCIDR: serviceCIDR,
+		Start: func(name string, args ...string) (*nsproc.Proc, error) {
+			p, err := nsproc.Start(r.cpNS, dir, name, args...)
+			if err == nil {
+				procs = append(procs, p)
+			}
+			return p, err
+		},
+	})
 	if err != nil {
 		return err
 	}
-	r.client = cp.client
+	r.client = cp.Client
+	if err := createNode(ctx, r.client); err != nil {
+		return err
+	}
 	m.ControlPlaneUp = time.Since(t0)
 
 	benchrun.Logf("creating %d Services and their EndpointSlices (%d endpoints each) with %d workers", m.Services, m.Endpoints, cfg.workers)
@@ -511,12 +520,12 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 		"--kubeproxy.log-path=" + kpLog,
 	}, rep.ExporterArgs...)
 
-	startIn := func(cg *cgroup, name string, argv ...string) (*proc, error) {
-		p, err := startProc("", dir, name, cg.wrap(r.nodeNS, argv...)...)
+	startIn := func(cg *cgroup, name string, argv ...string) (*nsproc.Proc, error) {
+		p, err := nsproc.Start("", dir, name, cg.wrap(r.nodeNS, argv...)...)
 		if err == nil {
 			procs = append(procs, p)
 			if r.fw != nil {
-				r.fw.watch(name, p.cmd.Process.Pid)
+				r.fw.watch(name, p.Pid())
 			}
 		}
 		return p, err
@@ -533,11 +542,11 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	if r.exporter, err = startIn(r.expCG, "proxyhealth", append([]string{"env", lockEnv, exporterBin}, expArgs...)...); err != nil {
 		return err
 	}
-	r.polled.setRoot("proxyhealth", r.exporter.cmd.Process.Pid)
+	r.polled.setRoot("proxyhealth", r.exporter.Pid())
 	if r.kp, err = startIn(r.kpCG, "kube-proxy", append(append([]string{"env"}, env...), append([]string{bins.Proxy}, kpArgs...)...)...); err != nil {
 		return err
 	}
-	r.polled.setRoot("kube-proxy", r.kp.cmd.Process.Pid)
+	r.polled.setRoot("kube-proxy", r.kp.Pid())
 	startup := &ncPhase{Name: "start-up"}
 	if err := r.startup(ctx, tStart, kpLog, startup); err != nil {
 		meter.end(startup)
@@ -629,11 +638,11 @@ func (r *ncRun) kubeProxyMetrics() (string, error) {
 }
 
 func (r *ncRun) checkAlive() error {
-	if r.exporter.exited() {
-		return fmt.Errorf("proxyhealth exited:\n%s", r.exporter.tail())
+	if r.exporter.Exited() {
+		return fmt.Errorf("proxyhealth exited:\n%s", r.exporter.Tail())
 	}
-	if r.kp.exited() {
-		return fmt.Errorf("kube-proxy exited:\n%s", r.kp.tail())
+	if r.kp.Exited() {
+		return fmt.Errorf("kube-proxy exited:\n%s", r.kp.Tail())
 	}
 	return nil
 }
@@ -645,7 +654,7 @@ func (r *ncRun) startup(ctx context.Context, t0 time.Time, kpLog string, ph *ncP
 	m := r.m
 	var countedAt float64 // kube-proxy sync timestamp whose rules were counted last
 	var syncedAt float64
-	err := waitFor(ctx, r.cfg.kubeProxySyncTO, "kube-proxy's first full sync", func() (bool, string, error) {
+	err := benchrun.WaitFor(ctx, r.cfg.kubeProxySyncTO, "kube-proxy's first full sync", func() (bool, string, error) {
 		if err := r.checkAlive(); err != nil {
 			return false, "", err
 		}
@@ -676,7 +685,7 @@ func (r *ncRun) startup(ctx context.Context, t0 time.Time, kpLog string, ph *ncP
 		return err
 	}
 	m.KubeProxySynced = time.Unix(0, int64(syncedAt*1e9)).Sub(t0)
-	err = waitFor(ctx, 10*time.Minute, "an exporter check of every Service after kube-proxy's sync", func() (bool, string, error) {
+	err = benchrun.WaitFor(ctx, 10*time.Minute, "an exporter check of every Service after kube-proxy's sync", func() (bool, string, error) {
 		if err := r.checkAlive(); err != nil {
 			return false, "", err
 		}
@@ -826,7 +835,7 @@ func (r *ncRun) churn(ctx context.Context, rate int, d time.Duration, ph *ncPhas
 func (r *ncRun) latency(ctx context.Context, grace time.Duration, ph *ncPhase) (*ncLatency, error) {
 	lat := &ncLatency{Grace: grace}
 	// kube-proxy first applies everything queued, so that only the change below is drift.
-	lat.KubeProxyCaughtUp = waitFor(ctx, 2*time.Minute, "kube-proxy to apply every queued change", func() (bool, string, error) {
+	lat.KubeProxyCaughtUp = benchrun.WaitFor(ctx, 2*time.Minute, "kube-proxy to apply every queued change", func() (bool, string, error) {
 		if err := r.checkAlive(); err != nil {
 			return false, "", err
 		}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
+	"github.com/proxyhealth/proxyhealth/bench/internal/nsproc"
 	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
 )
@@ -70,7 +71,7 @@ type soaker struct {
 	dir  string
 	self string // this program, for the storm subcommand
 
-	exporter *proc
+	exporter *nsproc.Proc
 	kp       *fakeKubeProxy
 	log      *kubeProxyLog
 	cp       *controlPlane
@@ -185,7 +186,7 @@ func soak(ctx context.Context, cfg config, smoke bool, argv []string) (rep *repo
 		args = append(args, "--no-collector.rules")
 	}
 	rep.exporterArgs = strings.Join(args[1:], " ")
-	if s.exporter, err = startProc(s.ns, tmp, "proxyhealth", args...); err != nil {
+	if s.exporter, err = nsproc.Start(s.ns, tmp, "proxyhealth", args...); err != nil {
 		return nil, err
 	}
 	s.client = netnsdial.HTTPClient(s.ns, 10*time.Second)
@@ -201,7 +202,7 @@ func soak(ctx context.Context, cfg config, smoke bool, argv []string) (rep *repo
 	time.Sleep(10 * time.Second)
 	startedAt := time.Now()
 	if _, why := s.waitClean(ctx, nil, cfg.settle); why != "" {
-		return rep, fmt.Errorf("the exporter never came up clean: %s\n%s", why, s.exporter.tail())
+		return rep, fmt.Errorf("the exporter never came up clean: %s\n%s", why, s.exporter.Tail())
 	}
 	s.mu.Lock()
 	s.baseline = s.samples[len(s.samples)-1]
@@ -233,8 +234,8 @@ func soak(ctx context.Context, cfg config, smoke bool, argv []string) (rep *repo
 			benchrun.Logf("%s: clean %.1fs after the fault ended (peak RSS %d KiB, %g goroutines, %d fds)",
 				fr.kind, fr.recovery().Seconds(), fr.peak.rssKiB, fr.peak.goroutines, fr.peak.fds)
 		}
-		if s.exporter.exited() {
-			return rep, fmt.Errorf("the exporter exited:\n%s", s.exporter.tail())
+		if s.exporter.Exited() {
+			return rep, fmt.Errorf("the exporter exited:\n%s", s.exporter.Tail())
 		}
 	}
 	rep.elapsed = time.Since(startedAt)
@@ -244,7 +245,7 @@ func soak(ctx context.Context, cfg config, smoke bool, argv []string) (rep *repo
 	rep.samples = slices.Clone(s.samples)
 	s.mu.Unlock()
 	rep.final = s.look()
-	rep.exporterLog = s.exporter.tail()
+	rep.exporterLog = s.exporter.Tail()
 	return rep, ctx.Err()
 }
 
@@ -254,7 +255,7 @@ func (s *soaker) stop() {
 		s.kp.down()
 	}
 	if s.exporter != nil {
-		s.exporter.stop()
+		s.exporter.Stop()
 	}
 	s.cp.stop()
 }
@@ -420,18 +421,18 @@ func writeServiceChurn(chains, rules *strings.Builder, s, gen int) {
 // storm runs the conntrack event storm (this program's storm subcommand, in the namespace)
 // for the fault's length at 20,000 new flows a second.
 func (s *soaker) storm(ctx context.Context) (func(), error) {
-	p, err := startProc(s.ns, s.dir, "storm", s.self, "storm", "--rate", "20000", "--duration", s.cfg.faultLength.String())
+	p, err := nsproc.Start(s.ns, s.dir, "storm", s.self, "storm", "--rate", "20000", "--duration", s.cfg.faultLength.String())
 	if err != nil {
 		return nil, err
 	}
 	return func() {
 		select {
-		case <-p.done:
+		case <-p.Done():
 		case <-time.After(30 * time.Second):
-			p.stop()
+			p.Stop()
 		}
-		if p.cmd.ProcessState == nil || !p.cmd.ProcessState.Success() {
-			benchrun.Logf("storm: %s", p.tail())
+		if p.Cmd.ProcessState == nil || !p.Cmd.ProcessState.Success() {
+			benchrun.Logf("storm: %s", p.Tail())
 		}
 	}, nil
 }
@@ -486,8 +487,8 @@ func (s *soaker) sampleEvery(ctx context.Context, interval time.Duration) {
 // look takes one sample: the exporter's process and one scrape.
 func (s *soaker) look() sample {
 	sm := sample{at: time.Now()}
-	pid := s.exporter.cmd.Process.Pid
-	if s.exporter.exited() {
+	pid := s.exporter.Pid()
+	if s.exporter.Exited() {
 		sm.exporterGone = true
 		return sm
 	}

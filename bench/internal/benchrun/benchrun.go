@@ -120,3 +120,34 @@ func ReadFile(p string) string {
 	b, _ := os.ReadFile(p)
 	return string(b)
 }
+
+// WaitFor polls cond every 500ms until it holds, cond fails, ctx ends or timeout passes; the
+// timeout error quotes cond's last detail.
+func WaitFor(ctx context.Context, timeout time.Duration, what string, cond func() (ok bool, detail string, err error)) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, detail, err := cond()
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		if ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out after %s waiting for %s (last: %s)", timeout, what, Truncate(detail, 500))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// Truncate shortens s to n bytes, marking the cut.
+func Truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
