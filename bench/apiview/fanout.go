@@ -19,7 +19,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 	"github.com/proxyhealth/proxyhealth/bench/internal/nsproc"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
@@ -83,6 +82,7 @@ func runFanout(args []string) int {
 	fs.StringVar(&cfg.repo, "repo", "", "proxyhealth repository root (default: found upwards from the working directory)")
 	fs.StringVar(&cfg.out, "out", "", "also write the markdown report to this file")
 	fs.BoolVar(&cfg.keepTmp, "keep-tmp", false, "keep the temporary directory (process logs, builds)")
+	benchrun.LockWaitFlag(fs, &cfg.lockWait)
 	fs.StringVar(&cfg.etcdData, "etcd-data", "", "keep etcd's data in this directory, and reuse it when a run of the same shape loaded it")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -119,31 +119,18 @@ func runFanout(args []string) int {
 }
 
 func fanout(ctx context.Context, cfg fanoutConfig, argv []string) (*fanoutReport, error) {
-	unlock, err := benchns.Lock()
+	ws, err := benchrun.Prepare(ctx, benchrun.Setup{
+		NSPrefix: nsPrefix, TmpPrefix: "ph-bench-av-", Repo: cfg.repo, LockWait: cfg.lockWait, KeepTmp: cfg.keepTmp,
+	})
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
-	if err := benchns.RemoveLeftovers(nsPrefix); err != nil {
-		return nil, err
-	}
-	if cfg.repo == "" {
-		if cfg.repo, err = benchrun.FindRepo(); err != nil {
-			return nil, err
-		}
-	}
+	defer ws.Close()
+	cfg.repo = ws.Repo
+	tmp := ws.Tmp
 	bins, err := kubelab.FindBinaries(cfg.repo)
 	if err != nil {
 		return nil, err
-	}
-	tmp, err := os.MkdirTemp("", "ph-bench-av-")
-	if err != nil {
-		return nil, err
-	}
-	if cfg.keepTmp {
-		fmt.Fprintf(os.Stderr, "keeping %s\n", tmp)
-	} else {
-		defer os.RemoveAll(tmp)
 	}
 	rep := &fanoutReport{
 		cfg:     cfg,

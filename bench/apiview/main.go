@@ -17,8 +17,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"time"
 
-	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
 )
@@ -33,6 +33,7 @@ type config struct {
 	repo                string
 	out                 string
 	keepTmp             bool
+	lockWait            time.Duration
 	gogc                string
 	etcdData            string
 	profiles            string
@@ -56,6 +57,7 @@ func runMain(args []string) int {
 	fs.StringVar(&cfg.repo, "repo", "", "proxyhealth repository root (default: found upwards from the working directory)")
 	fs.StringVar(&cfg.out, "out", "", "also write the markdown report to this file")
 	fs.BoolVar(&cfg.keepTmp, "keep-tmp", false, "keep the temporary directory (process logs, builds)")
+	benchrun.LockWaitFlag(fs, &cfg.lockWait)
 	fs.StringVar(&cfg.gogc, "gogc", "", "GOGC for viewrun (default: unset, Go's 100, as the exporter runs)")
 	fs.StringVar(&cfg.profiles, "profiles", "", "write each run's CPU profile until sync into this directory (viewrun-<build>-<run>.pprof, build 0 being --base when given)")
 	fs.StringVar(&cfg.etcdData, "etcd-data", "", "keep etcd's data in this directory (on /dev/shm, say), and reuse it when a run of the same shape loaded it: skips the load")
@@ -90,34 +92,19 @@ func runMain(args []string) int {
 	return benchrun.Finish(ctx, "apiview", text, cfg.out, err)
 }
 
-// signalContext is cancelled on SIGINT, SIGTERM or SIGHUP, which it logs.
-
 func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
-	unlock, err := benchns.Lock()
+	ws, err := benchrun.Prepare(ctx, benchrun.Setup{
+		NSPrefix: nsPrefix, TmpPrefix: "ph-bench-av-", Repo: cfg.repo, LockWait: cfg.lockWait, KeepTmp: cfg.keepTmp,
+	})
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
-	if err := benchns.RemoveLeftovers(nsPrefix); err != nil {
-		return nil, err
-	}
-	if cfg.repo == "" {
-		if cfg.repo, err = benchrun.FindRepo(); err != nil {
-			return nil, err
-		}
-	}
+	defer ws.Close()
+	cfg.repo = ws.Repo
+	tmp := ws.Tmp
 	bins, err := kubelab.FindBinaries(cfg.repo)
 	if err != nil {
 		return nil, err
-	}
-	tmp, err := os.MkdirTemp("", "ph-bench-av-")
-	if err != nil {
-		return nil, err
-	}
-	if cfg.keepTmp {
-		fmt.Fprintf(os.Stderr, "keeping %s\n", tmp)
-	} else {
-		defer os.RemoveAll(tmp)
 	}
 	rep := &report{
 		cfg:     cfg,

@@ -20,8 +20,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
-	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
 )
@@ -37,6 +37,7 @@ type config struct {
 	kubeProxyIPTables   string
 	cpuprofile          string
 	keepTmp             bool
+	lockWait            time.Duration
 }
 
 func main() {
@@ -67,6 +68,7 @@ func runMain(args []string) int {
 	fs.StringVar(&cfg.kubeProxyIPTables, "kube-proxy-iptables", "legacy", "iptables backend kube-proxy writes with (legacy or nft; iptables-nft-restore of 110,000 chains takes over ten minutes on a small machine)")
 	fs.StringVar(&cfg.cpuprofile, "cpuprofile", "", "pass -cpuprofile FILE to the go benchmarks (FILE relative to the repository)")
 	fs.BoolVar(&cfg.keepTmp, "keep-tmp", false, "keep the temporary directory (process logs, saved tables)")
+	benchrun.LockWaitFlag(fs, &cfg.lockWait)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -122,28 +124,15 @@ type report struct {
 }
 
 func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
-	unlock, err := benchns.Lock()
+	ws, err := benchrun.Prepare(ctx, benchrun.Setup{
+		NSPrefix: nsPrefix, TmpPrefix: "ph-bench-rd-", Repo: cfg.repo, LockWait: cfg.lockWait, KeepTmp: cfg.keepTmp,
+	})
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
-	if err := benchns.RemoveLeftovers(nsPrefix); err != nil {
-		return nil, err
-	}
-	if cfg.repo == "" {
-		if cfg.repo, err = benchrun.FindRepo(); err != nil {
-			return nil, err
-		}
-	}
-	tmp, err := os.MkdirTemp("", "ph-bench-rd-")
-	if err != nil {
-		return nil, err
-	}
-	if cfg.keepTmp {
-		fmt.Fprintf(os.Stderr, "keeping %s\n", tmp)
-	} else {
-		defer os.RemoveAll(tmp)
-	}
+	defer ws.Close()
+	cfg.repo = ws.Repo
+	tmp := ws.Tmp
 
 	rep := &report{cfg: cfg, Machine: benchrun.Describe(cfg.repo, argv)}
 	if out, err := run(ctx, nil, "iptables-legacy-save", "--version"); err == nil {

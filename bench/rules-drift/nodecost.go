@@ -100,7 +100,7 @@ func runNodeCost(args []string) int {
 	fs.DurationVar(&cfg.latencyTimeout, "latency-timeout", 5*time.Minute, "how long past the grace period to wait for the drift series")
 	fs.DurationVar(&cfg.healTimeout, "heal-timeout", 3*time.Minute, "how long to wait for the drift to clear once kube-proxy's connection is healed")
 	fs.DurationVar(&cfg.kubeProxySyncTO, "kube-proxy-sync-timeout", 20*time.Minute, "limit on kube-proxy's first sync")
-	fs.DurationVar(&cfg.lockWait, "lock-wait", 0, "wait up to this long for another benchmark to release /run/ph-bench.lock (0: fail at once)")
+	benchrun.LockWaitFlag(fs, &cfg.lockWait)
 	fs.BoolVar(&cfg.keepTmp, "keep-tmp", false, "keep the temporary directory (process logs)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -225,36 +225,21 @@ type ncLatency struct {
 }
 
 func nodeCost(ctx context.Context, cfg ncConfig, argv []string) (*ncReport, error) {
-	unlock, err := benchns.LockWithin(ctx, cfg.lockWait, func(err error) {
-		benchrun.Logf("%v; waiting up to %s", err, cfg.lockWait)
+	ws, err := benchrun.Prepare(ctx, benchrun.Setup{
+		NSPrefix: nsPrefix, TmpPrefix: "ph-bench-nc-", Repo: cfg.repo, LockWait: cfg.lockWait, KeepTmp: cfg.keepTmp,
 	})
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
-	if err := benchns.RemoveLeftovers(nsPrefix); err != nil {
-		return nil, err
-	}
+	defer ws.Close()
+	cfg.repo = ws.Repo
+	tmp := ws.Tmp
 	if err := removeLeftoverCgroups(); err != nil {
 		return nil, err
-	}
-	if cfg.repo == "" {
-		if cfg.repo, err = benchrun.FindRepo(); err != nil {
-			return nil, err
-		}
 	}
 	bins, err := kubelab.FindBinaries(cfg.repo)
 	if err != nil {
 		return nil, err
-	}
-	tmp, err := os.MkdirTemp("", "ph-bench-nc-")
-	if err != nil {
-		return nil, err
-	}
-	if cfg.keepTmp {
-		fmt.Fprintf(os.Stderr, "keeping %s\n", tmp)
-	} else {
-		defer os.RemoveAll(tmp)
 	}
 	rep := &ncReport{
 		cfg:         cfg,
