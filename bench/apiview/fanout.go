@@ -108,14 +108,10 @@ func runFanout(args []string) int {
 		fmt.Fprintln(os.Stderr, "apiview fanout must run as root (it creates a network namespace)")
 		return 2
 	}
-	ctx, stop := benchrun.SignalContext("stopping")
-	defer stop()
-	rep, err := fanout(ctx, cfg, append([]string{"go run ./bench/apiview fanout"}, args...))
-	var text string
-	if rep != nil {
-		text = rep.render()
-	}
-	return benchrun.Finish(ctx, "apiview fanout", text, cfg.out, err)
+	return benchrun.Main("apiview fanout", "stopping", cfg.out, func(ctx context.Context) (string, error) {
+		rep, err := fanout(ctx, cfg, append([]string{"go run ./bench/apiview fanout"}, args...))
+		return rep.render(), err
+	})
 }
 
 func fanout(ctx context.Context, cfg fanoutConfig, argv []string) (*fanoutReport, error) {

@@ -82,14 +82,10 @@ func runMain(args []string) int {
 		fmt.Fprintln(os.Stderr, "apiview must run as root (it creates a network namespace)")
 		return 2
 	}
-	ctx, stop := benchrun.SignalContext("stopping")
-	defer stop()
-	rep, err := bench(ctx, cfg, append([]string{"go run ./bench/apiview"}, args...))
-	var text string
-	if rep != nil {
-		text = rep.render()
-	}
-	return benchrun.Finish(ctx, "apiview", text, cfg.out, err)
+	return benchrun.Main("apiview", "stopping", cfg.out, func(ctx context.Context) (string, error) {
+		rep, err := bench(ctx, cfg, append([]string{"go run ./bench/apiview"}, args...))
+		return rep.render(), err
+	})
 }
 
 func bench(ctx context.Context, cfg config, argv []string) (*report, error) {

@@ -96,14 +96,10 @@ func runMain(args []string) int {
 		fmt.Fprintln(os.Stderr, "rules-drift must run as root (it creates network namespaces)")
 		return 2
 	}
-	ctx, stop := benchrun.SignalContext("stopping")
-	defer stop()
-	rep, err := bench(ctx, cfg, append([]string{"go run ./bench/rules-drift"}, args...))
-	var text string
-	if rep != nil {
-		text = rep.render()
-	}
-	return benchrun.Finish(ctx, "rules-drift", text, cfg.out, err)
+	return benchrun.Main("rules-drift", "stopping", cfg.out, func(ctx context.Context) (string, error) {
+		rep, err := bench(ctx, cfg, append([]string{"go run ./bench/rules-drift"}, args...))
+		return rep.render(), err
+	})
 }
 
 // report is everything one run measured.

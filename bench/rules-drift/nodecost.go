@@ -146,14 +146,10 @@ func runNodeCost(args []string) int {
 		fmt.Fprintln(os.Stderr, "node-cost must run as root (network namespaces, cgroups)")
 		return 2
 	}
-	ctx, stop := benchrun.SignalContext("stopping and cleaning up")
-	defer stop()
-	rep, err := nodeCost(ctx, cfg, append([]string{"go run ./bench/rules-drift node-cost"}, args...))
-	var text string
-	if rep != nil {
-		text = rep.render()
-	}
-	return benchrun.Finish(ctx, "rules-drift node-cost", text, cfg.out, err)
+	return benchrun.Main("rules-drift node-cost", "stopping and cleaning up", cfg.out, func(ctx context.Context) (string, error) {
+		rep, err := nodeCost(ctx, cfg, append([]string{"go run ./bench/rules-drift node-cost"}, args...))
+		return rep.render(), err
+	})
 }
 
 // ncReport is one node-cost run.

@@ -11,6 +11,9 @@ import (
 )
 
 func (r *ncReport) render() string {
+	if r == nil {
+		return "" // the run failed before it measured anything
+	}
 	var b strings.Builder
 	b.WriteString("## node-cost\n\n")
 	fmt.Fprintf(&b, "Run %s on kernel %s, %s (%d CPUs), commit %s; kube-apiserver and kube-proxy %s; %s; %s.  \n",

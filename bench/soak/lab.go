@@ -116,12 +116,20 @@ func natRules(services, gen int) []byte {
 	return chains.Bytes()
 }
 
-func writeService(chains, rules *bytes.Buffer, s, gen int) {
+// writeService writes service s: its KUBE-SERVICES jump and its chains.
+func writeService(chains, rules io.Writer, s, gen int) {
 	name := fmt.Sprintf("ns%d/svc%d:http", s%20, s)
 	svc := "KUBE-SVC-" + chainHash(name, "tcp")
-	vip := serviceVIP(s)
+	fmt.Fprintf(rules, "-A KUBE-SERVICES -d %s/32 -p tcp -m comment --comment \"%s cluster IP\" -m tcp --dport 80 -j %s\n", serviceVIP(s), name, svc)
+	writeServiceChains(chains, rules, s, gen)
+}
+
+// writeServiceChains writes service s's own chains, its endpoints those of generation gen
+// (the rules churn rewrites only these).
+func writeServiceChains(chains, rules io.Writer, s, gen int) {
+	name := fmt.Sprintf("ns%d/svc%d:http", s%20, s)
+	svc := "KUBE-SVC-" + chainHash(name, "tcp")
 	fmt.Fprintf(chains, ":%s - [0:0]\n", svc)
-	fmt.Fprintf(rules, "-A KUBE-SERVICES -d %s/32 -p tcp -m comment --comment \"%s cluster IP\" -m tcp --dport 80 -j %s\n", vip, name, svc)
 	const endpoints = 5
 	for e := range endpoints {
 		ep := endpointIP(s, e, gen) + ":8080"

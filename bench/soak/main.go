@@ -12,6 +12,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"os"
@@ -92,14 +93,13 @@ func runMain(args []string) int {
 	if cfg.seed == 0 {
 		cfg.seed = time.Now().UnixNano()
 	}
-	ctx, stop := benchrun.SignalContext("stopping after the current step")
-	defer stop()
-	rep, err := soak(ctx, cfg, *smoke, append([]string{"go run ./bench/soak"}, args...))
-	var text string
-	if rep != nil {
-		text = rep.render()
-	}
-	if code := benchrun.Finish(ctx, "soak", text, cfg.out, err); code != 0 {
+	var rep *report
+	code := benchrun.Main("soak", "stopping after the current step", cfg.out, func(ctx context.Context) (string, error) {
+		var err error
+		rep, err = soak(ctx, cfg, *smoke, append([]string{"go run ./bench/soak"}, args...))
+		return rep.render(), err
+	})
+	if code != 0 {
 		return code
 	}
 	if rep != nil && !rep.clean() {

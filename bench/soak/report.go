@@ -39,6 +39,9 @@ func (r *report) clean() bool {
 func mib(kib int64) float64 { return float64(kib) / 1024 }
 
 func (r *report) render() string {
+	if r == nil {
+		return "" // the run failed before it measured anything
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "## Soak: faults at random (%s)\n\n", r.Date[:len("2006-01-02")])
 	fmt.Fprintf(&b, "`%s` on %s (%d cores), kernel %s, exporter at `%s`; seed %d.\n",

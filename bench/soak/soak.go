@@ -392,30 +392,11 @@ func natChurn(services, gen int, rng *rand.Rand) []byte {
 	for range 3 {
 		svcIdx := rng.IntN(services)
 		var c, r strings.Builder
-		writeServiceChurn(&c, &r, svcIdx, gen)
+		writeServiceChains(&c, &r, svcIdx, gen)
 		chains.WriteString(c.String())
 		rules.WriteString(r.String())
 	}
 	return []byte(chains.String() + rules.String() + "COMMIT\n")
-}
-
-// writeServiceChurn is writeService without the KUBE-SERVICES jump, which stays.
-func writeServiceChurn(chains, rules *strings.Builder, s, gen int) {
-	name := fmt.Sprintf("ns%d/svc%d:http", s%20, s)
-	svc := "KUBE-SVC-" + chainHash(name, "tcp")
-	fmt.Fprintf(chains, ":%s - [0:0]\n", svc)
-	const endpoints = 5
-	for e := range endpoints {
-		ep := endpointIP(s, e, gen) + ":8080"
-		sep := "KUBE-SEP-" + chainHash(name, "tcp", ep)
-		fmt.Fprintf(chains, ":%s - [0:0]\n", sep)
-		stat := ""
-		if n := endpoints - e; n > 1 {
-			stat = fmt.Sprintf(" -m statistic --mode random --probability %0.10f", 1.0/float64(n))
-		}
-		fmt.Fprintf(rules, "-A %s -m comment --comment \"%s -> %s\"%s -j %s\n", svc, name, ep, stat, sep)
-		fmt.Fprintf(rules, "-A %s -p tcp -m comment --comment \"%s\" -m tcp -j DNAT --to-destination %s\n", sep, name, ep)
-	}
 }
 
 // storm runs the conntrack event storm (this program's storm subcommand, in the namespace)

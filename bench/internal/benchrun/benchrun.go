@@ -151,3 +151,12 @@ func Truncate(s string, n int) string {
 	}
 	return s[:n] + "..."
 }
+
+// Main runs a benchmark program's run in a SignalContext (stopping is logged on a signal) and
+// ends as Finish does with the report run returns, which it prints even when run failed.
+func Main(prog, stopping, out string, run func(ctx context.Context) (report string, err error)) int {
+	ctx, stop := SignalContext(stopping)
+	defer stop()
+	report, err := run(ctx)
+	return Finish(ctx, prog, report, out, err)
+}
