@@ -79,10 +79,8 @@ func runFanout(args []string) int {
 	fs.Float64Var(&cfg.churnRate, "churn-rate", 10, "EndpointSlice changes a second during the churn")
 	fs.DurationVar(&cfg.churn, "churn", 60*time.Second, "how long the churn of each phase lasts")
 	fs.BoolVar(&cfg.smoke, "smoke", false, "200 services x 3 endpoints, 5 watchers, 10 s of churn")
-	fs.StringVar(&cfg.repo, "repo", "", "proxyhealth repository root (default: found upwards from the working directory)")
-	fs.StringVar(&cfg.out, "out", "", "also write the markdown report to this file")
-	fs.BoolVar(&cfg.keepTmp, "keep-tmp", false, "keep the temporary directory (process logs, builds)")
-	benchrun.LockWaitFlag(fs, &cfg.lockWait)
+	cfg.Register(fs, "process logs, builds")
+	cfg.LockWaitFlag(fs)
 	fs.StringVar(&cfg.etcdData, "etcd-data", "", "keep etcd's data in this directory, and reuse it when a run of the same shape loaded it")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -104,39 +102,33 @@ func runFanout(args []string) int {
 		fmt.Fprintln(os.Stderr, "--local-every and --workers must be at least 1")
 		return 2
 	}
-	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "apiview fanout must run as root (it creates a network namespace)")
-		return 2
-	}
-	return benchrun.Main("apiview fanout", "stopping", cfg.out, func(ctx context.Context) (string, error) {
+	return benchrun.Main(benchrun.Program{Name: "apiview fanout", WhyRoot: "it creates a network namespace", Stopping: "stopping"}, cfg.Out, func(ctx context.Context) (string, error) {
 		rep, err := fanout(ctx, cfg, append([]string{"go run ./bench/apiview fanout"}, args...))
 		return rep.render(), err
 	})
 }
 
 func fanout(ctx context.Context, cfg fanoutConfig, argv []string) (*fanoutReport, error) {
-	ws, err := benchrun.Prepare(ctx, benchrun.Setup{
-		NSPrefix: nsPrefix, TmpPrefix: "ph-bench-av-", Repo: cfg.repo, LockWait: cfg.lockWait, KeepTmp: cfg.keepTmp,
-	})
+	ws, err := benchrun.Prepare(ctx, nsPrefix, "ph-bench-av-", cfg.Flags)
 	if err != nil {
 		return nil, err
 	}
 	defer ws.Close()
-	cfg.repo = ws.Repo
+	cfg.Repo = ws.Repo
 	tmp := ws.Tmp
-	bins, err := kubelab.FindBinaries(cfg.repo)
+	bins, err := kubelab.FindBinaries(cfg.Repo)
 	if err != nil {
 		return nil, err
 	}
 	rep := &fanoutReport{
 		cfg:     cfg,
-		Machine: benchrun.Describe(cfg.repo, argv),
+		Machine: benchrun.Describe(cfg.Repo, argv),
 		Version: bins.Version,
 	}
 	benchrun.Logf("building fanrun")
 	fanrun := filepath.Join(tmp, "fanrun")
 	build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", fanrun, "./bench/apiview/fanrun")
-	build.Dir = cfg.repo
+	build.Dir = cfg.Repo
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		return rep, fmt.Errorf("go build fanrun: %w: %s", err, out)

@@ -17,7 +17,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"time"
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
@@ -30,13 +29,10 @@ type config struct {
 	workers             int
 	smoke               bool
 	base                string
-	repo                string
-	out                 string
-	keepTmp             bool
-	lockWait            time.Duration
-	gogc                string
-	etcdData            string
-	profiles            string
+	benchrun.Flags
+	gogc     string
+	etcdData string
+	profiles string
 }
 
 func main() { os.Exit(runMain(os.Args[1:])) }
@@ -54,10 +50,8 @@ func runMain(args []string) int {
 	fs.IntVar(&cfg.workers, "workers", 16, "parallel API clients creating the objects")
 	fs.BoolVar(&cfg.smoke, "smoke", false, "200 services x 3 endpoints, one run of each build")
 	fs.StringVar(&cfg.base, "base", "main", "git revision to compare with (its internal/cluster, this tree's viewrun); empty: only this tree")
-	fs.StringVar(&cfg.repo, "repo", "", "proxyhealth repository root (default: found upwards from the working directory)")
-	fs.StringVar(&cfg.out, "out", "", "also write the markdown report to this file")
-	fs.BoolVar(&cfg.keepTmp, "keep-tmp", false, "keep the temporary directory (process logs, builds)")
-	benchrun.LockWaitFlag(fs, &cfg.lockWait)
+	cfg.Register(fs, "process logs, builds")
+	cfg.LockWaitFlag(fs)
 	fs.StringVar(&cfg.gogc, "gogc", "", "GOGC for viewrun (default: unset, Go's 100, as the exporter runs)")
 	fs.StringVar(&cfg.profiles, "profiles", "", "write each run's CPU profile until sync into this directory (viewrun-<build>-<run>.pprof, build 0 being --base when given)")
 	fs.StringVar(&cfg.etcdData, "etcd-data", "", "keep etcd's data in this directory (on /dev/shm, say), and reuse it when a run of the same shape loaded it: skips the load")
@@ -78,43 +72,37 @@ func runMain(args []string) int {
 		fmt.Fprintln(os.Stderr, "--local-every, --reps and --workers must be at least 1")
 		return 2
 	}
-	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "apiview must run as root (it creates a network namespace)")
-		return 2
-	}
-	return benchrun.Main("apiview", "stopping", cfg.out, func(ctx context.Context) (string, error) {
+	return benchrun.Main(benchrun.Program{Name: "apiview", WhyRoot: "it creates a network namespace", Stopping: "stopping"}, cfg.Out, func(ctx context.Context) (string, error) {
 		rep, err := bench(ctx, cfg, append([]string{"go run ./bench/apiview"}, args...))
 		return rep.render(), err
 	})
 }
 
 func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
-	ws, err := benchrun.Prepare(ctx, benchrun.Setup{
-		NSPrefix: nsPrefix, TmpPrefix: "ph-bench-av-", Repo: cfg.repo, LockWait: cfg.lockWait, KeepTmp: cfg.keepTmp,
-	})
+	ws, err := benchrun.Prepare(ctx, nsPrefix, "ph-bench-av-", cfg.Flags)
 	if err != nil {
 		return nil, err
 	}
 	defer ws.Close()
-	cfg.repo = ws.Repo
+	cfg.Repo = ws.Repo
 	tmp := ws.Tmp
-	bins, err := kubelab.FindBinaries(cfg.repo)
+	bins, err := kubelab.FindBinaries(cfg.Repo)
 	if err != nil {
 		return nil, err
 	}
 	rep := &report{
 		cfg:     cfg,
-		Machine: benchrun.Describe(cfg.repo, argv),
+		Machine: benchrun.Describe(cfg.Repo, argv),
 		Version: bins.Version,
 	}
 
 	benchrun.Logf("building viewrun")
 	builds := []*build{{Name: "this tree", Rev: rep.Commit}}
-	if builds[0].Bin, err = buildViewrun(ctx, cfg.repo, filepath.Join(tmp, "viewrun-head")); err != nil {
+	if builds[0].Bin, err = buildViewrun(ctx, cfg.Repo, filepath.Join(tmp, "viewrun-head")); err != nil {
 		return rep, err
 	}
 	if cfg.base != "" {
-		b := &build{Name: cfg.base, Rev: benchrun.Git(cfg.repo, "rev-parse", "--short", cfg.base)}
+		b := &build{Name: cfg.base, Rev: benchrun.Git(cfg.Repo, "rev-parse", "--short", cfg.base)}
 		if b.Bin, err = buildBase(ctx, cfg, tmp); err != nil {
 			return rep, fmt.Errorf("building viewrun against %s: %w", cfg.base, err)
 		}
@@ -176,7 +164,7 @@ func buildBase(ctx context.Context, cfg config, tmp string) (string, error) {
 		return "", err
 	}
 	archive := exec.CommandContext(ctx, "git", "archive", "--format=tar", cfg.base)
-	archive.Dir = cfg.repo
+	archive.Dir = cfg.Repo
 	tarball, err := archive.Output()
 	if err != nil {
 		return "", fmt.Errorf("git archive %s: %w", cfg.base, err)
@@ -186,7 +174,7 @@ func buildBase(ctx context.Context, cfg config, tmp string) (string, error) {
 	if out, err := untar.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("tar: %w: %s", err, out)
 	}
-	src, err := os.ReadFile(filepath.Join(cfg.repo, "bench", "apiview", "viewrun", "main.go"))
+	src, err := os.ReadFile(filepath.Join(cfg.Repo, "bench", "apiview", "viewrun", "main.go"))
 	if err != nil {
 		return "", err
 	}

@@ -105,7 +105,7 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 	benchrun.Logf("building proxyhealth")
 	exporterBin := filepath.Join(tmp, "proxyhealth")
 	build := exec.CommandContext(ctx, "go", "build", "-o", exporterBin, ".")
-	build.Dir = cfg.repo
+	build.Dir = cfg.Repo
 	if out, err := build.CombinedOutput(); err != nil {
 		return res, fmt.Errorf("go build: %w: %s", err, out)
 	}

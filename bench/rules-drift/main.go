@@ -20,7 +20,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
@@ -30,14 +29,11 @@ type config struct {
 	services, endpoints int
 	reps                int
 	smoke               bool
-	repo                string
-	out                 string
-	kube                string // auto, on, off
-	workers             int
-	kubeProxyIPTables   string
-	cpuprofile          string
-	keepTmp             bool
-	lockWait            time.Duration
+	benchrun.Flags
+	kube              string // auto, on, off
+	workers           int
+	kubeProxyIPTables string
+	cpuprofile        string
 }
 
 func main() {
@@ -61,14 +57,12 @@ func runMain(args []string) int {
 	fs.IntVar(&cfg.endpoints, "endpoints", 10, "endpoints per service")
 	fs.IntVar(&cfg.reps, "reps", 3, "repetitions of each timed save and parse, and -count of the go benchmarks")
 	fs.BoolVar(&cfg.smoke, "smoke", false, "200 services x 3 endpoints, one repetition; the API part only if etcd and the kube binaries exist; fails only if the harness breaks")
-	fs.StringVar(&cfg.repo, "repo", "", "proxyhealth repository root (default: found upwards from the working directory)")
-	fs.StringVar(&cfg.out, "out", "", "also write the markdown report to this file")
+	cfg.Register(fs, "process logs, saved tables")
 	fs.StringVar(&cfg.kube, "kube", "auto", "the API part (etcd, kube-apiserver, exporter and kube-proxy RSS): on, off, or auto (on when the binaries exist)")
 	fs.IntVar(&cfg.workers, "workers", 16, "parallel API clients creating Services and EndpointSlices")
 	fs.StringVar(&cfg.kubeProxyIPTables, "kube-proxy-iptables", "legacy", "iptables backend kube-proxy writes with (legacy or nft; iptables-nft-restore of 110,000 chains takes over ten minutes on a small machine)")
 	fs.StringVar(&cfg.cpuprofile, "cpuprofile", "", "pass -cpuprofile FILE to the go benchmarks (FILE relative to the repository)")
-	fs.BoolVar(&cfg.keepTmp, "keep-tmp", false, "keep the temporary directory (process logs, saved tables)")
-	benchrun.LockWaitFlag(fs, &cfg.lockWait)
+	cfg.LockWaitFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -92,11 +86,7 @@ func runMain(args []string) int {
 		fmt.Fprintln(os.Stderr, "--kube must be on, off or auto")
 		return 2
 	}
-	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "rules-drift must run as root (it creates network namespaces)")
-		return 2
-	}
-	return benchrun.Main("rules-drift", "stopping", cfg.out, func(ctx context.Context) (string, error) {
+	return benchrun.Main(benchrun.Program{Name: "rules-drift", WhyRoot: "it creates network namespaces", Stopping: "stopping"}, cfg.Out, func(ctx context.Context) (string, error) {
 		rep, err := bench(ctx, cfg, append([]string{"go run ./bench/rules-drift"}, args...))
 		return rep.render(), err
 	})
@@ -120,17 +110,15 @@ type report struct {
 }
 
 func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
-	ws, err := benchrun.Prepare(ctx, benchrun.Setup{
-		NSPrefix: nsPrefix, TmpPrefix: "ph-bench-rd-", Repo: cfg.repo, LockWait: cfg.lockWait, KeepTmp: cfg.keepTmp,
-	})
+	ws, err := benchrun.Prepare(ctx, nsPrefix, "ph-bench-rd-", cfg.Flags)
 	if err != nil {
 		return nil, err
 	}
 	defer ws.Close()
-	cfg.repo = ws.Repo
+	cfg.Repo = ws.Repo
 	tmp := ws.Tmp
 
-	rep := &report{cfg: cfg, Machine: benchrun.Describe(cfg.repo, argv)}
+	rep := &report{cfg: cfg, Machine: benchrun.Describe(cfg.Repo, argv)}
 	if out, err := run(ctx, nil, "iptables-legacy-save", "--version"); err == nil {
 		rep.IPTablesVersion = strings.TrimSpace(out)
 	}
@@ -141,7 +129,7 @@ func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
 	rep.GenBytes = len(rules)
 	rep.GenLines = bytes.Count(rules, []byte("\n"))
 	rep.GenChains = bytes.Count(rules, []byte("\n:"))
-	if cfg.keepTmp {
+	if cfg.KeepTmp {
 		_ = os.WriteFile(filepath.Join(tmp, "nat.rules"), rules, 0o644)
 	}
 	if t, err := runTimed(ctx, "", nil, "true"); err == nil {
@@ -167,7 +155,7 @@ func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
 	if cfg.cpuprofile != "" {
 		extra = append(extra, "-cpuprofile", cfg.cpuprofile)
 	}
-	rep.GoBench, rep.GoBenchCmd, err = runGoBench(ctx, cfg.repo, cfg.smoke, cfg.reps, extra)
+	rep.GoBench, rep.GoBenchCmd, err = runGoBench(ctx, cfg.Repo, cfg.smoke, cfg.reps, extra)
 	if err != nil {
 		return rep, err
 	}
@@ -177,7 +165,7 @@ func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
 	}
 
 	// Part 4: memory against a real API server.
-	bins, berr := kubelab.FindBinaries(cfg.repo)
+	bins, berr := kubelab.FindBinaries(cfg.Repo)
 	switch {
 	case cfg.kube == "off":
 		rep.KubeSkipped = "--kube=off"

@@ -62,7 +62,6 @@ type ncConfig struct {
 	services        int // 0: the mode's default
 	endpoints       int
 	smoke           bool
-	out, repo       string
 	workers         int
 	idle, churn     time.Duration
 	rates           []int
@@ -71,8 +70,7 @@ type ncConfig struct {
 	latencyTimeout  time.Duration
 	healTimeout     time.Duration
 	kubeProxySyncTO time.Duration
-	lockWait        time.Duration
-	keepTmp         bool
+	benchrun.Flags
 }
 
 type multiFlag []string
@@ -89,8 +87,7 @@ func runNodeCost(args []string) int {
 	fs.IntVar(&cfg.services, "services", 0, "ClusterIP services (one TCP port each); 0: 10000, but 3000 for iptables-nft")
 	fs.IntVar(&cfg.endpoints, "endpoints", 10, "endpoints per service")
 	fs.BoolVar(&cfg.smoke, "smoke", false, "200 services x 3 endpoints, phases of a few seconds, a 5 s grace period; fails only if the harness breaks")
-	fs.StringVar(&cfg.out, "out", "", "also write the markdown report to this file")
-	fs.StringVar(&cfg.repo, "repo", "", "proxyhealth repository root (default: found upwards from the working directory)")
+	cfg.Register(fs, "process logs")
 	fs.IntVar(&cfg.workers, "workers", 16, "parallel API clients creating Services and EndpointSlices")
 	fs.DurationVar(&cfg.idle, "idle", 60*time.Second, "idle phase")
 	fs.DurationVar(&cfg.churn, "churn", 120*time.Second, "each churn phase")
@@ -100,8 +97,7 @@ func runNodeCost(args []string) int {
 	fs.DurationVar(&cfg.latencyTimeout, "latency-timeout", 5*time.Minute, "how long past the grace period to wait for the drift series")
 	fs.DurationVar(&cfg.healTimeout, "heal-timeout", 3*time.Minute, "how long to wait for the drift to clear once kube-proxy's connection is healed")
 	fs.DurationVar(&cfg.kubeProxySyncTO, "kube-proxy-sync-timeout", 20*time.Minute, "limit on kube-proxy's first sync")
-	benchrun.LockWaitFlag(fs, &cfg.lockWait)
-	fs.BoolVar(&cfg.keepTmp, "keep-tmp", false, "keep the temporary directory (process logs)")
+	cfg.LockWaitFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -142,11 +138,7 @@ func runNodeCost(args []string) int {
 		fmt.Fprintln(os.Stderr, "--idle and --churn must be positive")
 		return 2
 	}
-	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "node-cost must run as root (network namespaces, cgroups)")
-		return 2
-	}
-	return benchrun.Main("rules-drift node-cost", "stopping and cleaning up", cfg.out, func(ctx context.Context) (string, error) {
+	return benchrun.Main(benchrun.Program{Name: "rules-drift node-cost", WhyRoot: "network namespaces, cgroups", Stopping: "stopping and cleaning up"}, cfg.Out, func(ctx context.Context) (string, error) {
 		rep, err := nodeCost(ctx, cfg, append([]string{"go run ./bench/rules-drift node-cost"}, args...))
 		return rep.render(), err
 	})
@@ -221,25 +213,23 @@ type ncLatency struct {
 }
 
 func nodeCost(ctx context.Context, cfg ncConfig, argv []string) (*ncReport, error) {
-	ws, err := benchrun.Prepare(ctx, benchrun.Setup{
-		NSPrefix: nsPrefix, TmpPrefix: "ph-bench-nc-", Repo: cfg.repo, LockWait: cfg.lockWait, KeepTmp: cfg.keepTmp,
-	})
+	ws, err := benchrun.Prepare(ctx, nsPrefix, "ph-bench-nc-", cfg.Flags)
 	if err != nil {
 		return nil, err
 	}
 	defer ws.Close()
-	cfg.repo = ws.Repo
+	cfg.Repo = ws.Repo
 	tmp := ws.Tmp
 	if err := removeLeftoverCgroups(); err != nil {
 		return nil, err
 	}
-	bins, err := kubelab.FindBinaries(cfg.repo)
+	bins, err := kubelab.FindBinaries(cfg.Repo)
 	if err != nil {
 		return nil, err
 	}
 	rep := &ncReport{
 		cfg:         cfg,
-		Machine:     benchrun.Describe(cfg.repo, argv),
+		Machine:     benchrun.Describe(cfg.Repo, argv),
 		KubeVersion: bins.Version,
 	}
 	if out, err := run(ctx, nil, "iptables-legacy", "--version"); err == nil {
@@ -249,10 +239,10 @@ func nodeCost(ctx context.Context, cfg ncConfig, argv []string) (*ncReport, erro
 		rep.NFTVersion = strings.TrimSpace(out)
 	}
 
-	benchrun.Logf("building proxyhealth from %s", cfg.repo)
+	benchrun.Logf("building proxyhealth from %s", cfg.Repo)
 	exporterBin := filepath.Join(tmp, "proxyhealth")
 	build := exec.CommandContext(ctx, "go", "build", "-o", exporterBin, ".")
-	build.Dir = cfg.repo
+	build.Dir = cfg.Repo
 	if out, err := build.CombinedOutput(); err != nil {
 		return rep, fmt.Errorf("go build: %w: %s", err, out)
 	}

@@ -47,9 +47,7 @@ type config struct {
 	services    int
 	kube        string
 	exporter    string
-	repo        string
-	out         string
-	keepTmp     bool
+	benchrun.Flags
 }
 
 func runMain(args []string) int {
@@ -65,9 +63,7 @@ func runMain(args []string) int {
 	fs.IntVar(&cfg.services, "services", 500, "kube-proxy shaped Services (5 endpoints each) in the namespace's iptables-nft rules")
 	fs.StringVar(&cfg.kube, "kube", "auto", "etcd and kube-apiserver for the API black-hole fault: on, off, or auto (on when the binaries exist)")
 	fs.StringVar(&cfg.exporter, "exporter", "", "proxyhealth binary (default: built from the repository)")
-	fs.StringVar(&cfg.repo, "repo", "", "proxyhealth repository root (default: found upwards from the working directory)")
-	fs.StringVar(&cfg.out, "out", "", "also write the markdown report to this file")
-	fs.BoolVar(&cfg.keepTmp, "keep-tmp", false, "keep the temporary directory (process logs)")
+	cfg.Register(fs, "process logs")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -86,15 +82,11 @@ func runMain(args []string) int {
 		fmt.Fprintln(os.Stderr, "soak: --kube must be on, off or auto")
 		return 2
 	}
-	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "soak must run as root (it creates a network namespace)")
-		return 2
-	}
 	if cfg.seed == 0 {
 		cfg.seed = time.Now().UnixNano()
 	}
 	var rep *report
-	code := benchrun.Main("soak", "stopping after the current step", cfg.out, func(ctx context.Context) (string, error) {
+	code := benchrun.Main(benchrun.Program{Name: "soak", WhyRoot: "it creates a network namespace", Stopping: "stopping after the current step"}, cfg.Out, func(ctx context.Context) (string, error) {
 		var err error
 		rep, err = soak(ctx, cfg, *smoke, append([]string{"go run ./bench/soak"}, args...))
 		return rep.render(), err

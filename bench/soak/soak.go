@@ -101,7 +101,7 @@ func soak(ctx context.Context, cfg config, smoke bool, argv []string) (rep *repo
 	if err := benchns.RemoveLeftovers(nsPrefix); err != nil {
 		return nil, err
 	}
-	repo := cfg.repo
+	repo := cfg.Repo
 	if repo == "" {
 		if repo, err = benchrun.FindRepo(); err != nil {
 			return nil, err
@@ -111,7 +111,7 @@ func soak(ctx context.Context, cfg config, smoke bool, argv []string) (rep *repo
 	if err != nil {
 		return nil, err
 	}
-	if cfg.keepTmp {
+	if cfg.KeepTmp {
 		benchrun.Logf("temporary directory %s kept", tmp)
 	} else {
 		defer os.RemoveAll(tmp)

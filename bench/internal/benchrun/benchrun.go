@@ -152,11 +152,22 @@ func Truncate(s string, n int) string {
 	return s[:n] + "..."
 }
 
-// Main runs a benchmark program's run in a SignalContext (stopping is logged on a signal) and
-// ends as Finish does with the report run returns, which it prints even when run failed.
-func Main(prog, stopping, out string, run func(ctx context.Context) (report string, err error)) int {
-	ctx, stop := SignalContext(stopping)
+// Program is a benchmark program, for Main.
+type Program struct {
+	Name     string // in messages, e.g. "apiview fanout"
+	WhyRoot  string // why it must run as root, e.g. "it creates a network namespace"
+	Stopping string // what it does on a signal, e.g. "stopping and cleaning up"
+}
+
+// Main runs run as program p: it refuses to run without root, runs run in a SignalContext,
+// and ends as Finish does with the report run returns, printed even when run failed.
+func Main(p Program, out string, run func(ctx context.Context) (report string, err error)) int {
+	if os.Geteuid() != 0 {
+		fmt.Fprintf(os.Stderr, "%s must run as root (%s)\n", p.Name, p.WhyRoot)
+		return 2
+	}
+	ctx, stop := SignalContext(p.Stopping)
 	defer stop()
 	report, err := run(ctx)
-	return Finish(ctx, prog, report, out, err)
+	return Finish(ctx, p.Name, report, out, err)
 }
