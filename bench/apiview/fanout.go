@@ -21,7 +21,6 @@ import (
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 	"github.com/proxyhealth/proxyhealth/bench/internal/nsproc"
-	"github.com/proxyhealth/proxyhealth/test/kubelab"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -109,17 +108,12 @@ func runFanout(args []string) int {
 }
 
 func fanout(ctx context.Context, cfg fanoutConfig, argv []string) (*fanoutReport, error) {
-	ws, err := benchrun.Prepare(ctx, nsPrefix, "ph-bench-av-", cfg.Flags)
+	ws, bins, err := setUp(ctx, &cfg.config)
 	if err != nil {
 		return nil, err
 	}
 	defer ws.Close()
-	cfg.Repo = ws.Repo
 	tmp := ws.Tmp
-	bins, err := kubelab.FindBinaries(cfg.Repo)
-	if err != nil {
-		return nil, err
-	}
 	rep := &fanoutReport{
 		cfg:     cfg,
 		Machine: benchrun.Describe(cfg.Repo, argv),

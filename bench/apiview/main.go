@@ -78,18 +78,27 @@ func runMain(args []string) int {
 	})
 }
 
+// setUp starts either apiview run: the benchmark workspace, and the binaries to run.
+func setUp(ctx context.Context, cfg *config) (*benchrun.Workspace, kubelab.Binaries, error) {
+	ws, err := benchrun.Prepare(ctx, nsPrefix, "ph-bench-av-", &cfg.Flags)
+	if err != nil {
+		return nil, kubelab.Binaries{}, err
+	}
+	bins, err := kubelab.FindBinaries(cfg.Repo)
+	if err != nil {
+		ws.Close()
+		return nil, kubelab.Binaries{}, err
+	}
+	return ws, bins, nil
+}
+
 func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
-	ws, err := benchrun.Prepare(ctx, nsPrefix, "ph-bench-av-", cfg.Flags)
+	ws, bins, err := setUp(ctx, &cfg)
 	if err != nil {
 		return nil, err
 	}
 	defer ws.Close()
-	cfg.Repo = ws.Repo
 	tmp := ws.Tmp
-	bins, err := kubelab.FindBinaries(cfg.Repo)
-	if err != nil {
-		return nil, err
-	}
 	rep := &report{
 		cfg:     cfg,
 		Machine: benchrun.Describe(cfg.Repo, argv),

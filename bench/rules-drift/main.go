@@ -110,12 +110,11 @@ type report struct {
 }
 
 func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
-	ws, err := benchrun.Prepare(ctx, nsPrefix, "ph-bench-rd-", cfg.Flags)
+	ws, err := benchrun.Prepare(ctx, nsPrefix, "ph-bench-rd-", &cfg.Flags)
 	if err != nil {
 		return nil, err
 	}
 	defer ws.Close()
-	cfg.Repo = ws.Repo
 	tmp := ws.Tmp
 
 	rep := &report{cfg: cfg, Machine: benchrun.Describe(cfg.Repo, argv)}

@@ -213,12 +213,11 @@ type ncLatency struct {
 }
 
 func nodeCost(ctx context.Context, cfg ncConfig, argv []string) (*ncReport, error) {
-	ws, err := benchrun.Prepare(ctx, nsPrefix, "ph-bench-nc-", cfg.Flags)
+	ws, err := benchrun.Prepare(ctx, nsPrefix, "ph-bench-nc-", &cfg.Flags)
 	if err != nil {
 		return nil, err
 	}
 	defer ws.Close()
-	cfg.Repo = ws.Repo
 	tmp := ws.Tmp
 	if err := removeLeftoverCgroups(); err != nil {
 		return nil, err

@@ -33,15 +33,15 @@ func (f *Flags) LockWaitFlag(fs *flag.FlagSet) {
 
 // Workspace is what a benchmark run holds while it runs.
 type Workspace struct {
-	Repo, Tmp string
-	release   []func()
+	Tmp     string // the temporary directory
+	release []func()
 }
 
 // Prepare takes the benchmark lock, removes the leftover namespaces named with nsPrefix, finds
-// the repository and makes the temporary directory (named with tmpPrefix). Close gives them
-// back.
-func Prepare(ctx context.Context, nsPrefix, tmpPrefix string, f Flags) (w *Workspace, err error) {
-	w = &Workspace{Repo: f.Repo}
+// the repository (into f.Repo when it is "") and makes the temporary directory (named with
+// tmpPrefix). Close gives them back.
+func Prepare(ctx context.Context, nsPrefix, tmpPrefix string, f *Flags) (w *Workspace, err error) {
+	w = &Workspace{}
 	defer func() {
 		if err != nil {
 			w.Close()
@@ -58,8 +58,8 @@ func Prepare(ctx context.Context, nsPrefix, tmpPrefix string, f Flags) (w *Works
 	if err := benchns.RemoveLeftovers(nsPrefix); err != nil {
 		return w, err
 	}
-	if w.Repo == "" {
-		if w.Repo, err = FindRepo(); err != nil {
+	if f.Repo == "" {
+		if f.Repo, err = FindRepo(); err != nil {
 			return w, err
 		}
 	}
