@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 	"github.com/proxyhealth/proxyhealth/bench/internal/nsproc"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -222,7 +223,7 @@ func (k *kube) fanoutPhase(ctx context.Context, cfg fanoutConfig, fanrun, kind s
 		return ph, err
 	}
 	resetHWM(apiserver.Pid())
-	ph.ChurnLoad1Start = loadavg1()
+	ph.ChurnLoad1Start = benchns.Load1()
 	api0, etcd0, t0 := cpuSeconds(apiserver.Pid()), cpuSeconds(etcd.Pid()), time.Now()
 	var (
 		rssSum, rssN int64
@@ -249,7 +250,7 @@ func (k *kube) fanoutPhase(ctx context.Context, cfg fanoutConfig, fanrun, kind s
 	elapsed := time.Since(t0).Seconds()
 	ph.ChurnAPIServerCPU = 100 * (cpuSeconds(apiserver.Pid()) - api0) / elapsed
 	ph.ChurnEtcdCPU = 100 * (cpuSeconds(etcd.Pid()) - etcd0) / elapsed
-	ph.Load1E = loadavg1()
+	ph.Load1E = benchns.Load1()
 	if rssN > 0 {
 		ph.ChurnAPIServerRSS = rssSum / rssN
 	}
@@ -388,13 +389,4 @@ func cpuSeconds(pid int) float64 {
 // resetHWM resets a process's VmHWM to its current VmRSS (clear_refs 5).
 func resetHWM(pid int) {
 	_ = os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", pid), []byte("5"), 0)
-}
-
-func loadavg1() float64 {
-	f := strings.Fields(benchrun.ReadFile("/proc/loadavg"))
-	if len(f) == 0 {
-		return 0
-	}
-	v, _ := strconv.ParseFloat(f[0], 64)
-	return v
 }

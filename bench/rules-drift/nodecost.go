@@ -925,15 +925,6 @@ type meter struct {
 
 func (r *ncRun) newMeter() *meter { return &meter{r: r} }
 
-func loadavg1() float64 {
-	f := strings.Fields(benchrun.ReadFile("/proc/loadavg"))
-	if len(f) == 0 {
-		return 0
-	}
-	v, _ := strconv.ParseFloat(f[0], 64)
-	return v
-}
-
 func (mt *meter) begin() {
 	r := mt.r
 	for _, cg := range []*cgroup{r.expCG, r.kpCG} {
@@ -951,7 +942,7 @@ func (mt *meter) begin() {
 	mt.syncs0 = r.kubeProxySyncs()
 	mt.exp0, _ = r.expCG.cpuNS()
 	mt.kp0, _ = r.kpCG.cpuNS()
-	mt.load0 = loadavg1()
+	mt.load0 = benchns.Load1()
 	mt.t0 = time.Now()
 }
 
@@ -974,7 +965,7 @@ func (mt *meter) end(ph *ncPhase) {
 	if r.fw == nil {
 		ph.ExpChildren, ph.KPChildren = ph.ExpPolled, kpPolled
 	}
-	ph.Load1 = [2]float64{mt.load0, loadavg1()}
+	ph.Load1 = [2]float64{mt.load0, benchns.Load1()}
 	if syncs := r.kubeProxySyncs(); syncs[0] >= mt.syncs0[0] {
 		ph.KPSyncs, ph.KPSyncSeconds = int(syncs[0]-mt.syncs0[0]), syncs[1]-mt.syncs0[1]
 	}

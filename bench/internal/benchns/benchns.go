@@ -147,3 +147,15 @@ func cpuinfo() string {
 	b, _ := os.ReadFile("/proc/cpuinfo")
 	return string(b)
 }
+
+// Load1 is the machine's one-minute load average, 0 when it cannot be read: reports print it
+// beside timings, which other work on the machine slows.
+func Load1() float64 {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(f[0], 64)
+	return v
+}
