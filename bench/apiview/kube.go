@@ -5,8 +5,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/netip"
@@ -114,7 +112,7 @@ func startKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp strin
 	} else if k.etcdDir, err = os.MkdirTemp("/dev/shm", "ph-bench-av-etcd-"); err != nil {
 		return nil, err
 	}
-	k.ns = newNSName()
+	k.ns = benchns.NewName(nsPrefix)
 	k.res.NS = k.ns
 	if err := addNS(ctx, k.ns); err != nil {
 		k.removeEtcd()
@@ -447,12 +445,6 @@ func endpointSlice(s, endpoints, localEvery int) (*discoveryv1.EndpointSlice, in
 
 func ptrTo[T any](v T) *T { return &v }
 
-func newNSName() string {
-	b := make([]byte, 3)
-	_, _ = rand.Read(b)
-	return nsPrefix + hex.EncodeToString(b)
-}
-
 // addNS creates a namespace with its loopback up.
 func addNS(ctx context.Context, name string) error {
 	if _, err := run(ctx, "ip", "netns", "add", name); err != nil {
@@ -464,13 +456,5 @@ func addNS(ctx context.Context, name string) error {
 
 // run runs a command with a deadline; its combined output is in the error.
 func run(ctx context.Context, name string, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(benchrun.Truncate(string(out), 2000)))
-	}
-	return string(out), nil
+	return nsproc.Output(ctx, 2*time.Minute, nil, name, args...)
 }

@@ -226,7 +226,7 @@ func bench(ctx context.Context, cfg config, argv []string) (results []phaseResul
 		}
 	}
 
-	ns := newNSName()
+	ns := benchns.NewName(nsPrefix)
 	defer func() {
 		if derr := benchns.Delete(nsPrefix, ns); derr != nil {
 			fmt.Fprintf(os.Stderr, "removing namespace %s: %v\n", ns, derr)

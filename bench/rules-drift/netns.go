@@ -5,8 +5,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"net/http"
@@ -16,7 +14,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
+	"github.com/proxyhealth/proxyhealth/bench/internal/nsproc"
 	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
 )
 
@@ -25,26 +25,11 @@ import (
 // run at once.
 const nsPrefix = "ph-bench-rd-"
 
-func newNSName(role string) string {
-	b := make([]byte, 3)
-	_, _ = rand.Read(b)
-	return nsPrefix + role + "-" + hex.EncodeToString(b)
-}
+func newNSName(role string) string { return benchns.NewName(nsPrefix + role + "-") }
 
 // run runs a command with a deadline; its combined output is in the error.
 func run(ctx context.Context, stdin []byte, name string, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, name, args...)
-	if stdin != nil {
-		cmd.Stdin = bytes.NewReader(stdin)
-	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(benchrun.Truncate(string(out), 2000)))
-	}
-	return string(out), nil
+	return nsproc.Output(ctx, 10*time.Minute, stdin, name, args...)
 }
 
 // timed is one run of a child process: its wall time, CPU (user and system, from its

@@ -5,17 +5,14 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base32"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,6 +20,7 @@ import (
 	"time"
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
+	"github.com/proxyhealth/proxyhealth/bench/internal/nsproc"
 	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
 )
 
@@ -37,29 +35,9 @@ const (
 	kpHealthAddr  = "127.0.0.1:10256"
 )
 
-func newNSName() string {
-	b := make([]byte, 3)
-	_, _ = rand.Read(b)
-	return nsPrefix + hex.EncodeToString(b)
-}
-
 // run runs a command with a deadline; its combined output is in the error.
 func run(ctx context.Context, stdin []byte, name string, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, name, args...)
-	if stdin != nil {
-		cmd.Stdin = bytes.NewReader(stdin)
-	}
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		s := strings.TrimSpace(string(out))
-		if len(s) > 2000 {
-			s = s[:2000] + "..."
-		}
-		return string(out), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, s)
-	}
-	return string(out), nil
+	return nsproc.Output(ctx, 5*time.Minute, stdin, name, args...)
 }
 
 // setupNamespace creates ns with loopback up, short conntrack timers and kube-proxy shaped

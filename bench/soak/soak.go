@@ -120,7 +120,7 @@ func soak(ctx context.Context, cfg config, smoke bool, argv []string) (rep *repo
 	if err != nil {
 		return nil, err
 	}
-	s := &soaker{cfg: cfg, ns: newNSName(), dir: tmp, self: self, rng: rand.New(rand.NewPCG(uint64(cfg.seed), 0))}
+	s := &soaker{cfg: cfg, ns: benchns.NewName(nsPrefix), dir: tmp, self: self, rng: rand.New(rand.NewPCG(uint64(cfg.seed), 0))}
 	rep = &report{Machine: benchrun.Describe(repo, argv), cfg: cfg, smoke: smoke}
 
 	bin := cfg.exporter

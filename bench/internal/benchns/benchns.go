@@ -5,6 +5,8 @@ package benchns
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -76,6 +78,13 @@ func RemoveLeftovers(prefix string) error {
 		}
 	}
 	return nil
+}
+
+// NewName is a fresh namespace name: prefix and a random suffix.
+func NewName(prefix string) string {
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	return prefix + hex.EncodeToString(b)
 }
 
 // List returns the names of the network namespaces whose names start with prefix.

@@ -6,6 +6,8 @@
 package nsproc
 
 import (
+	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -128,4 +130,25 @@ func Status(pid int) (Memory, error) {
 		}
 	}
 	return m, nil
+}
+
+// Output runs a short command (ip, iptables-restore, ...) to its end, within timeout, with
+// stdin when it is not nil; its combined output is returned, and quoted in the error.
+func Output(ctx context.Context, timeout time.Duration, stdin []byte, name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		msg := strings.TrimSpace(string(out))
+		if len(msg) > 2000 {
+			msg = msg[:2000] + "..."
+		}
+		return string(out), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, msg)
+	}
+	return string(out), nil
 }
