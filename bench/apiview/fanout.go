@@ -20,7 +20,8 @@ import (
 	"time"
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
-	"github.com/proxyhealth/proxyhealth/test/kubelab"
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
+	"github.com/proxyhealth/proxyhealth/bench/internal/nsproc"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -60,12 +61,11 @@ type fanoutPhase struct {
 }
 
 type fanoutReport struct {
-	cfg                        fanoutConfig
-	Date, Kernel, CPU, Cmdline string
-	Cores                      int
-	Commit, Version            string
-	Kube                       *kubeResult
-	Phases                     []fanoutPhase
+	cfg fanoutConfig
+	benchrun.Machine
+	Version string
+	Kube    *kubeResult
+	Phases  []fanoutPhase
 }
 
 func runFanout(args []string) int {
@@ -79,9 +79,8 @@ func runFanout(args []string) int {
 	fs.Float64Var(&cfg.churnRate, "churn-rate", 10, "EndpointSlice changes a second during the churn")
 	fs.DurationVar(&cfg.churn, "churn", 60*time.Second, "how long the churn of each phase lasts")
 	fs.BoolVar(&cfg.smoke, "smoke", false, "200 services x 3 endpoints, 5 watchers, 10 s of churn")
-	fs.StringVar(&cfg.repo, "repo", "", "proxyhealth repository root (default: found upwards from the working directory)")
-	fs.StringVar(&cfg.out, "out", "", "also write the markdown report to this file")
-	fs.BoolVar(&cfg.keepTmp, "keep-tmp", false, "keep the temporary directory (process logs, builds)")
+	cfg.Register(fs, "process logs, builds")
+	cfg.LockWaitFlag(fs)
 	fs.StringVar(&cfg.etcdData, "etcd-data", "", "keep etcd's data in this directory, and reuse it when a run of the same shape loaded it")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -103,77 +102,28 @@ func runFanout(args []string) int {
 		fmt.Fprintln(os.Stderr, "--local-every and --workers must be at least 1")
 		return 2
 	}
-	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "apiview fanout must run as root (it creates a network namespace)")
-		return 2
-	}
-	ctx, stop := signalContext()
-	defer stop()
-	rep, err := fanout(ctx, cfg, append([]string{"go run ./bench/apiview fanout"}, args...))
-	if rep != nil {
-		text := rep.render()
-		fmt.Print(text)
-		if cfg.out != "" {
-			if werr := os.WriteFile(cfg.out, []byte(text), 0o644); werr != nil {
-				fmt.Fprintln(os.Stderr, werr)
-				return 1
-			}
-		}
-	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "apiview fanout: %v\n", err)
-		if ctx.Err() != nil {
-			return 130
-		}
-		return 1
-	}
-	return 0
+	return benchrun.Main(benchrun.Program{Name: "apiview fanout", WhyRoot: "it creates a network namespace", Stopping: "stopping"}, cfg.Out, func(ctx context.Context) (string, error) {
+		rep, err := fanout(ctx, cfg, append([]string{"go run ./bench/apiview fanout"}, args...))
+		return rep.render(), err
+	})
 }
 
 func fanout(ctx context.Context, cfg fanoutConfig, argv []string) (*fanoutReport, error) {
-	unlock, err := benchns.Lock()
+	ws, bins, err := setUp(ctx, &cfg.config)
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
-	for _, ns := range benchns.List(nsPrefix) {
-		fmt.Fprintf(os.Stderr, "removing leftover namespace %s\n", ns)
-		if err := benchns.Delete(nsPrefix, ns); err != nil {
-			return nil, err
-		}
-	}
-	if cfg.repo == "" {
-		if cfg.repo, err = findRepo(); err != nil {
-			return nil, err
-		}
-	}
-	bins, err := kubelab.FindBinaries(cfg.repo)
-	if err != nil {
-		return nil, err
-	}
-	tmp, err := os.MkdirTemp("", "ph-bench-av-")
-	if err != nil {
-		return nil, err
-	}
-	if cfg.keepTmp {
-		fmt.Fprintf(os.Stderr, "keeping %s\n", tmp)
-	} else {
-		defer os.RemoveAll(tmp)
-	}
+	defer ws.Close()
+	tmp := ws.Tmp
 	rep := &fanoutReport{
 		cfg:     cfg,
-		Date:    time.Now().UTC().Format(time.RFC3339),
-		Kernel:  strings.TrimSpace(readFile("/proc/sys/kernel/osrelease")),
-		CPU:     benchns.CPUModel(),
-		Cores:   benchns.NumCPU(),
-		Cmdline: strings.Join(argv, " "),
-		Commit:  git(cfg.repo, "describe", "--always", "--dirty"),
+		Machine: benchrun.Describe(cfg.Repo, argv),
 		Version: bins.Version,
 	}
-	logf("building fanrun")
+	benchrun.Logf("building fanrun")
 	fanrun := filepath.Join(tmp, "fanrun")
 	build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", fanrun, "./bench/apiview/fanrun")
-	build.Dir = cfg.repo
+	build.Dir = cfg.Repo
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		return rep, fmt.Errorf("go build fanrun: %w: %s", err, out)
@@ -187,13 +137,13 @@ func fanout(ctx context.Context, cfg fanoutConfig, argv []string) (*fanoutReport
 		return rep, err
 	}
 	for _, kind := range []string{"none", "view", "informer"} {
-		logf("phase %s", kind)
+		benchrun.Logf("phase %s", kind)
 		ph, err := k.fanoutPhase(ctx, cfg, fanrun, kind)
 		rep.Phases = append(rep.Phases, ph)
 		if err != nil {
 			return rep, fmt.Errorf("phase %s: %w", kind, err)
 		}
-		logf("  synced in %.1f s (apiserver %.1f CPU s), churn: apiserver %.1f%% of a core, RSS %.0f MiB", ph.SyncSeconds, ph.SyncAPIServerCPU, ph.ChurnAPIServerCPU, mib(ph.ChurnAPIServerRSS))
+		benchrun.Logf("  synced in %.1f s (apiserver %.1f CPU s), churn: apiserver %.1f%% of a core, RSS %.0f MiB", ph.SyncSeconds, ph.SyncAPIServerCPU, ph.ChurnAPIServerCPU, mib(ph.ChurnAPIServerRSS))
 	}
 	k.sample()
 	return rep, nil
@@ -213,8 +163,8 @@ func (k *kube) fanoutPhase(ctx context.Context, cfg fanoutConfig, fanrun, kind s
 		if err != nil {
 			return ph, err
 		}
-		resetHWM(apiserver.pid())
-		api0, etcd0 := cpuSeconds(apiserver.pid()), cpuSeconds(etcd.pid())
+		resetHWM(apiserver.Pid())
+		api0, etcd0 := cpuSeconds(apiserver.Pid()), cpuSeconds(etcd.Pid())
 		cmd := exec.CommandContext(ctx, "ip", "netns", "exec", k.ns, fanrun,
 			"--kubeconfig", k.kubeconfig, "--node-name", nodeName, "--kind", kind,
 			"--count", strconv.Itoa(cfg.watchers), "--ports", strconv.Itoa(k.res.Services))
@@ -255,9 +205,9 @@ func (k *kube) fanoutPhase(ctx context.Context, cfg fanoutConfig, fanrun, kind s
 			return ph, fmt.Errorf("fanrun's output %q: %w", line, err)
 		}
 		ph.SyncSeconds = synced.SyncSeconds
-		ph.SyncAPIServerCPU = cpuSeconds(apiserver.pid()) - api0
-		ph.SyncEtcdCPU = cpuSeconds(etcd.pid()) - etcd0
-		_, ph.SyncAPIServerPeak, _ = procStatus(apiserver.pid())
+		ph.SyncAPIServerCPU = cpuSeconds(apiserver.Pid()) - api0
+		ph.SyncEtcdCPU = cpuSeconds(etcd.Pid()) - etcd0
+		ph.SyncAPIServerPeak = apiserver.Memory().HWMKiB
 		lists1, err := k.lists(ctx)
 		if err != nil {
 			return ph, err
@@ -272,9 +222,9 @@ func (k *kube) fanoutPhase(ctx context.Context, cfg fanoutConfig, fanrun, kind s
 	if ph.Watches, err = k.watches(ctx); err != nil {
 		return ph, err
 	}
-	resetHWM(apiserver.pid())
-	ph.ChurnLoad1Start = loadavg1()
-	api0, etcd0, t0 := cpuSeconds(apiserver.pid()), cpuSeconds(etcd.pid()), time.Now()
+	resetHWM(apiserver.Pid())
+	ph.ChurnLoad1Start = benchns.Load1()
+	api0, etcd0, t0 := cpuSeconds(apiserver.Pid()), cpuSeconds(etcd.Pid()), time.Now()
 	var (
 		rssSum, rssN int64
 		wg           sync.WaitGroup
@@ -290,21 +240,21 @@ func (k *kube) fanoutPhase(ctx context.Context, cfg fanoutConfig, fanrun, kind s
 				return
 			case <-t.C:
 			}
-			if rss, _, err := procStatus(apiserver.pid()); err == nil {
-				rssSum, rssN = rssSum+rss, rssN+1
+			if m, err := nsproc.Status(apiserver.Pid()); err == nil {
+				rssSum, rssN = rssSum+m.RSSKiB, rssN+1
 			}
 		}
 	})
 	ph.Changes, err = k.churn(churnCtx, cfg)
 	wg.Wait()
 	elapsed := time.Since(t0).Seconds()
-	ph.ChurnAPIServerCPU = 100 * (cpuSeconds(apiserver.pid()) - api0) / elapsed
-	ph.ChurnEtcdCPU = 100 * (cpuSeconds(etcd.pid()) - etcd0) / elapsed
-	ph.Load1E = loadavg1()
+	ph.ChurnAPIServerCPU = 100 * (cpuSeconds(apiserver.Pid()) - api0) / elapsed
+	ph.ChurnEtcdCPU = 100 * (cpuSeconds(etcd.Pid()) - etcd0) / elapsed
+	ph.Load1E = benchns.Load1()
 	if rssN > 0 {
 		ph.ChurnAPIServerRSS = rssSum / rssN
 	}
-	_, ph.ChurnAPIServerPeak, _ = procStatus(apiserver.pid())
+	ph.ChurnAPIServerPeak = apiserver.Memory().HWMKiB
 	if heap, metric, herr := k.apiserverHeap(ctx); herr == nil {
 		ph.APIServerHeap, ph.HeapMetric = int64(heap/1024), metric
 	} else if err == nil {
@@ -419,8 +369,6 @@ func (k *kube) apiserverMetric(ctx context.Context, name, label string) (float64
 	return n, nil
 }
 
-func (p *proc) pid() int { return p.cmd.Process.Pid }
-
 // cpuSeconds is the user and system CPU time a process has used (/proc/<pid>/stat).
 func cpuSeconds(pid int) float64 {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
@@ -441,13 +389,4 @@ func cpuSeconds(pid int) float64 {
 // resetHWM resets a process's VmHWM to its current VmRSS (clear_refs 5).
 func resetHWM(pid int) {
 	_ = os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", pid), []byte("5"), 0)
-}
-
-func loadavg1() float64 {
-	f := strings.Fields(readFile("/proc/loadavg"))
-	if len(f) == 0 {
-		return 0
-	}
-	v, _ := strconv.ParseFloat(f[0], 64)
-	return v
 }

@@ -5,12 +5,7 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"crypto/rsa"
-	"crypto/x509"
-	"encoding/hex"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"net/netip"
 	"os"
@@ -24,32 +19,29 @@ import (
 	"time"
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
-	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
+	"github.com/proxyhealth/proxyhealth/bench/internal/controlplane"
+	"github.com/proxyhealth/proxyhealth/bench/internal/nsproc"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 )
 
-// The control plane runs on the loopback of a namespace of its own, as bench/rules-drift's API
-// part runs it (whose kube.go this follows; the lab's own code is test-only): every port is
-// free by construction, and nothing outlives the namespace.
+// The control plane (bench/internal/controlplane) runs on the loopback of a namespace of its
+// own: every port is free by construction, and nothing outlives the namespace.
 const (
-	nsPrefix       = "ph-bench-av-"
-	etcdClientAddr = "127.0.0.1:2379"
-	etcdPeerAddr   = "127.0.0.1:2380"
-	apiserverAddr  = "127.0.0.1:6443"
-	nodeName       = "bench-node"
-	nodeZone       = "zone-a"
-	nodeIP         = "172.18.0.2"
-	serviceCIDR    = "10.96.0.0/16"
-	svcNamespaces  = 100
-	svcPortName    = "http"
-	svcPort        = 80
-	podPort        = 8080
+	nsPrefix      = "ph-bench-av-"
+	nodeName      = "bench-node"
+	nodeZone      = "zone-a"
+	nodeIP        = "172.18.0.2"
+	serviceCIDR   = "10.96.0.0/16"
+	svcNamespaces = 100
+	svcPortName   = "http"
+	svcPort       = 80
+	podPort       = 8080
 )
 
 func svcNamespace(s int) string { return "ns" + strconv.Itoa(s%svcNamespaces) }
@@ -67,9 +59,6 @@ func endpointIP(s, e, endpoints int) netip.Addr {
 	return netip.AddrFrom4([4]byte{10, byte(128 + n>>16), byte(n >> 8), byte(n)})
 }
 
-// memSample is a process's resident memory at one moment.
-type memSample struct{ RSSKiB, HWMKiB int64 }
-
 // kubeResult describes the control plane the views ran against.
 type kubeResult struct {
 	NS                          string
@@ -78,14 +67,14 @@ type kubeResult struct {
 	ControlPlaneUp, Load        time.Duration
 	Reused                      bool // loaded by an earlier run (--etcd-data)
 	LoadRetries                 int64
-	Etcd, APIServer             memSample
+	Etcd, APIServer             nsproc.Memory
 }
 
 type kube struct {
 	ns, dir    string
 	kubeconfig string
 	res        *kubeResult
-	procs      []*proc
+	procs      []*nsproc.Proc
 	etcdDir    string
 	keepEtcd   bool
 	gogc       string
@@ -123,7 +112,7 @@ func startKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp strin
 	} else if k.etcdDir, err = os.MkdirTemp("/dev/shm", "ph-bench-av-etcd-"); err != nil {
 		return nil, err
 	}
-	k.ns = newNSName()
+	k.ns = benchns.NewName(nsPrefix)
 	k.res.NS = k.ns
 	if err := addNS(ctx, k.ns); err != nil {
 		k.removeEtcd()
@@ -132,82 +121,21 @@ func startKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp strin
 	if _, err := run(ctx, "ip", "-n", k.ns, "addr", "add", nodeIP+"/32", "dev", "lo"); err != nil {
 		return k, err
 	}
-	token := randomToken()
-	if k.kubeconfig, err = writeCredentials(k.dir, token); err != nil {
+	token := controlplane.RandomToken()
+	if k.kubeconfig, err = controlplane.WriteCredentials(k.dir, token, controlplane.APIServerAddr); err != nil {
 		return k, err
 	}
-	logf("starting etcd and kube-apiserver %s in %s", bins.Version, k.ns)
+	benchrun.Logf("starting etcd and kube-apiserver %s in %s", bins.Version, k.ns)
 	t0 := time.Now()
-	etcd, err := k.start("etcd", bins.Etcd,
-		"--name", "bench",
-		"--data-dir", filepath.Join(k.etcdDir, "data"),
-		"--listen-client-urls", "http://"+etcdClientAddr,
-		"--advertise-client-urls", "http://"+etcdClientAddr,
-		"--listen-peer-urls", "http://"+etcdPeerAddr,
-		"--initial-advertise-peer-urls", "http://"+etcdPeerAddr,
-		"--initial-cluster", "bench=http://"+etcdPeerAddr,
-		"--snapshot-count", "100000",
-		"--quota-backend-bytes", strconv.Itoa(8<<30),
-		"--log-level", "warn",
-		"--logger", "zap",
-	)
-	if err != nil {
-		return k, err
-	}
-	apiserver, err := k.start("kube-apiserver", bins.APIServer,
-		"--etcd-servers", "http://"+etcdClientAddr,
-		"--bind-address", "127.0.0.1",
-		"--secure-port", strings.Split(apiserverAddr, ":")[1],
-		"--advertise-address", nodeIP,
-		"--cert-dir", filepath.Join(k.dir, "apiserver-certs"),
-		"--token-auth-file", filepath.Join(k.dir, "tokens.csv"),
-		"--service-account-key-file", filepath.Join(k.dir, "sa.pub"),
-		"--service-account-signing-key-file", filepath.Join(k.dir, "sa.key"),
-		"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
-		"--authorization-mode", "RBAC",
-		"--service-cluster-ip-range", serviceCIDR,
-		"--enable-priority-and-fairness=false",
-		"--max-requests-inflight", "800",
-		"--max-mutating-requests-inflight", "400",
-		"--disable-admission-plugins", "ServiceAccount,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy,MutatingAdmissionPolicy,ResourceQuota,LimitRanger,StorageObjectInUseProtection,PersistentVolumeClaimResize,RuntimeClass,DefaultIngressClass",
-		"--profiling=false",
-		"--v", "1",
-	)
-	if err != nil {
-		return k, err
-	}
-	client, err := kubernetes.NewForConfig(&rest.Config{
-		Host:            "https://" + apiserverAddr,
-		BearerToken:     token,
-		TLSClientConfig: rest.TLSClientConfig{Insecure: true},
-		Dial:            netnsdial.Dialer(k.ns),
-		QPS:             -1, // no client-side rate limit: the workers are the limit
-		Timeout:         30 * time.Second,
-		WarningHandler:  rest.NoWarnings{},
+	cp, err := controlplane.Start(ctx, k.ns, bins, controlplane.Options{
+		Dir: k.dir, EtcdDir: k.etcdDir, Token: token,
+		Bind: "127.0.0.1", Advertise: nodeIP, ServiceCIDR: serviceCIDR, Start: k.start,
 	})
 	if err != nil {
 		return k, err
 	}
-	k.client = client
-	err = waitFor(ctx, 120*time.Second, "kube-apiserver /readyz", func() (bool, string, error) {
-		if etcd.exited() || apiserver.exited() {
-			return false, "", fmt.Errorf("etcd or kube-apiserver exited:\n%s\n%s", etcd.tail(), apiserver.tail())
-		}
-		c, cancel := context.WithTimeout(ctx, 2*time.Second)
-		defer cancel()
-		body, err := client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(c)
-		return err == nil, fmt.Sprintf("%v: %s", err, body), nil
-	})
-	if err != nil {
-		return k, err
-	}
-	err = waitFor(ctx, 60*time.Second, "namespace default", func() (bool, string, error) {
-		_, err := client.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{})
-		return err == nil, fmt.Sprint(err), nil
-	})
-	if err != nil {
-		return k, err
-	}
+	k.client = cp.Client
+	client := cp.Client
 	if loaded {
 		k.res.ControlPlaneUp = time.Since(t0)
 		return k, k.count(ctx, client, cfg)
@@ -217,13 +145,13 @@ func startKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp strin
 	}
 	k.res.ControlPlaneUp = time.Since(t0)
 
-	logf("creating %d Services and their EndpointSlices (%d endpoints each, every %dth on this node) with %d workers", cfg.services, cfg.endpoints, cfg.localEvery, cfg.workers)
+	benchrun.Logf("creating %d Services and their EndpointSlices (%d endpoints each, every %dth on this node) with %d workers", cfg.services, cfg.endpoints, cfg.localEvery, cfg.workers)
 	t0 = time.Now()
 	if err := load(ctx, client, cfg, k.res); err != nil {
 		return k, err
 	}
 	k.res.Load = time.Since(t0)
-	logf("loaded in %s", k.res.Load.Round(time.Millisecond))
+	benchrun.Logf("loaded in %s", k.res.Load.Round(time.Millisecond))
 	if k.keepEtcd {
 		return k, os.WriteFile(filepath.Join(k.etcdDir, "loaded"), []byte(marker), 0o600)
 	}
@@ -232,7 +160,7 @@ func startKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp strin
 
 // count fills in the figures of a load done by an earlier run (--etcd-data).
 func (k *kube) count(ctx context.Context, client kubernetes.Interface, cfg config) error {
-	logf("reusing the Services and EndpointSlices in %s", k.etcdDir)
+	benchrun.Logf("reusing the Services and EndpointSlices in %s", k.etcdDir)
 	sls, err := client.DiscoveryV1().EndpointSlices("").List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return fmt.Errorf("counting the EndpointSlices: %w", err)
@@ -271,8 +199,8 @@ func (k *kube) removeEtcd() {
 	}
 }
 
-func (k *kube) start(name string, args ...string) (*proc, error) {
-	p, err := startProc(k.ns, k.dir, name, args...)
+func (k *kube) start(name string, args ...string) (*nsproc.Proc, error) {
+	p, err := nsproc.Start(k.ns, k.dir, name, args...)
 	if err == nil {
 		k.procs = append(k.procs, p)
 	}
@@ -280,9 +208,9 @@ func (k *kube) start(name string, args ...string) (*proc, error) {
 }
 
 // proc returns the control-plane process called name.
-func (k *kube) proc(name string) *proc {
+func (k *kube) proc(name string) *nsproc.Proc {
 	for _, p := range k.procs {
-		if p.name == name {
+		if p.Name == name {
 			return p
 		}
 	}
@@ -292,18 +220,18 @@ func (k *kube) proc(name string) *proc {
 // sample records the control plane's memory, for scale.
 func (k *kube) sample() {
 	for _, p := range k.procs {
-		switch p.name {
+		switch p.Name {
 		case "etcd":
-			k.res.Etcd = p.mem()
+			k.res.Etcd = p.Memory()
 		case "kube-apiserver":
-			k.res.APIServer = p.mem()
+			k.res.APIServer = p.Memory()
 		}
 	}
 }
 
 func (k *kube) stop() {
 	for i := len(k.procs) - 1; i >= 0; i-- {
-		k.procs[i].stop()
+		k.procs[i].Stop()
 	}
 	if k.ns != "" {
 		if err := benchns.Delete(nsPrefix, k.ns); err != nil {
@@ -367,10 +295,10 @@ func (k *kube) runView(ctx context.Context, bin, cpuProfile string) (viewResult,
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Run(); err != nil {
-		return r, fmt.Errorf("viewrun: %w: %s", err, truncate(errb.String(), 3000))
+		return r, fmt.Errorf("viewrun: %w: %s", err, benchrun.Truncate(errb.String(), 3000))
 	}
 	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
-		return r, fmt.Errorf("viewrun's output %q: %w", truncate(out.String(), 500), err)
+		return r, fmt.Errorf("viewrun's output %q: %w", benchrun.Truncate(out.String(), 500), err)
 	}
 	return r, nil
 }
@@ -470,7 +398,7 @@ func load(ctx context.Context, client kubernetes.Interface, cfg config, res *kub
 				atomic.AddInt64(&eps, int64(len(slice.Endpoints)))
 				atomic.AddInt64(&locs, int64(local))
 				if n := s + 1; n%2000 == 0 {
-					logf("  ~%d services created", n)
+					benchrun.Logf("  ~%d services created", n)
 				}
 			}
 		})
@@ -517,98 +445,6 @@ func endpointSlice(s, endpoints, localEvery int) (*discoveryv1.EndpointSlice, in
 
 func ptrTo[T any](v T) *T { return &v }
 
-// proc is one process started in the namespace; `ip netns exec` execs it, so the pid is its
-// own.
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{}
-}
-
-func startProc(ns, dir, name string, args ...string) (*proc, error) {
-	p := &proc{name: name, log: filepath.Join(dir, name+".log"), done: make(chan struct{})}
-	f, err := os.Create(p.log)
-	if err != nil {
-		return nil, err
-	}
-	p.cmd = exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...)
-	p.cmd.Stdout, p.cmd.Stderr = f, f
-	// No Pdeathsig: it fires when the OS thread that started the child exits, and nsDialer
-	// makes the runtime discard threads. What outlives this program is killed with the
-	// namespace at the next run's start.
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := p.cmd.Start(); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("starting %s: %w", name, err)
-	}
-	go func() { _ = p.cmd.Wait(); f.Close(); close(p.done) }()
-	return p, nil
-}
-
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-func (p *proc) stop() {
-	if p == nil || p.exited() {
-		return
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(5 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
-}
-
-func (p *proc) mem() memSample {
-	rss, hwm, _ := procStatus(p.cmd.Process.Pid)
-	return memSample{rss, hwm}
-}
-
-func (p *proc) tail() string {
-	b, _ := os.ReadFile(p.log)
-	if len(b) > 3000 {
-		b = b[len(b)-3000:]
-	}
-	return string(b)
-}
-
-// waitFor polls cond every 500ms until it holds, ctx ends or timeout passes.
-func waitFor(ctx context.Context, timeout time.Duration, what string, cond func() (bool, string, error)) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, detail, err := cond()
-		if err != nil {
-			return fmt.Errorf("%s: %w", what, err)
-		}
-		if ok {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("timed out after %s waiting for %s (last: %s)", timeout, what, truncate(detail, 500))
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
-}
-
-func newNSName() string {
-	b := make([]byte, 3)
-	_, _ = rand.Read(b)
-	return nsPrefix + hex.EncodeToString(b)
-}
-
 // addNS creates a namespace with its loopback up.
 func addNS(ctx context.Context, name string) error {
 	if _, err := run(ctx, "ip", "netns", "add", name); err != nil {
@@ -620,74 +456,5 @@ func addNS(ctx context.Context, name string) error {
 
 // run runs a command with a deadline; its combined output is in the error.
 func run(ctx context.Context, name string, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(truncate(string(out), 2000)))
-	}
-	return string(out), nil
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "..."
-}
-
-func randomToken() string {
-	b := make([]byte, 16)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-// writeCredentials writes the token file (one admin in system:masters), the service-account
-// key pair and the kubeconfig.
-func writeCredentials(dir, token string) (kubeconfig string, err error) {
-	write := func(name, content string, mode os.FileMode) (string, error) {
-		p := filepath.Join(dir, name)
-		return p, os.WriteFile(p, []byte(content), mode)
-	}
-	if _, err := write("tokens.csv", fmt.Sprintf("%s,admin,admin,\"system:masters\"\n", token), 0o600); err != nil {
-		return "", err
-	}
-	key, err := rsa.GenerateKey(rand.Reader, 2048)
-	if err != nil {
-		return "", err
-	}
-	pub, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
-	if err != nil {
-		return "", err
-	}
-	if _, err := write("sa.key", string(pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)})), 0o600); err != nil {
-		return "", err
-	}
-	if _, err := write("sa.pub", string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub})), 0o644); err != nil {
-		return "", err
-	}
-	return write("admin.kubeconfig", kubelab.KubeconfigYAML(apiserverAddr, "admin", token), 0o600)
-}
-
-// procStatus reads VmRSS and VmHWM (KiB) of a process.
-func procStatus(pid int) (rss, hwm int64, err error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		switch f[0] {
-		case "VmRSS:":
-			rss, _ = strconv.ParseInt(f[1], 10, 64)
-		case "VmHWM:":
-			hwm, _ = strconv.ParseInt(f[1], 10, 64)
-		}
-	}
-	return rss, hwm, nil
+	return nsproc.Output(ctx, 2*time.Minute, nil, name, args...)
 }

@@ -12,18 +12,13 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
-	"strings"
-	"syscall"
-	"time"
 
-	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
 )
 
@@ -34,12 +29,10 @@ type config struct {
 	workers             int
 	smoke               bool
 	base                string
-	repo                string
-	out                 string
-	keepTmp             bool
-	gogc                string
-	etcdData            string
-	profiles            string
+	benchrun.Flags
+	gogc     string
+	etcdData string
+	profiles string
 }
 
 func main() { os.Exit(runMain(os.Args[1:])) }
@@ -57,9 +50,8 @@ func runMain(args []string) int {
 	fs.IntVar(&cfg.workers, "workers", 16, "parallel API clients creating the objects")
 	fs.BoolVar(&cfg.smoke, "smoke", false, "200 services x 3 endpoints, one run of each build")
 	fs.StringVar(&cfg.base, "base", "main", "git revision to compare with (its internal/cluster, this tree's viewrun); empty: only this tree")
-	fs.StringVar(&cfg.repo, "repo", "", "proxyhealth repository root (default: found upwards from the working directory)")
-	fs.StringVar(&cfg.out, "out", "", "also write the markdown report to this file")
-	fs.BoolVar(&cfg.keepTmp, "keep-tmp", false, "keep the temporary directory (process logs, builds)")
+	cfg.Register(fs, "process logs, builds")
+	cfg.LockWaitFlag(fs)
 	fs.StringVar(&cfg.gogc, "gogc", "", "GOGC for viewrun (default: unset, Go's 100, as the exporter runs)")
 	fs.StringVar(&cfg.profiles, "profiles", "", "write each run's CPU profile until sync into this directory (viewrun-<build>-<run>.pprof, build 0 being --base when given)")
 	fs.StringVar(&cfg.etcdData, "etcd-data", "", "keep etcd's data in this directory (on /dev/shm, say), and reuse it when a run of the same shape loaded it: skips the load")
@@ -80,95 +72,46 @@ func runMain(args []string) int {
 		fmt.Fprintln(os.Stderr, "--local-every, --reps and --workers must be at least 1")
 		return 2
 	}
-	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "apiview must run as root (it creates a network namespace)")
-		return 2
-	}
-	ctx, stop := signalContext()
-	defer stop()
-	rep, err := bench(ctx, cfg, append([]string{"go run ./bench/apiview"}, args...))
-	if rep != nil {
-		text := rep.render()
-		fmt.Print(text)
-		if cfg.out != "" {
-			if werr := os.WriteFile(cfg.out, []byte(text), 0o644); werr != nil {
-				fmt.Fprintln(os.Stderr, werr)
-				return 1
-			}
-		}
-	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "apiview: %v\n", err)
-		if ctx.Err() != nil {
-			return 130
-		}
-		return 1
-	}
-	return 0
+	return benchrun.Main(benchrun.Program{Name: "apiview", WhyRoot: "it creates a network namespace", Stopping: "stopping"}, cfg.Out, func(ctx context.Context) (string, error) {
+		rep, err := bench(ctx, cfg, append([]string{"go run ./bench/apiview"}, args...))
+		return rep.render(), err
+	})
 }
 
-// signalContext is cancelled on SIGINT, SIGTERM or SIGHUP, which it logs.
-func signalContext() (context.Context, func()) {
-	ctx, cancel := context.WithCancel(context.Background())
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	go func() {
-		if s, ok := <-sigs; ok {
-			logf("%v: stopping", s)
-			cancel()
-		}
-	}()
-	return ctx, func() { signal.Stop(sigs); cancel() }
+// setUp starts either apiview run: the benchmark workspace, and the binaries to run.
+func setUp(ctx context.Context, cfg *config) (*benchrun.Workspace, kubelab.Binaries, error) {
+	ws, err := benchrun.Prepare(ctx, nsPrefix, "ph-bench-av-", &cfg.Flags)
+	if err != nil {
+		return nil, kubelab.Binaries{}, err
+	}
+	bins, err := kubelab.FindBinaries(cfg.Repo)
+	if err != nil {
+		ws.Close()
+		return nil, kubelab.Binaries{}, err
+	}
+	return ws, bins, nil
 }
 
 func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
-	unlock, err := benchns.Lock()
+	ws, bins, err := setUp(ctx, &cfg)
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
-	for _, ns := range benchns.List(nsPrefix) {
-		fmt.Fprintf(os.Stderr, "removing leftover namespace %s\n", ns)
-		if err := benchns.Delete(nsPrefix, ns); err != nil {
-			return nil, err
-		}
-	}
-	if cfg.repo == "" {
-		if cfg.repo, err = findRepo(); err != nil {
-			return nil, err
-		}
-	}
-	bins, err := kubelab.FindBinaries(cfg.repo)
-	if err != nil {
-		return nil, err
-	}
-	tmp, err := os.MkdirTemp("", "ph-bench-av-")
-	if err != nil {
-		return nil, err
-	}
-	if cfg.keepTmp {
-		fmt.Fprintf(os.Stderr, "keeping %s\n", tmp)
-	} else {
-		defer os.RemoveAll(tmp)
-	}
+	defer ws.Close()
+	tmp := ws.Tmp
 	rep := &report{
 		cfg:     cfg,
-		Date:    time.Now().UTC().Format(time.RFC3339),
-		Kernel:  strings.TrimSpace(readFile("/proc/sys/kernel/osrelease")),
-		CPU:     benchns.CPUModel(),
-		Cores:   benchns.NumCPU(),
-		Cmdline: strings.Join(argv, " "),
-		Commit:  git(cfg.repo, "describe", "--always", "--dirty"),
+		Machine: benchrun.Describe(cfg.Repo, argv),
 		Version: bins.Version,
 	}
 
-	logf("building viewrun")
+	benchrun.Logf("building viewrun")
 	builds := []*build{{Name: "this tree", Rev: rep.Commit}}
-	if builds[0].Bin, err = buildViewrun(ctx, cfg.repo, filepath.Join(tmp, "viewrun-head")); err != nil {
+	if builds[0].Bin, err = buildViewrun(ctx, cfg.Repo, filepath.Join(tmp, "viewrun-head")); err != nil {
 		return rep, err
 	}
 	if cfg.base != "" {
-		b := &build{Name: cfg.base, Rev: git(cfg.repo, "rev-parse", "--short", cfg.base)}
+		b := &build{Name: cfg.base, Rev: benchrun.Git(cfg.Repo, "rev-parse", "--short", cfg.base)}
 		if b.Bin, err = buildBase(ctx, cfg, tmp); err != nil {
 			return rep, fmt.Errorf("building viewrun against %s: %w", cfg.base, err)
 		}
@@ -186,7 +129,7 @@ func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
 	}
 	for i := range cfg.reps {
 		for j, b := range builds {
-			logf("run %d of %s", i+1, b.Name)
+			benchrun.Logf("run %d of %s", i+1, b.Name)
 			profile := ""
 			if cfg.profiles != "" {
 				profile = filepath.Join(cfg.profiles, fmt.Sprintf("viewrun-%d-%d.pprof", j, i+1))
@@ -195,7 +138,7 @@ func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
 			if err != nil {
 				return rep, fmt.Errorf("%s: %w", b.Name, err)
 			}
-			logf("  synced in %.1f s, VmHWM %.1f MiB, live heap %.1f MiB", r.SyncSeconds, mib(r.HWMKiB), float64(r.LiveHeap)/(1<<20))
+			benchrun.Logf("  synced in %.1f s, VmHWM %.1f MiB, live heap %.1f MiB", r.SyncSeconds, mib(r.HWMKiB), float64(r.LiveHeap)/(1<<20))
 			b.Runs = append(b.Runs, r)
 		}
 	}
@@ -230,7 +173,7 @@ func buildBase(ctx context.Context, cfg config, tmp string) (string, error) {
 		return "", err
 	}
 	archive := exec.CommandContext(ctx, "git", "archive", "--format=tar", cfg.base)
-	archive.Dir = cfg.repo
+	archive.Dir = cfg.Repo
 	tarball, err := archive.Output()
 	if err != nil {
 		return "", fmt.Errorf("git archive %s: %w", cfg.base, err)
@@ -240,7 +183,7 @@ func buildBase(ctx context.Context, cfg config, tmp string) (string, error) {
 	if out, err := untar.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("tar: %w: %s", err, out)
 	}
-	src, err := os.ReadFile(filepath.Join(cfg.repo, "bench", "apiview", "viewrun", "main.go"))
+	src, err := os.ReadFile(filepath.Join(cfg.Repo, "bench", "apiview", "viewrun", "main.go"))
 	if err != nil {
 		return "", err
 	}
@@ -251,43 +194,6 @@ func buildBase(ctx context.Context, cfg config, tmp string) (string, error) {
 		return "", err
 	}
 	return buildViewrun(ctx, dir, filepath.Join(tmp, "viewrun-base"))
-}
-
-func logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
-}
-
-func findRepo() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
-		if err == nil && bytes.Contains(b, []byte("module github.com/proxyhealth/proxyhealth\n")) {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("proxyhealth repository not found upwards from the working directory; pass --repo")
-		}
-		dir = parent
-	}
-}
-
-func git(repo string, args ...string) string {
-	cmd := exec.Command("git", args...)
-	cmd.Dir = repo
-	out, err := cmd.Output()
-	if err != nil {
-		return "unknown"
-	}
-	return strings.TrimSpace(string(out))
-}
-
-func readFile(p string) string {
-	b, _ := os.ReadFile(p)
-	return string(b)
 }
 
 func mib(kib int64) float64 { return float64(kib) / 1024 }

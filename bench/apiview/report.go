@@ -6,16 +6,17 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 )
 
 // report is everything one run measured.
 type report struct {
-	cfg                        config
-	Date, Kernel, CPU, Cmdline string
-	Cores                      int
-	Commit, Version            string
-	Builds                     []*build
-	Kube                       *kubeResult
+	cfg config
+	benchrun.Machine
+	Version string
+	Builds  []*build
+	Kube    *kubeResult
 }
 
 // spread formats the median and, for more than one value, the range of vals.
@@ -46,6 +47,9 @@ func (b *build) field(f func(viewResult) float64) []float64 {
 func mibBytes(b uint64) float64 { return float64(b) / (1 << 20) }
 
 func (r *report) render() string {
+	if r == nil {
+		return "" // the run failed before it measured anything
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "## API view alone at %d services x %d endpoints\n\n", r.cfg.services, r.cfg.endpoints)
 	fmt.Fprintf(&b, "%s, Linux %s, %s (%d cores), commit %s. `%s`\n\n", r.Date, r.Kernel, r.CPU, r.Cores, r.Commit, r.Cmdline)
@@ -97,6 +101,9 @@ func (r *report) render() string {
 }
 
 func (r *fanoutReport) render() string {
+	if r == nil {
+		return "" // the run failed before it measured anything
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "## API fan-out: %d watchers of each kind at %d services x %d endpoints\n\n", r.cfg.watchers, r.cfg.services, r.cfg.endpoints)
 	fmt.Fprintf(&b, "%s, Linux %s, %s (%d cores), commit %s. `%s`\n\n", r.Date, r.Kernel, r.CPU, r.Cores, r.Commit, r.Cmdline)

@@ -189,11 +189,8 @@ func bench(ctx context.Context, cfg config, argv []string) (results []phaseResul
 	}
 	defer unlock()
 
-	for _, ns := range benchns.List(nsPrefix) {
-		fmt.Fprintf(os.Stderr, "removing leftover namespace %s\n", ns)
-		if err := benchns.Delete(nsPrefix, ns); err != nil {
-			return nil, nil, err
-		}
+	if err := benchns.RemoveLeftovers(nsPrefix); err != nil {
+		return nil, nil, err
 	}
 	tmp, err := os.MkdirTemp("", "ph-bench-")
 	if err != nil {
@@ -229,7 +226,7 @@ func bench(ctx context.Context, cfg config, argv []string) (results []phaseResul
 		}
 	}
 
-	ns := newNSName()
+	ns := benchns.NewName(nsPrefix)
 	defer func() {
 		if derr := benchns.Delete(nsPrefix, ns); derr != nil {
 			fmt.Fprintf(os.Stderr, "removing namespace %s: %v\n", ns, derr)
@@ -583,17 +580,6 @@ func (e *phaseEnv) nsEntries(ctx context.Context) (uint64, error) {
 }
 
 // sleepCtx sleeps unless ctx ends first.
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
-
 func (e *phaseEnv) scrape(ctx context.Context) (exporterCounts, error) {
 	out, err := run(ctx, "", "ip", "netns", "exec", e.ns, e.self, "get", fmt.Sprintf("http://127.0.0.1:%d/metrics", e.cfg.listenPort))
 	if err != nil {
@@ -656,11 +642,11 @@ func (e *phaseEnv) runPhase(ctx context.Context, st step, kind string) (res phas
 		if time.Now().After(deadline) {
 			return fail(fmt.Errorf("%s opened no conntrack event socket within 20s: %s", kind, c.logTail()))
 		}
-		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+		if err := benchns.Sleep(ctx, 100*time.Millisecond); err != nil {
 			return fail(err)
 		}
 	}
-	if err := sleepCtx(ctx, 300*time.Millisecond); err != nil {
+	if err := benchns.Sleep(ctx, 300*time.Millisecond); err != nil {
 		return fail(err)
 	}
 
@@ -717,7 +703,7 @@ func (e *phaseEnv) runPhase(ctx context.Context, st step, kind string) (res phas
 		if q == 0 {
 			break
 		}
-		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
+		if err := benchns.Sleep(ctx, 20*time.Millisecond); err != nil {
 			return fail(err)
 		}
 	}
@@ -732,7 +718,7 @@ func (e *phaseEnv) runPhase(ctx context.Context, st step, kind string) (res phas
 			break
 		}
 		prev = h1
-		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
+		if err := benchns.Sleep(ctx, 200*time.Millisecond); err != nil {
 			return fail(err)
 		}
 	}
@@ -822,7 +808,7 @@ func (e *phaseEnv) waitEmpty(ctx context.Context, entries func(context.Context) 
 			list, _ := run(ctx, "", "ip", "netns", "exec", e.ns, "conntrack", "-L")
 			return fmt.Errorf("conntrack table still has %d entries after %s: %s", n, e.cfg.drainTimeout, strings.Join(strings.Split(strings.TrimSpace(list), "\n"), " ; "))
 		}
-		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
+		if err := benchns.Sleep(ctx, 200*time.Millisecond); err != nil {
 			return err
 		}
 	}

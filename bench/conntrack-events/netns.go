@@ -4,9 +4,7 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/base32"
-	"encoding/hex"
 	"fmt"
 	"os/exec"
 	"strconv"
@@ -35,12 +33,6 @@ const (
 
 // endpoints of the benchmarked service (kube-dns shaped: three pods, UDP 53).
 var endpoints = []string{"10.244.1.2", "10.244.1.3", "10.244.1.4"}
-
-func newNSName() string {
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	return nsPrefix + hex.EncodeToString(b)
-}
 
 // run runs a command with a deadline and returns its combined output in the error.
 func run(ctx context.Context, stdin string, name string, args ...string) (string, error) {

@@ -4,11 +4,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/rsa"
-	"crypto/x509"
-	"encoding/hex"
-	"encoding/pem"
 	"fmt"
 	"os"
 	"os/exec"
@@ -17,39 +12,29 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
-	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
+	"github.com/proxyhealth/proxyhealth/bench/internal/controlplane"
+	"github.com/proxyhealth/proxyhealth/bench/internal/nsproc"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 )
 
-// The API part's fixed addresses, on the loopback of a namespace of its own: every port is
-// free by construction. The control plane is started the way test/e2e/kube_test.go's lab
-// starts it (that code is test-only, behind the e2e build tag); what is copied here is the
-// minimum: the binaries' location, the credentials and the command lines.
+// The API part's fixed addresses, on the loopback of a namespace of its own (beside
+// bench/internal/controlplane's): every port is free by construction.
 const (
-	etcdClientAddr   = "127.0.0.1:2379"
-	etcdPeerAddr     = "127.0.0.1:2380"
-	apiserverAddr    = "127.0.0.1:6443"
 	kubeProxyMetrics = "127.0.0.1:10249"
 	kubeProxyHealthz = "127.0.0.1:10256"
 	exporterAddr     = "127.0.0.1:9869"
 	nodeName         = "bench-node"
 	nodeIP           = "172.18.0.2" // on the namespace's loopback: the Node's InternalIP
 )
-
-// memSample is a process's resident memory at one moment.
-type memSample struct {
-	RSSKiB, HWMKiB int64
-}
 
 // kubeResult is the API part.
 type kubeResult struct {
@@ -62,112 +47,20 @@ type kubeResult struct {
 	Load                       time.Duration
 	LoadRetries                int64
 	ExporterFresh              time.Duration // exporter start to proxyhealth_api_view_fresh 1
-	ExporterInformersOnly      memSample     // at that moment, before kube-proxy wrote rules
+	ExporterInformersOnly      nsproc.Memory // at that moment, before kube-proxy wrote rules
 	KubeProxyFirstSync         time.Duration // kube-proxy start to its first full sync
 	KubeProxySyncSeconds       float64       // its own sync duration metric for that sync
 	KubeProxySVCChains         int
-	KubeProxy                  memSample
+	KubeProxy                  nsproc.Memory
 	ExporterChecked            float64 // proxyhealth_rules_services_checked
 	ExporterDrifted, Stale     float64
 	Missing                    float64
-	ExporterCheckSeconds       []float64 // proxyhealth_rules_check_duration_seconds of full checks
-	Exporter                   memSample // after full checks
-	Etcd, APIServer            memSample
+	ExporterCheckSeconds       []float64     // proxyhealth_rules_check_duration_seconds of full checks
+	Exporter                   nsproc.Memory // after full checks
+	Etcd, APIServer            nsproc.Memory
 	ExporterGoHeap             float64 // go_memstats_heap_inuse_bytes after full checks
 	ExporterArgs, KubeProxyArg string
 	KubeProxyIPTables          string
-}
-
-// proc is one process started in the namespace; `ip netns exec` execs it, so the pid is its
-// own. With no namespace, args runs as it is (cgroup.wrap enters the namespace itself).
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{}
-}
-
-func startProc(ns, dir, name string, args ...string) (*proc, error) {
-	p := &proc{name: name, log: filepath.Join(dir, name+".log"), done: make(chan struct{})}
-	f, err := os.Create(p.log)
-	if err != nil {
-		return nil, err
-	}
-	if ns == "" {
-		p.cmd = exec.Command(args[0], args[1:]...)
-	} else {
-		p.cmd = exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...)
-	}
-	p.cmd.Stdout, p.cmd.Stderr = f, f
-	// No Pdeathsig: it fires when the OS thread that started the child exits, and nsDialer
-	// makes the runtime discard threads. What outlives this program is killed with the
-	// namespace at the next run's start.
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := p.cmd.Start(); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("starting %s: %w", name, err)
-	}
-	go func() { _ = p.cmd.Wait(); f.Close(); close(p.done) }()
-	return p, nil
-}
-
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-func (p *proc) stop() {
-	if p == nil || p.exited() {
-		return
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(5 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
-}
-
-func (p *proc) mem() memSample {
-	rss, hwm, _ := procStatus(p.cmd.Process.Pid)
-	return memSample{rss, hwm}
-}
-
-func (p *proc) tail() string {
-	b, _ := os.ReadFile(p.log)
-	if len(b) > 3000 {
-		b = b[len(b)-3000:]
-	}
-	return string(b)
-}
-
-// waitFor polls cond every 500ms until it holds, ctx ends or timeout passes.
-func waitFor(ctx context.Context, timeout time.Duration, what string, cond func() (bool, string, error)) error {
-	deadline := time.Now().Add(timeout)
-	last := ""
-	for {
-		ok, detail, err := cond()
-		if err != nil {
-			return fmt.Errorf("%s: %w", what, err)
-		}
-		if ok {
-			return nil
-		}
-		last = detail
-		if time.Now().After(deadline) {
-			return fmt.Errorf("timed out after %s waiting for %s (last: %s)", timeout, what, truncate(last, 500))
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
 }
 
 // metric returns the value of a sample in a Prometheus text exposition: the largest over its
@@ -194,39 +87,6 @@ func metric(body, name string) (float64, bool) {
 	return best, found
 }
 
-func randomToken() string {
-	b := make([]byte, 16)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-// writeCredentials writes the token file (one admin in system:masters, used by the loader,
-// the exporter and kube-proxy alike), the service-account key pair and the kubeconfig.
-func writeCredentials(dir, token, server string) (kubeconfig string, err error) {
-	write := func(name, content string, mode os.FileMode) (string, error) {
-		p := filepath.Join(dir, name)
-		return p, os.WriteFile(p, []byte(content), mode)
-	}
-	if _, err := write("tokens.csv", fmt.Sprintf("%s,admin,admin,\"system:masters\"\n", token), 0o600); err != nil {
-		return "", err
-	}
-	key, err := rsa.GenerateKey(rand.Reader, 2048)
-	if err != nil {
-		return "", err
-	}
-	pub, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
-	if err != nil {
-		return "", err
-	}
-	if _, err := write("sa.key", string(pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)})), 0o600); err != nil {
-		return "", err
-	}
-	if _, err := write("sa.pub", string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub})), 0o644); err != nil {
-		return "", err
-	}
-	return write("admin.kubeconfig", kubelab.KubeconfigYAML(server, "admin", token), 0o600)
-}
-
 // runKube starts etcd and kube-apiserver in a namespace of its own, loads the services, and
 // measures the exporter's and kube-proxy's resident memory against them.
 func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string) (res *kubeResult, err error) {
@@ -242,10 +102,10 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 	}
 	defer os.RemoveAll(etcdDir)
 
-	logf("building proxyhealth")
+	benchrun.Logf("building proxyhealth")
 	exporterBin := filepath.Join(tmp, "proxyhealth")
 	build := exec.CommandContext(ctx, "go", "build", "-o", exporterBin, ".")
-	build.Dir = cfg.repo
+	build.Dir = cfg.Repo
 	if out, err := build.CombinedOutput(); err != nil {
 		return res, fmt.Errorf("go build: %w: %s", err, out)
 	}
@@ -255,10 +115,10 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 	if err := addNS(ctx, ns); err != nil {
 		return res, err
 	}
-	var procs []*proc
+	var procs []*nsproc.Proc
 	defer func() {
 		for i := len(procs) - 1; i >= 0; i-- {
-			procs[i].stop()
+			procs[i].Stop()
 		}
 		if derr := benchns.Delete(nsPrefix, ns); derr != nil && err == nil {
 			err = derr
@@ -267,29 +127,35 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 	if _, err := run(ctx, nil, "ip", "-n", ns, "addr", "add", nodeIP+"/32", "dev", "lo"); err != nil {
 		return res, err
 	}
-	token := randomToken()
-	kubeconfig, err := writeCredentials(dir, token, apiserverAddr)
+	token := controlplane.RandomToken()
+	kubeconfig, err := controlplane.WriteCredentials(dir, token, controlplane.APIServerAddr)
 	if err != nil {
 		return res, err
 	}
-	start := func(name string, args ...string) (*proc, error) {
-		p, err := startProc(ns, dir, name, args...)
+	start := func(name string, args ...string) (*nsproc.Proc, error) {
+		p, err := nsproc.Start(ns, dir, name, args...)
 		if err == nil {
 			procs = append(procs, p)
 		}
 		return p, err
 	}
 
-	logf("starting etcd and kube-apiserver %s in %s", bins.Version, ns)
+	benchrun.Logf("starting etcd and kube-apiserver %s in %s", bins.Version, ns)
 	t0 := time.Now()
-	cp, err := startControlPlane(ctx, ns, start, bins, dir, etcdDir, token, "127.0.0.1", nodeIP)
+	cp, err := controlplane.Start(ctx, ns, bins, controlplane.Options{
+		Dir: dir, EtcdDir: etcdDir, Token: token,
+		Bind: "127.0.0.1", Advertise: nodeIP, ServiceCIDR: serviceCIDR, Start: start,
+	})
 	if err != nil {
 		return res, err
 	}
-	etcd, apiserver, client := cp.etcd, cp.apiserver, cp.client
+	etcd, apiserver, client := cp.Etcd, cp.APIServer, cp.Client
+	if err := createNode(ctx, client); err != nil {
+		return res, err
+	}
 	res.ControlPlaneUp = time.Since(t0)
 
-	logf("creating %d Services and their EndpointSlices (%d endpoints each) with %d workers", cfg.services, cfg.endpoints, cfg.workers)
+	benchrun.Logf("creating %d Services and their EndpointSlices (%d endpoints each) with %d workers", cfg.services, cfg.endpoints, cfg.workers)
 	t0 = time.Now()
 	ls, err := load(ctx, client, cfg.services, cfg.endpoints, cfg.workers)
 	res.Services, res.Slices, res.Endpoints, res.LoadRetries = ls.Services, ls.Slices, ls.Endpoints, ls.Retries
@@ -297,7 +163,7 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 		return res, err
 	}
 	res.Load = time.Since(t0)
-	logf("loaded in %s", res.Load.Round(time.Millisecond))
+	benchrun.Logf("loaded in %s", res.Load.Round(time.Millisecond))
 
 	// The exporter first, alone: its informers hold the whole API view, and no rules exist.
 	scrape := func() (string, error) { return nsGet(ns, "http://"+exporterAddr+"/metrics") }
@@ -307,9 +173,9 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 	if err != nil {
 		return res, err
 	}
-	err = waitFor(ctx, 5*time.Minute, "proxyhealth_api_view_fresh 1", func() (bool, string, error) {
-		if exporter.exited() {
-			return false, "", fmt.Errorf("proxyhealth exited:\n%s", exporter.tail())
+	err = benchrun.WaitFor(ctx, 5*time.Minute, "proxyhealth_api_view_fresh 1", func() (bool, string, error) {
+		if exporter.Exited() {
+			return false, "", fmt.Errorf("proxyhealth exited:\n%s", exporter.Tail())
 		}
 		body, err := scrape()
 		if err != nil {
@@ -323,8 +189,8 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 	}
 	res.ExporterFresh = time.Since(t0)
 	time.Sleep(2 * time.Second)
-	res.ExporterInformersOnly = exporter.mem()
-	logf("exporter's API view fresh after %s: VmRSS %.1f MiB", res.ExporterFresh.Round(time.Millisecond), mib(res.ExporterInformersOnly.RSSKiB))
+	res.ExporterInformersOnly = exporter.Memory()
+	benchrun.Logf("exporter's API view fresh after %s: VmRSS %.1f MiB", res.ExporterFresh.Round(time.Millisecond), mib(res.ExporterInformersOnly.RSSKiB))
 
 	// kube-proxy writes the rules.
 	kpArgs := []string{
@@ -345,15 +211,15 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 	if err != nil {
 		return res, err
 	}
-	logf("starting kube-proxy (iptables %s backend)", cfg.kubeProxyIPTables)
+	benchrun.Logf("starting kube-proxy (iptables %s backend)", cfg.kubeProxyIPTables)
 	t0 = time.Now()
 	kp, err := start("kube-proxy", append([]string{"env", "PATH=" + shim + ":" + os.Getenv("PATH"), bins.Proxy}, kpArgs...)...)
 	if err != nil {
 		return res, err
 	}
-	err = waitFor(ctx, 15*time.Minute, "kube-proxy's first full sync", func() (bool, string, error) {
-		if kp.exited() {
-			return false, "", fmt.Errorf("kube-proxy exited:\n%s", kp.tail())
+	err = benchrun.WaitFor(ctx, 15*time.Minute, "kube-proxy's first full sync", func() (bool, string, error) {
+		if kp.Exited() {
+			return false, "", fmt.Errorf("kube-proxy exited:\n%s", kp.Tail())
 		}
 		body, err := nsGet(ns, "http://"+kubeProxyMetrics+"/metrics")
 		if err != nil {
@@ -378,15 +244,15 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 		return res, err
 	}
 	res.KubeProxyFirstSync = time.Since(t0)
-	logf("kube-proxy synced %d KUBE-SVC chains after %s", res.KubeProxySVCChains, res.KubeProxyFirstSync.Round(time.Millisecond))
+	benchrun.Logf("kube-proxy synced %d KUBE-SVC chains after %s", res.KubeProxySVCChains, res.KubeProxyFirstSync.Round(time.Millisecond))
 	time.Sleep(2 * time.Second)
-	res.KubeProxy = kp.mem()
+	res.KubeProxy = kp.Memory()
 
 	// The exporter's full checks: two after the one that first saw every service.
 	var seen []float64
-	err = waitFor(ctx, 10*time.Minute, "three drift checks after every service was seen", func() (bool, string, error) {
-		if exporter.exited() {
-			return false, "", fmt.Errorf("proxyhealth exited:\n%s", exporter.tail())
+	err = benchrun.WaitFor(ctx, 10*time.Minute, "three drift checks after every service was seen", func() (bool, string, error) {
+		if exporter.Exited() {
+			return false, "", fmt.Errorf("proxyhealth exited:\n%s", exporter.Tail())
 		}
 		body, err := scrape()
 		if err != nil {
@@ -412,10 +278,10 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 	if err != nil {
 		return res, err
 	}
-	res.Exporter = exporter.mem()
-	res.KubeProxy = maxMem(res.KubeProxy, kp.mem())
-	res.Etcd, res.APIServer = etcd.mem(), apiserver.mem()
-	logf("exporter after %d checks: VmRSS %.1f MiB, VmHWM %.1f MiB; kube-proxy VmRSS %.1f MiB, VmHWM %.1f MiB",
+	res.Exporter = exporter.Memory()
+	res.KubeProxy = res.KubeProxy.Max(kp.Memory())
+	res.Etcd, res.APIServer = etcd.Memory(), apiserver.Memory()
+	benchrun.Logf("exporter after %d checks: VmRSS %.1f MiB, VmHWM %.1f MiB; kube-proxy VmRSS %.1f MiB, VmHWM %.1f MiB",
 		len(seen), mib(res.Exporter.RSSKiB), mib(res.Exporter.HWMKiB), mib(res.KubeProxy.RSSKiB), mib(res.KubeProxy.HWMKiB))
 	return res, nil
 }
@@ -441,96 +307,6 @@ func iptablesShim(dir, backend string) (string, error) {
 		}
 	}
 	return shim, nil
-}
-
-// controlPlane is etcd and kube-apiserver running in one namespace, and an admin client of
-// that apiserver.
-type controlPlane struct {
-	etcd, apiserver *proc
-	client          kubernetes.Interface
-}
-
-// startControlPlane starts etcd (data under etcdDir) and kube-apiserver (credentials from
-// writeCredentials in dir) with start, which runs them in namespace ns; the apiserver listens
-// on bind, port 6443, and advertises advertise. It waits until the apiserver is ready and the
-// default namespace exists, then creates the Node.
-func startControlPlane(ctx context.Context, ns string, start func(name string, args ...string) (*proc, error),
-	bins kubelab.Binaries, dir, etcdDir, token, bind, advertise string) (*controlPlane, error) {
-	etcd, err := start("etcd", bins.Etcd,
-		"--name", "bench",
-		"--data-dir", filepath.Join(etcdDir, "data"),
-		"--listen-client-urls", "http://"+etcdClientAddr,
-		"--advertise-client-urls", "http://"+etcdClientAddr,
-		"--listen-peer-urls", "http://"+etcdPeerAddr,
-		"--initial-advertise-peer-urls", "http://"+etcdPeerAddr,
-		"--initial-cluster", "bench=http://"+etcdPeerAddr,
-		"--snapshot-count", "100000",
-		"--quota-backend-bytes", strconv.Itoa(8<<30),
-		"--log-level", "warn",
-		"--logger", "zap",
-	)
-	if err != nil {
-		return nil, err
-	}
-	apiserver, err := start("kube-apiserver", bins.APIServer,
-		"--etcd-servers", "http://"+etcdClientAddr,
-		"--bind-address", bind,
-		"--secure-port", strings.Split(apiserverAddr, ":")[1],
-		"--advertise-address", advertise,
-		"--cert-dir", filepath.Join(dir, "apiserver-certs"),
-		"--token-auth-file", filepath.Join(dir, "tokens.csv"),
-		"--service-account-key-file", filepath.Join(dir, "sa.pub"),
-		"--service-account-signing-key-file", filepath.Join(dir, "sa.key"),
-		"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
-		"--authorization-mode", "RBAC",
-		"--service-cluster-ip-range", serviceCIDR,
-		"--enable-priority-and-fairness=false",
-		"--max-requests-inflight", "800",
-		"--max-mutating-requests-inflight", "400",
-		"--disable-admission-plugins", "ServiceAccount,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy,MutatingAdmissionPolicy,ResourceQuota,LimitRanger,StorageObjectInUseProtection,PersistentVolumeClaimResize,RuntimeClass,DefaultIngressClass",
-		"--profiling=false",
-		"--v", "1",
-	)
-	if err != nil {
-		return nil, err
-	}
-	client, err := kubernetes.NewForConfig(&rest.Config{
-		Host:            "https://" + apiserverAddr,
-		BearerToken:     token,
-		TLSClientConfig: rest.TLSClientConfig{Insecure: true},
-		Dial:            netnsdial.Dialer(ns),
-		QPS:             -1, // no client-side rate limit: the workers are the limit
-		Timeout:         30 * time.Second,
-		WarningHandler:  rest.NoWarnings{},
-	})
-	if err != nil {
-		return nil, err
-	}
-	cp := &controlPlane{etcd: etcd, apiserver: apiserver, client: client}
-	err = waitFor(ctx, 120*time.Second, "kube-apiserver /readyz", func() (bool, string, error) {
-		if etcd.exited() || apiserver.exited() {
-			return false, "", fmt.Errorf("etcd or kube-apiserver exited:\n%s\n%s", etcd.tail(), apiserver.tail())
-		}
-		c, cancel := context.WithTimeout(ctx, 2*time.Second)
-		defer cancel()
-		body, err := client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(c)
-		return err == nil, fmt.Sprintf("%v: %s", err, body), nil
-	})
-	if err != nil {
-		return cp, err
-	}
-	err = waitFor(ctx, 60*time.Second, "namespace default", func() (bool, string, error) {
-		_, err := client.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{})
-		return err == nil, fmt.Sprint(err), nil
-	})
-	if err != nil {
-		return cp, err
-	}
-	return cp, createNode(ctx, client)
-}
-
-func maxMem(a, b memSample) memSample {
-	return memSample{max(a.RSSKiB, b.RSSKiB), max(a.HWMKiB, b.HWMKiB)}
 }
 
 // createNode creates the node with an InternalIP in its status: kube-proxy waits for one.
@@ -644,7 +420,7 @@ func load(ctx context.Context, client kubernetes.Interface, services, endpoints,
 				atomic.AddInt64(&slices, 1)
 				atomic.AddInt64(&eps, int64(len(slice.Endpoints)))
 				if n := s + 1; n%2000 == 0 {
-					logf("  ~%d services created", n)
+					benchrun.Logf("  ~%d services created", n)
 				}
 			}
 		}()

@@ -15,18 +15,13 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"strings"
-	"syscall"
-	"time"
 
-	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
 )
 
@@ -34,13 +29,11 @@ type config struct {
 	services, endpoints int
 	reps                int
 	smoke               bool
-	repo                string
-	out                 string
-	kube                string // auto, on, off
-	workers             int
-	kubeProxyIPTables   string
-	cpuprofile          string
-	keepTmp             bool
+	benchrun.Flags
+	kube              string // auto, on, off
+	workers           int
+	kubeProxyIPTables string
+	cpuprofile        string
 }
 
 func main() {
@@ -64,13 +57,12 @@ func runMain(args []string) int {
 	fs.IntVar(&cfg.endpoints, "endpoints", 10, "endpoints per service")
 	fs.IntVar(&cfg.reps, "reps", 3, "repetitions of each timed save and parse, and -count of the go benchmarks")
 	fs.BoolVar(&cfg.smoke, "smoke", false, "200 services x 3 endpoints, one repetition; the API part only if etcd and the kube binaries exist; fails only if the harness breaks")
-	fs.StringVar(&cfg.repo, "repo", "", "proxyhealth repository root (default: found upwards from the working directory)")
-	fs.StringVar(&cfg.out, "out", "", "also write the markdown report to this file")
+	cfg.Register(fs, "process logs, saved tables")
 	fs.StringVar(&cfg.kube, "kube", "auto", "the API part (etcd, kube-apiserver, exporter and kube-proxy RSS): on, off, or auto (on when the binaries exist)")
 	fs.IntVar(&cfg.workers, "workers", 16, "parallel API clients creating Services and EndpointSlices")
 	fs.StringVar(&cfg.kubeProxyIPTables, "kube-proxy-iptables", "legacy", "iptables backend kube-proxy writes with (legacy or nft; iptables-nft-restore of 110,000 chains takes over ten minutes on a small machine)")
 	fs.StringVar(&cfg.cpuprofile, "cpuprofile", "", "pass -cpuprofile FILE to the go benchmarks (FILE relative to the repository)")
-	fs.BoolVar(&cfg.keepTmp, "keep-tmp", false, "keep the temporary directory (process logs, saved tables)")
+	cfg.LockWaitFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -94,114 +86,56 @@ func runMain(args []string) int {
 		fmt.Fprintln(os.Stderr, "--kube must be on, off or auto")
 		return 2
 	}
-	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "rules-drift must run as root (it creates network namespaces)")
-		return 2
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	defer signal.Stop(sigs)
-	go func() {
-		if s, ok := <-sigs; ok {
-			logf("%v: stopping", s)
-			cancel()
-		}
-	}()
-	rep, err := bench(ctx, cfg, append([]string{"go run ./bench/rules-drift"}, args...))
-	if rep != nil {
-		text := rep.render()
-		fmt.Print(text)
-		if cfg.out != "" {
-			if werr := os.WriteFile(cfg.out, []byte(text), 0o644); werr != nil {
-				fmt.Fprintln(os.Stderr, werr)
-				return 1
-			}
-		}
-	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "rules-drift: %v\n", err)
-		if ctx.Err() != nil {
-			return 130
-		}
-		return 1
-	}
-	return 0
+	return benchrun.Main(benchrun.Program{Name: "rules-drift", WhyRoot: "it creates network namespaces", Stopping: "stopping"}, cfg.Out, func(ctx context.Context) (string, error) {
+		rep, err := bench(ctx, cfg, append([]string{"go run ./bench/rules-drift"}, args...))
+		return rep.render(), err
+	})
 }
 
 // report is everything one run measured.
 type report struct {
-	cfg                        config
-	Date, Kernel, CPU, Cmdline string
-	Cores                      int
-	Commit, IPTablesVersion    string
-	GenLines, GenBytes         int
-	GenChains                  int
-	RSSFloorKiB                int64 // rusage maxrss of `true` run the same way as the saves
-	Saves                      []saveResult
-	GoBench                    []goBench
-	GoBenchCmd                 string
-	GoBenchScale               string
-	Kube                       *kubeResult
-	KubeSkipped                string
-	Errs                       []string
+	cfg config
+	benchrun.Machine
+	IPTablesVersion    string
+	GenLines, GenBytes int
+	GenChains          int
+	RSSFloorKiB        int64 // rusage maxrss of `true` run the same way as the saves
+	Saves              []saveResult
+	GoBench            []goBench
+	GoBenchCmd         string
+	GoBenchScale       string
+	Kube               *kubeResult
+	KubeSkipped        string
+	Errs               []string
 }
 
 func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
-	unlock, err := benchns.Lock()
+	ws, err := benchrun.Prepare(ctx, nsPrefix, "ph-bench-rd-", &cfg.Flags)
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
-	for _, ns := range benchns.List(nsPrefix) {
-		fmt.Fprintf(os.Stderr, "removing leftover namespace %s\n", ns)
-		if err := benchns.Delete(nsPrefix, ns); err != nil {
-			return nil, err
-		}
-	}
-	if cfg.repo == "" {
-		if cfg.repo, err = findRepo(); err != nil {
-			return nil, err
-		}
-	}
-	tmp, err := os.MkdirTemp("", "ph-bench-rd-")
-	if err != nil {
-		return nil, err
-	}
-	if cfg.keepTmp {
-		fmt.Fprintf(os.Stderr, "keeping %s\n", tmp)
-	} else {
-		defer os.RemoveAll(tmp)
-	}
+	defer ws.Close()
+	tmp := ws.Tmp
 
-	rep := &report{
-		cfg:     cfg,
-		Date:    time.Now().UTC().Format(time.RFC3339),
-		Kernel:  strings.TrimSpace(readFile("/proc/sys/kernel/osrelease")),
-		CPU:     benchns.CPUModel(),
-		Cores:   benchns.NumCPU(),
-		Cmdline: strings.Join(argv, " "),
-		Commit:  gitDescribe(cfg.repo),
-	}
+	rep := &report{cfg: cfg, Machine: benchrun.Describe(cfg.Repo, argv)}
 	if out, err := run(ctx, nil, "iptables-legacy-save", "--version"); err == nil {
 		rep.IPTablesVersion = strings.TrimSpace(out)
 	}
 
 	// Part 1: save (and in-process parse) per backend, each in its own namespace.
-	logf("generating %d services x %d endpoints", cfg.services, cfg.endpoints)
+	benchrun.Logf("generating %d services x %d endpoints", cfg.services, cfg.endpoints)
 	rules := natRules(cfg.services, cfg.endpoints)
 	rep.GenBytes = len(rules)
 	rep.GenLines = bytes.Count(rules, []byte("\n"))
 	rep.GenChains = bytes.Count(rules, []byte("\n:"))
-	if cfg.keepTmp {
+	if cfg.KeepTmp {
 		_ = os.WriteFile(filepath.Join(tmp, "nat.rules"), rules, 0o644)
 	}
 	if t, err := runTimed(ctx, "", nil, "true"); err == nil {
 		rep.RSSFloorKiB = t.MaxRSSKiB
 	}
 	for _, b := range backends {
-		logf("%s: restore, then %d x %s -t nat", b.Name, cfg.reps, b.Save)
+		benchrun.Logf("%s: restore, then %d x %s -t nat", b.Name, cfg.reps, b.Save)
 		chunks := [][]byte{rules}
 		if b.Name == "nft" {
 			chunks = natRulesChunks(cfg.services, cfg.endpoints, 500)
@@ -215,12 +149,12 @@ func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
 	rules = nil
 
 	// Part 2: the rules package's own benchmarks.
-	logf("go benchmarks of ./collectors/rules")
+	benchrun.Logf("go benchmarks of ./collectors/rules")
 	var extra []string
 	if cfg.cpuprofile != "" {
 		extra = append(extra, "-cpuprofile", cfg.cpuprofile)
 	}
-	rep.GoBench, rep.GoBenchCmd, err = runGoBench(ctx, cfg.repo, cfg.smoke, cfg.reps, extra)
+	rep.GoBench, rep.GoBenchCmd, err = runGoBench(ctx, cfg.Repo, cfg.smoke, cfg.reps, extra)
 	if err != nil {
 		return rep, err
 	}
@@ -230,7 +164,7 @@ func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
 	}
 
 	// Part 4: memory against a real API server.
-	bins, berr := kubelab.FindBinaries(cfg.repo)
+	bins, berr := kubelab.FindBinaries(cfg.Repo)
 	switch {
 	case cfg.kube == "off":
 		rep.KubeSkipped = "--kube=off"
@@ -246,41 +180,4 @@ func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
 		}
 	}
 	return rep, nil
-}
-
-func logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
-}
-
-func findRepo() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
-		if err == nil && bytes.Contains(b, []byte("module github.com/proxyhealth/proxyhealth\n")) {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("proxyhealth repository not found upwards from the working directory; pass --repo")
-		}
-		dir = parent
-	}
-}
-
-func gitDescribe(repo string) string {
-	cmd := exec.Command("git", "describe", "--always", "--dirty")
-	cmd.Dir = repo
-	out, err := cmd.Output()
-	if err != nil {
-		return "unknown"
-	}
-	return strings.TrimSpace(string(out))
-}
-
-func readFile(p string) string {
-	b, _ := os.ReadFile(p)
-	return string(b)
 }

@@ -5,18 +5,18 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
+	"github.com/proxyhealth/proxyhealth/bench/internal/nsproc"
 	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
 )
 
@@ -25,33 +25,11 @@ import (
 // run at once.
 const nsPrefix = "ph-bench-rd-"
 
-func newNSName(role string) string {
-	b := make([]byte, 3)
-	_, _ = rand.Read(b)
-	return nsPrefix + role + "-" + hex.EncodeToString(b)
-}
+func newNSName(role string) string { return benchns.NewName(nsPrefix + role + "-") }
 
 // run runs a command with a deadline; its combined output is in the error.
 func run(ctx context.Context, stdin []byte, name string, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, name, args...)
-	if stdin != nil {
-		cmd.Stdin = bytes.NewReader(stdin)
-	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(truncate(string(out), 2000)))
-	}
-	return string(out), nil
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "..."
+	return nsproc.Output(ctx, 10*time.Minute, stdin, name, args...)
 }
 
 // timed is one run of a child process: its wall time, CPU (user and system, from its
@@ -95,7 +73,7 @@ func runTimed(ctx context.Context, ns string, stdin []byte, name string, args ..
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Run(); err != nil {
-		return timed{}, fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, truncate(errb.String()+out.String(), 2000))
+		return timed{}, fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, benchrun.Truncate(errb.String()+out.String(), 2000))
 	}
 	b, err := os.ReadFile(rf.Name())
 	if err != nil {
@@ -157,25 +135,4 @@ func nsGet(ns, url string) (string, error) {
 		return string(b), fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
 	return string(b), err
-}
-
-// procStatus reads VmRSS and VmHWM (KiB) of a process.
-func procStatus(pid int) (rss, hwm int64, err error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		switch f[0] {
-		case "VmRSS:":
-			rss, _ = strconv.ParseInt(f[1], 10, 64)
-		case "VmHWM:":
-			hwm, _ = strconv.ParseInt(f[1], 10, 64)
-		}
-	}
-	return rss, hwm, nil
 }

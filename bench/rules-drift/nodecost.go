@@ -11,17 +11,18 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
+	"github.com/proxyhealth/proxyhealth/bench/internal/controlplane"
+	"github.com/proxyhealth/proxyhealth/bench/internal/nsproc"
 	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -61,7 +62,6 @@ type ncConfig struct {
 	services        int // 0: the mode's default
 	endpoints       int
 	smoke           bool
-	out, repo       string
 	workers         int
 	idle, churn     time.Duration
 	rates           []int
@@ -70,8 +70,7 @@ type ncConfig struct {
 	latencyTimeout  time.Duration
 	healTimeout     time.Duration
 	kubeProxySyncTO time.Duration
-	lockWait        time.Duration
-	keepTmp         bool
+	benchrun.Flags
 }
 
 type multiFlag []string
@@ -88,8 +87,7 @@ func runNodeCost(args []string) int {
 	fs.IntVar(&cfg.services, "services", 0, "ClusterIP services (one TCP port each); 0: 10000, but 3000 for iptables-nft")
 	fs.IntVar(&cfg.endpoints, "endpoints", 10, "endpoints per service")
 	fs.BoolVar(&cfg.smoke, "smoke", false, "200 services x 3 endpoints, phases of a few seconds, a 5 s grace period; fails only if the harness breaks")
-	fs.StringVar(&cfg.out, "out", "", "also write the markdown report to this file")
-	fs.StringVar(&cfg.repo, "repo", "", "proxyhealth repository root (default: found upwards from the working directory)")
+	cfg.Register(fs, "process logs")
 	fs.IntVar(&cfg.workers, "workers", 16, "parallel API clients creating Services and EndpointSlices")
 	fs.DurationVar(&cfg.idle, "idle", 60*time.Second, "idle phase")
 	fs.DurationVar(&cfg.churn, "churn", 120*time.Second, "each churn phase")
@@ -99,8 +97,7 @@ func runNodeCost(args []string) int {
 	fs.DurationVar(&cfg.latencyTimeout, "latency-timeout", 5*time.Minute, "how long past the grace period to wait for the drift series")
 	fs.DurationVar(&cfg.healTimeout, "heal-timeout", 3*time.Minute, "how long to wait for the drift to clear once kube-proxy's connection is healed")
 	fs.DurationVar(&cfg.kubeProxySyncTO, "kube-proxy-sync-timeout", 20*time.Minute, "limit on kube-proxy's first sync")
-	fs.DurationVar(&cfg.lockWait, "lock-wait", 0, "wait up to this long for another benchmark to release /run/ph-bench.lock (0: fail at once)")
-	fs.BoolVar(&cfg.keepTmp, "keep-tmp", false, "keep the temporary directory (process logs)")
+	cfg.LockWaitFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -141,48 +138,17 @@ func runNodeCost(args []string) int {
 		fmt.Fprintln(os.Stderr, "--idle and --churn must be positive")
 		return 2
 	}
-	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "node-cost must run as root (network namespaces, cgroups)")
-		return 2
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	defer signal.Stop(sigs)
-	go func() {
-		if s, ok := <-sigs; ok {
-			logf("%v: stopping and cleaning up", s)
-			cancel()
-		}
-	}()
-	rep, err := nodeCost(ctx, cfg, append([]string{"go run ./bench/rules-drift node-cost"}, args...))
-	if rep != nil {
-		text := rep.render()
-		fmt.Print(text)
-		if cfg.out != "" {
-			if werr := os.WriteFile(cfg.out, []byte(text), 0o644); werr != nil {
-				fmt.Fprintln(os.Stderr, werr)
-				return 1
-			}
-		}
-	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "rules-drift node-cost: %v\n", err)
-		if ctx.Err() != nil {
-			return 130
-		}
-		return 1
-	}
-	return 0
+	return benchrun.Main(benchrun.Program{Name: "rules-drift node-cost", WhyRoot: "network namespaces, cgroups", Stopping: "stopping and cleaning up"}, cfg.Out, func(ctx context.Context) (string, error) {
+		rep, err := nodeCost(ctx, cfg, append([]string{"go run ./bench/rules-drift node-cost"}, args...))
+		return rep.render(), err
+	})
 }
 
 // ncReport is one node-cost run.
 type ncReport struct {
-	cfg                          ncConfig
-	Date, Kernel, CPU, Cmdline   string
-	Cores                        int
-	Commit, KubeVersion          string
+	cfg ncConfig
+	benchrun.Machine
+	KubeVersion                  string
 	IPTablesVersion, NFTVersion  string
 	Grace                        time.Duration
 	GraceFromDefault             bool
@@ -246,64 +212,23 @@ type ncLatency struct {
 	ChangedEndpoint   string        // the new address
 }
 
-// lockWithin takes the benchmark lock, trying again every 5 s for up to wait.
-func lockWithin(ctx context.Context, wait time.Duration) (func(), error) {
-	deadline := time.Now().Add(wait)
-	for logged := false; ; logged = true {
-		unlock, err := benchns.Lock()
-		if err == nil || !time.Now().Before(deadline) {
-			return unlock, err
-		}
-		if !logged {
-			logf("%v; waiting up to %s", err, wait)
-		}
-		if err := sleepCtx(ctx, 5*time.Second); err != nil {
-			return nil, err
-		}
-	}
-}
-
 func nodeCost(ctx context.Context, cfg ncConfig, argv []string) (*ncReport, error) {
-	unlock, err := lockWithin(ctx, cfg.lockWait)
+	ws, err := benchrun.Prepare(ctx, nsPrefix, "ph-bench-nc-", &cfg.Flags)
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
-	for _, ns := range benchns.List(nsPrefix) {
-		fmt.Fprintf(os.Stderr, "removing leftover namespace %s\n", ns)
-		if err := benchns.Delete(nsPrefix, ns); err != nil {
-			return nil, err
-		}
-	}
+	defer ws.Close()
+	tmp := ws.Tmp
 	if err := removeLeftoverCgroups(); err != nil {
 		return nil, err
 	}
-	if cfg.repo == "" {
-		if cfg.repo, err = findRepo(); err != nil {
-			return nil, err
-		}
-	}
-	bins, err := kubelab.FindBinaries(cfg.repo)
+	bins, err := kubelab.FindBinaries(cfg.Repo)
 	if err != nil {
 		return nil, err
-	}
-	tmp, err := os.MkdirTemp("", "ph-bench-nc-")
-	if err != nil {
-		return nil, err
-	}
-	if cfg.keepTmp {
-		fmt.Fprintf(os.Stderr, "keeping %s\n", tmp)
-	} else {
-		defer os.RemoveAll(tmp)
 	}
 	rep := &ncReport{
 		cfg:         cfg,
-		Date:        time.Now().UTC().Format(time.RFC3339),
-		Kernel:      strings.TrimSpace(readFile("/proc/sys/kernel/osrelease")),
-		CPU:         benchns.CPUModel(),
-		Cores:       benchns.NumCPU(),
-		Cmdline:     strings.Join(argv, " "),
-		Commit:      gitDescribe(cfg.repo),
+		Machine:     benchrun.Describe(cfg.Repo, argv),
 		KubeVersion: bins.Version,
 	}
 	if out, err := run(ctx, nil, "iptables-legacy", "--version"); err == nil {
@@ -313,10 +238,10 @@ func nodeCost(ctx context.Context, cfg ncConfig, argv []string) (*ncReport, erro
 		rep.NFTVersion = strings.TrimSpace(out)
 	}
 
-	logf("building proxyhealth from %s", cfg.repo)
+	benchrun.Logf("building proxyhealth from %s", cfg.Repo)
 	exporterBin := filepath.Join(tmp, "proxyhealth")
 	build := exec.CommandContext(ctx, "go", "build", "-o", exporterBin, ".")
-	build.Dir = cfg.repo
+	build.Dir = cfg.Repo
 	if out, err := build.CombinedOutput(); err != nil {
 		return rep, fmt.Errorf("go build: %w: %s", err, out)
 	}
@@ -348,7 +273,7 @@ func nodeCost(ctx context.Context, cfg ncConfig, argv []string) (*ncReport, erro
 	fw, err := newForkWatch()
 	if err != nil {
 		rep.ForkWatch = err.Error()
-		logf("no process events (%v): counting children by polling the cgroups only", err)
+		benchrun.Logf("no process events (%v): counting children by polling the cgroups only", err)
 	} else {
 		defer fw.close()
 	}
@@ -364,16 +289,16 @@ func nodeCost(ctx context.Context, cfg ncConfig, argv []string) (*ncReport, erro
 		}
 		rep.Modes = append(rep.Modes, m)
 		t0 := time.Now()
-		logf("== node-cost %s: %d services x %d endpoints", mode, m.Services, m.Endpoints)
+		benchrun.Logf("== node-cost %s: %d services x %d endpoints", mode, m.Services, m.Endpoints)
 		err := runNodeCostMode(ctx, cfg, rep, m, bins, exporterBin, tmp, fw)
 		m.Took = time.Since(t0)
 		if err != nil {
 			m.Err = err.Error()
-			logf("%s failed after %s: %v", mode, m.Took.Round(time.Second), err)
+			benchrun.Logf("%s failed after %s: %v", mode, m.Took.Round(time.Second), err)
 			errs = append(errs, fmt.Errorf("%s: %w", mode, err))
 			continue
 		}
-		logf("%s done in %s", mode, m.Took.Round(time.Second))
+		benchrun.Logf("%s done in %s", mode, m.Took.Round(time.Second))
 	}
 	if err := ctx.Err(); err != nil {
 		errs = append(errs, err)
@@ -388,7 +313,7 @@ type ncRun struct {
 	nodeNS, cpNS   string
 	client         kubernetes.Interface
 	expCG, kpCG    *cgroup
-	exporter, kp   *proc
+	exporter, kp   *nsproc.Proc
 	fw             *forkWatch
 	fp             *kubelab.FaultProxy
 	expHTTP        *http.Client // keeps its connection: a scrape is not a new flow each time
@@ -411,13 +336,13 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	defer os.RemoveAll(etcdDir)
 
 	r := &ncRun{cfg: cfg, m: m, fw: fw, cpNS: newNSName("nc-cp"), nodeNS: newNSName("nc-node")}
-	var procs []*proc
+	var procs []*nsproc.Proc
 	var cgroups []*cgroup
 	// Cleanup, whatever happened: processes (kube-proxy and the exporter first), the fault
 	// proxy, cgroups, namespaces. Each step is bounded.
 	defer func() {
 		for i := len(procs) - 1; i >= 0; i-- {
-			procs[i].stop()
+			procs[i].Stop()
 		}
 		if r.fp != nil {
 			r.fp.Reset()
@@ -451,10 +376,10 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 			return err
 		}
 	}
-	token := randomToken()
+	token := controlplane.RandomToken()
 	// The token file and service-account keys the apiserver reads (its admin kubeconfig is
 	// not used: the exporter and kube-proxy get their own below).
-	if _, err := writeCredentials(dir, token, apiserverAddr); err != nil {
+	if _, err := controlplane.WriteCredentials(dir, token, controlplane.APIServerAddr); err != nil {
 		return err
 	}
 	exporterKubeconfig := filepath.Join(dir, "exporter.kubeconfig")
@@ -466,29 +391,36 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 		return err
 	}
 
-	logf("starting etcd and kube-apiserver %s in %s", bins.Version, r.cpNS)
+	benchrun.Logf("starting etcd and kube-apiserver %s in %s", bins.Version, r.cpNS)
 	t0 := time.Now()
-	cp, err := startControlPlane(ctx, r.cpNS, func(name string, args ...string) (*proc, error) {
-		p, err := startProc(r.cpNS, dir, name, args...)
-		if err == nil {
-			procs = append(procs, p)
-		}
-		return p, err
-	}, bins, dir, etcdDir, token, "0.0.0.0", ncCPAddr)
+	cp, err := controlplane.Start(ctx, r.cpNS, bins, controlplane.Options{
+		Dir: dir, EtcdDir: etcdDir, Token: token,
+		Bind: "0.0.0.0", Advertise: ncCPAddr, ServiceCIDR: serviceCIDR,
+		Start: func(name string, args ...string) (*nsproc.Proc, error) {
+			p, err := nsproc.Start(r.cpNS, dir, name, args...)
+			if err == nil {
+				procs = append(procs, p)
+			}
+			return p, err
+		},
+	})
 	if err != nil {
 		return err
 	}
-	r.client = cp.client
+	r.client = cp.Client
+	if err := createNode(ctx, r.client); err != nil {
+		return err
+	}
 	m.ControlPlaneUp = time.Since(t0)
 
-	logf("creating %d Services and their EndpointSlices (%d endpoints each) with %d workers", m.Services, m.Endpoints, cfg.workers)
+	benchrun.Logf("creating %d Services and their EndpointSlices (%d endpoints each) with %d workers", m.Services, m.Endpoints, cfg.workers)
 	t0 = time.Now()
 	m.LoadStats, err = load(ctx, r.client, m.Services, m.Endpoints, cfg.workers)
 	if err != nil {
 		return err
 	}
 	m.Load = time.Since(t0)
-	logf("loaded in %s", m.Load.Round(time.Millisecond))
+	benchrun.Logf("loaded in %s", m.Load.Round(time.Millisecond))
 
 	// The fault proxy: only kube-proxy's API connection goes through it.
 	ln, err := netnsdial.Listen(r.nodeNS, "tcp4", ncFaultProxy)
@@ -497,7 +429,7 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	}
 	defer ln.Close()
 	r.fp = kubelab.NewFaultProxy(ncAPIServer, netnsdial.Dialer(r.nodeNS))
-	r.fp.Logf = func(format string, args ...any) { logf("fault proxy: "+format, args...) }
+	r.fp.Logf = func(format string, args ...any) { benchrun.Logf("fault proxy: "+format, args...) }
 	go func() { _ = r.fp.Serve(ln) }()
 
 	r.expHTTP = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: netnsdial.Dialer(r.nodeNS), MaxIdleConnsPerHost: 1}}
@@ -558,12 +490,12 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 		"--kubeproxy.log-path=" + kpLog,
 	}, rep.ExporterArgs...)
 
-	startIn := func(cg *cgroup, name string, argv ...string) (*proc, error) {
-		p, err := startProc("", dir, name, cg.wrap(r.nodeNS, argv...)...)
+	startIn := func(cg *cgroup, name string, argv ...string) (*nsproc.Proc, error) {
+		p, err := nsproc.Start("", dir, name, cg.wrap(r.nodeNS, argv...)...)
 		if err == nil {
 			procs = append(procs, p)
 			if r.fw != nil {
-				r.fw.watch(name, p.cmd.Process.Pid)
+				r.fw.watch(name, p.Pid())
 			}
 		}
 		return p, err
@@ -575,16 +507,16 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	defer stopPoll()
 	meter := r.newMeter()
 	meter.begin()
-	logf("starting proxyhealth and kube-proxy (%s) in %s", m.Mode, r.nodeNS)
+	benchrun.Logf("starting proxyhealth and kube-proxy (%s) in %s", m.Mode, r.nodeNS)
 	tStart := time.Now()
 	if r.exporter, err = startIn(r.expCG, "proxyhealth", append([]string{"env", lockEnv, exporterBin}, expArgs...)...); err != nil {
 		return err
 	}
-	r.polled.setRoot("proxyhealth", r.exporter.cmd.Process.Pid)
+	r.polled.setRoot("proxyhealth", r.exporter.Pid())
 	if r.kp, err = startIn(r.kpCG, "kube-proxy", append(append([]string{"env"}, env...), append([]string{bins.Proxy}, kpArgs...)...)...); err != nil {
 		return err
 	}
-	r.polled.setRoot("kube-proxy", r.kp.cmd.Process.Pid)
+	r.polled.setRoot("kube-proxy", r.kp.Pid())
 	startup := &ncPhase{Name: "start-up"}
 	if err := r.startup(ctx, tStart, kpLog, startup); err != nil {
 		meter.end(startup)
@@ -593,15 +525,15 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	}
 	meter.end(startup)
 	m.Phases = append(m.Phases, startup)
-	logf("start-up: kube-proxy synced %d service chains after %s, exporter checked after %s",
+	benchrun.Logf("start-up: kube-proxy synced %d service chains after %s, exporter checked after %s",
 		m.KubeProxyChains, m.KubeProxySynced.Round(time.Millisecond), m.ExporterChecked.Round(time.Millisecond))
 
 	// Phase 2: idle.
 	idle := &ncPhase{Name: "idle"}
-	logf("idle for %s", cfg.idle)
+	benchrun.Logf("idle for %s", cfg.idle)
 	meter.begin()
 	err = r.watchDrift(ctx, ncIdleScrape, idle, func(ctx context.Context) error {
-		return sleepCtx(ctx, cfg.idle)
+		return benchns.Sleep(ctx, cfg.idle)
 	})
 	meter.end(idle)
 	m.Phases = append(m.Phases, idle)
@@ -613,7 +545,7 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	// Phase 3: churn at each rate.
 	for _, rate := range cfg.rates {
 		ph := &ncPhase{Name: fmt.Sprintf("churn %d/s", rate), Rate: rate}
-		logf("churn at %d endpoint changes a second for %s", rate, cfg.churn)
+		benchrun.Logf("churn at %d endpoint changes a second for %s", rate, cfg.churn)
 		meter.begin()
 		err = r.watchDrift(ctx, ncChurnScrape, ph, func(ctx context.Context) error {
 			return r.churn(ctx, rate, cfg.churn, ph)
@@ -647,19 +579,8 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	return err
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
-
 func (r *ncRun) logPhase(ph *ncPhase) {
-	logf("%s: proxyhealth %.1f%% of a core, peak %.0f MiB, %d children; kube-proxy %.1f%%, peak %.0f MiB; max drifted %.0f; %d changes",
+	benchrun.Logf("%s: proxyhealth %.1f%% of a core, peak %.0f MiB, %d children; kube-proxy %.1f%%, peak %.0f MiB; max drifted %.0f; %d changes",
 		ph.Name, ph.ExpCPU, bytesMiB(ph.ExpPeak), ph.ExpChildren, ph.KPCPU, bytesMiB(ph.KPPeak), ph.MaxDrifted, ph.Changes)
 }
 
@@ -687,11 +608,11 @@ func (r *ncRun) kubeProxyMetrics() (string, error) {
 }
 
 func (r *ncRun) checkAlive() error {
-	if r.exporter.exited() {
-		return fmt.Errorf("proxyhealth exited:\n%s", r.exporter.tail())
+	if r.exporter.Exited() {
+		return fmt.Errorf("proxyhealth exited:\n%s", r.exporter.Tail())
 	}
-	if r.kp.exited() {
-		return fmt.Errorf("kube-proxy exited:\n%s", r.kp.tail())
+	if r.kp.Exited() {
+		return fmt.Errorf("kube-proxy exited:\n%s", r.kp.Tail())
 	}
 	return nil
 }
@@ -703,7 +624,7 @@ func (r *ncRun) startup(ctx context.Context, t0 time.Time, kpLog string, ph *ncP
 	m := r.m
 	var countedAt float64 // kube-proxy sync timestamp whose rules were counted last
 	var syncedAt float64
-	err := waitFor(ctx, r.cfg.kubeProxySyncTO, "kube-proxy's first full sync", func() (bool, string, error) {
+	err := benchrun.WaitFor(ctx, r.cfg.kubeProxySyncTO, "kube-proxy's first full sync", func() (bool, string, error) {
 		if err := r.checkAlive(); err != nil {
 			return false, "", err
 		}
@@ -734,7 +655,7 @@ func (r *ncRun) startup(ctx context.Context, t0 time.Time, kpLog string, ph *ncP
 		return err
 	}
 	m.KubeProxySynced = time.Unix(0, int64(syncedAt*1e9)).Sub(t0)
-	err = waitFor(ctx, 10*time.Minute, "an exporter check of every Service after kube-proxy's sync", func() (bool, string, error) {
+	err = benchrun.WaitFor(ctx, 10*time.Minute, "an exporter check of every Service after kube-proxy's sync", func() (bool, string, error) {
 		if err := r.checkAlive(); err != nil {
 			return false, "", err
 		}
@@ -884,7 +805,7 @@ func (r *ncRun) churn(ctx context.Context, rate int, d time.Duration, ph *ncPhas
 func (r *ncRun) latency(ctx context.Context, grace time.Duration, ph *ncPhase) (*ncLatency, error) {
 	lat := &ncLatency{Grace: grace}
 	// kube-proxy first applies everything queued, so that only the change below is drift.
-	lat.KubeProxyCaughtUp = waitFor(ctx, 2*time.Minute, "kube-proxy to apply every queued change", func() (bool, string, error) {
+	lat.KubeProxyCaughtUp = benchrun.WaitFor(ctx, 2*time.Minute, "kube-proxy to apply every queued change", func() (bool, string, error) {
 		if err := r.checkAlive(); err != nil {
 			return false, "", err
 		}
@@ -904,7 +825,7 @@ func (r *ncRun) latency(ctx context.Context, grace time.Duration, ph *ncPhase) (
 	}
 	lat.ProxyBefore = r.fp.State()
 	r.fp.Blackhole()
-	logf("kube-proxy's API connection black-holed (%s)", lat.ProxyBefore)
+	benchrun.Logf("kube-proxy's API connection black-holed (%s)", lat.ProxyBefore)
 	s, newIP, err := r.change(ctx)
 	if err != nil {
 		r.fp.Heal()
@@ -914,11 +835,11 @@ func (r *ncRun) latency(ctx context.Context, grace time.Duration, ph *ncPhase) (
 	ph.Changes = 1
 	lat.Service = svcNamespace(s) + "/" + svcName(s)
 	lat.ChangedEndpoint = newIP
-	logf("changed an endpoint of %s to %s; waiting for proxyhealth_service_drift_endpoints (grace %s)", lat.Service, newIP, grace)
+	benchrun.Logf("changed an endpoint of %s to %s; waiting for proxyhealth_service_drift_endpoints (grace %s)", lat.Service, newIP, grace)
 	want := []string{`service_namespace="` + svcNamespace(s) + `"`, `service_name="` + svcName(s) + `"`}
 	limit := grace + r.cfg.latencyTimeout
 	for time.Since(changed) < limit {
-		if err := sleepCtx(ctx, ncLatencyPoll); err != nil {
+		if err := benchns.Sleep(ctx, ncLatencyPoll); err != nil {
 			r.fp.Heal()
 			return lat, err
 		}
@@ -941,16 +862,16 @@ func (r *ncRun) latency(ctx context.Context, grace time.Duration, ph *ncPhase) (
 	}
 	lat.Waited = time.Since(changed)
 	if lat.Seen {
-		logf("drift series after %s (grace %s: %+.1f s)", lat.Latency.Round(time.Millisecond), grace, (lat.Latency - grace).Seconds())
+		benchrun.Logf("drift series after %s (grace %s: %+.1f s)", lat.Latency.Round(time.Millisecond), grace, (lat.Latency - grace).Seconds())
 	} else {
-		logf("no drift series for %s within %s", lat.Service, limit)
+		benchrun.Logf("no drift series for %s within %s", lat.Service, limit)
 	}
 
 	r.fp.Heal()
 	healed := time.Now()
-	logf("healed (%s); waiting for the drift to clear", r.fp.State())
+	benchrun.Logf("healed (%s); waiting for the drift to clear", r.fp.State())
 	for time.Since(healed) < r.cfg.healTimeout {
-		if err := sleepCtx(ctx, time.Second); err != nil {
+		if err := benchns.Sleep(ctx, time.Second); err != nil {
 			return lat, err
 		}
 		body, err := r.scrapeExporter()
@@ -1004,15 +925,6 @@ type meter struct {
 
 func (r *ncRun) newMeter() *meter { return &meter{r: r} }
 
-func loadavg1() float64 {
-	f := strings.Fields(readFile("/proc/loadavg"))
-	if len(f) == 0 {
-		return 0
-	}
-	v, _ := strconv.ParseFloat(f[0], 64)
-	return v
-}
-
 func (mt *meter) begin() {
 	r := mt.r
 	for _, cg := range []*cgroup{r.expCG, r.kpCG} {
@@ -1030,7 +942,7 @@ func (mt *meter) begin() {
 	mt.syncs0 = r.kubeProxySyncs()
 	mt.exp0, _ = r.expCG.cpuNS()
 	mt.kp0, _ = r.kpCG.cpuNS()
-	mt.load0 = loadavg1()
+	mt.load0 = benchns.Load1()
 	mt.t0 = time.Now()
 }
 
@@ -1053,7 +965,7 @@ func (mt *meter) end(ph *ncPhase) {
 	if r.fw == nil {
 		ph.ExpChildren, ph.KPChildren = ph.ExpPolled, kpPolled
 	}
-	ph.Load1 = [2]float64{mt.load0, loadavg1()}
+	ph.Load1 = [2]float64{mt.load0, benchns.Load1()}
 	if syncs := r.kubeProxySyncs(); syncs[0] >= mt.syncs0[0] {
 		ph.KPSyncs, ph.KPSyncSeconds = int(syncs[0]-mt.syncs0[0]), syncs[1]-mt.syncs0[1]
 	}

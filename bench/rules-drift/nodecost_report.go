@@ -6,9 +6,14 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 )
 
 func (r *ncReport) render() string {
+	if r == nil {
+		return "" // the run failed before it measured anything
+	}
 	var b strings.Builder
 	b.WriteString("## node-cost\n\n")
 	fmt.Fprintf(&b, "Run %s on kernel %s, %s (%d CPUs), commit %s; kube-apiserver and kube-proxy %s; %s; %s.  \n",
@@ -147,7 +152,7 @@ func (r *ncReport) render() string {
 		}
 		fmt.Fprintf(&b, "- %s (%d x %d, took %s): %s.\n", m.Mode, m.Services, m.Endpoints, m.Took.Round(time.Second), strings.Join(parts, "; "))
 		if m.Err != "" {
-			fmt.Fprintf(&b, "  - **failed**: %s\n", truncate(strings.ReplaceAll(m.Err, "\n", " "), 600))
+			fmt.Fprintf(&b, "  - **failed**: %s\n", benchrun.Truncate(strings.ReplaceAll(m.Err, "\n", " "), 600))
 		}
 		for _, n := range m.Notes {
 			fmt.Fprintf(&b, "  - note: %s\n", n)

@@ -60,6 +60,9 @@ func field(gs []goBench, f func(goBench) float64) []float64 {
 }
 
 func (r *report) render() string {
+	if r == nil {
+		return "" // the run failed before it measured anything
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "Run %s on kernel %s, %s (%d CPUs), commit %s, %s.  \n", r.Date, r.Kernel, r.CPU, r.Cores, r.Commit, r.IPTablesVersion)
 	fmt.Fprintf(&b, "Command: `%s`  \n", r.Cmdline)

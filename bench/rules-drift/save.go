@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 	"github.com/proxyhealth/proxyhealth/internal/iptables"
 )
 
@@ -161,7 +162,7 @@ func runGoBench(ctx context.Context, repo string, smoke bool, count int, extra [
 	out, err := cmd.CombinedOutput()
 	cmdline := "go " + strings.Join(args, " ")
 	if err != nil {
-		return nil, cmdline, fmt.Errorf("%s: %w: %s", cmdline, err, truncate(string(out), 4000))
+		return nil, cmdline, fmt.Errorf("%s: %w: %s", cmdline, err, benchrun.Truncate(string(out), 4000))
 	}
 	var res []goBench
 	for _, line := range strings.Split(string(out), "\n") {
@@ -191,7 +192,7 @@ func runGoBench(ctx context.Context, repo string, smoke bool, count int, extra [
 		res = append(res, g)
 	}
 	if len(res) == 0 {
-		return nil, cmdline, fmt.Errorf("%s printed no benchmark result: %s", cmdline, truncate(string(out), 4000))
+		return nil, cmdline, fmt.Errorf("%s printed no benchmark result: %s", cmdline, benchrun.Truncate(string(out), 4000))
 	}
 	return res, cmdline, nil
 }

@@ -5,26 +5,22 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base32"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
-	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
+	"github.com/proxyhealth/proxyhealth/bench/internal/nsproc"
 	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
 )
 
@@ -39,41 +35,9 @@ const (
 	kpHealthAddr  = "127.0.0.1:10256"
 )
 
-func lockSoak() (func(), error) {
-	f, err := os.OpenFile("/run/ph-soak.lock", os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("another soak holds /run/ph-soak.lock: %w", err)
-	}
-	return func() { f.Close() }, nil
-}
-
-func newNSName() string {
-	b := make([]byte, 3)
-	_, _ = rand.Read(b)
-	return nsPrefix + hex.EncodeToString(b)
-}
-
 // run runs a command with a deadline; its combined output is in the error.
 func run(ctx context.Context, stdin []byte, name string, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, name, args...)
-	if stdin != nil {
-		cmd.Stdin = bytes.NewReader(stdin)
-	}
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		s := strings.TrimSpace(string(out))
-		if len(s) > 2000 {
-			s = s[:2000] + "..."
-		}
-		return string(out), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, s)
-	}
-	return string(out), nil
+	return nsproc.Output(ctx, 5*time.Minute, stdin, name, args...)
 }
 
 // setupNamespace creates ns with loopback up, short conntrack timers and kube-proxy shaped
@@ -130,12 +94,20 @@ func natRules(services, gen int) []byte {
 	return chains.Bytes()
 }
 
-func writeService(chains, rules *bytes.Buffer, s, gen int) {
+// writeService writes service s: its KUBE-SERVICES jump and its chains.
+func writeService(chains, rules io.Writer, s, gen int) {
 	name := fmt.Sprintf("ns%d/svc%d:http", s%20, s)
 	svc := "KUBE-SVC-" + chainHash(name, "tcp")
-	vip := serviceVIP(s)
+	fmt.Fprintf(rules, "-A KUBE-SERVICES -d %s/32 -p tcp -m comment --comment \"%s cluster IP\" -m tcp --dport 80 -j %s\n", serviceVIP(s), name, svc)
+	writeServiceChains(chains, rules, s, gen)
+}
+
+// writeServiceChains writes service s's own chains, its endpoints those of generation gen
+// (the rules churn rewrites only these).
+func writeServiceChains(chains, rules io.Writer, s, gen int) {
+	name := fmt.Sprintf("ns%d/svc%d:http", s%20, s)
+	svc := "KUBE-SVC-" + chainHash(name, "tcp")
 	fmt.Fprintf(chains, ":%s - [0:0]\n", svc)
-	fmt.Fprintf(rules, "-A KUBE-SERVICES -d %s/32 -p tcp -m comment --comment \"%s cluster IP\" -m tcp --dport 80 -j %s\n", vip, name, svc)
 	const endpoints = 5
 	for e := range endpoints {
 		ep := endpointIP(s, e, gen) + ":8080"
@@ -148,62 +120,6 @@ func writeService(chains, rules *bytes.Buffer, s, gen int) {
 		fmt.Fprintf(rules, "-A %s -m comment --comment \"%s -> %s\"%s -j %s\n", svc, name, ep, stat, sep)
 		fmt.Fprintf(rules, "-A %s -p tcp -m comment --comment \"%s\" -m tcp -j DNAT --to-destination %s\n", sep, name, ep)
 	}
-}
-
-// proc is a process the soak started.
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{}
-}
-
-func startProc(ns, dir, name string, args ...string) (*proc, error) {
-	p := &proc{name: name, log: filepath.Join(dir, name+".log"), done: make(chan struct{})}
-	f, err := os.Create(p.log)
-	if err != nil {
-		return nil, err
-	}
-	// ip netns exec execs the command itself: the pid is the program's.
-	p.cmd = exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...)
-	p.cmd.Stdout, p.cmd.Stderr = f, f
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := p.cmd.Start(); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("starting %s: %w", name, err)
-	}
-	go func() { _ = p.cmd.Wait(); f.Close(); close(p.done) }()
-	return p, nil
-}
-
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-func (p *proc) stop() {
-	if p == nil || p.exited() {
-		return
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
-}
-
-func (p *proc) tail() string {
-	b, _ := os.ReadFile(p.log)
-	if len(b) > 4000 {
-		b = b[len(b)-4000:]
-	}
-	return string(b)
 }
 
 // fakeKubeProxy serves kube-proxy's metrics and health endpoints inside the namespace, from a
@@ -386,7 +302,7 @@ func (l *kubeProxyLog) run(ctx context.Context, interval time.Duration) {
 			return
 		case <-t.C:
 			if err := l.write(1); err != nil {
-				logf("writing the kube-proxy log: %v", err)
+				benchrun.Logf("writing the kube-proxy log: %v", err)
 			}
 		}
 	}
@@ -442,16 +358,5 @@ func (l *kubeProxyLog) remove(caughtUp func(lines uint64) bool, gap time.Duratio
 		return err
 	}
 	time.Sleep(gap)
-	return nil
-}
-
-// removeLeftovers deletes the namespaces of a killed earlier soak.
-func removeLeftovers() error {
-	for _, ns := range benchns.List(nsPrefix) {
-		logf("removing leftover namespace %s", ns)
-		if err := benchns.Delete(nsPrefix, ns); err != nil {
-			return err
-		}
-	}
 	return nil
 }

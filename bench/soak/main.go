@@ -16,9 +16,9 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
+
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 )
 
 func main() {
@@ -47,9 +47,7 @@ type config struct {
 	services    int
 	kube        string
 	exporter    string
-	repo        string
-	out         string
-	keepTmp     bool
+	benchrun.Flags
 }
 
 func runMain(args []string) int {
@@ -65,9 +63,7 @@ func runMain(args []string) int {
 	fs.IntVar(&cfg.services, "services", 500, "kube-proxy shaped Services (5 endpoints each) in the namespace's iptables-nft rules")
 	fs.StringVar(&cfg.kube, "kube", "auto", "etcd and kube-apiserver for the API black-hole fault: on, off, or auto (on when the binaries exist)")
 	fs.StringVar(&cfg.exporter, "exporter", "", "proxyhealth binary (default: built from the repository)")
-	fs.StringVar(&cfg.repo, "repo", "", "proxyhealth repository root (default: found upwards from the working directory)")
-	fs.StringVar(&cfg.out, "out", "", "also write the markdown report to this file")
-	fs.BoolVar(&cfg.keepTmp, "keep-tmp", false, "keep the temporary directory (process logs)")
+	cfg.Register(fs, "process logs")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -86,46 +82,21 @@ func runMain(args []string) int {
 		fmt.Fprintln(os.Stderr, "soak: --kube must be on, off or auto")
 		return 2
 	}
-	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "soak must run as root (it creates a network namespace)")
-		return 2
-	}
 	if cfg.seed == 0 {
 		cfg.seed = time.Now().UnixNano()
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	defer signal.Stop(sigs)
-	go func() {
-		if s, ok := <-sigs; ok {
-			logf("%v: stopping after the current step", s)
-			cancel()
-		}
-	}()
-	rep, err := soak(ctx, cfg, *smoke, append([]string{"go run ./bench/soak"}, args...))
-	if rep != nil {
-		text := rep.render()
-		fmt.Print(text)
-		if cfg.out != "" {
-			if werr := os.WriteFile(cfg.out, []byte(text), 0o644); werr != nil {
-				fmt.Fprintln(os.Stderr, werr)
-				return 1
-			}
-		}
-	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "soak: %v\n", err)
-		return 1
+	var rep *report
+	code := benchrun.Main(benchrun.Program{Name: "soak", WhyRoot: "it creates a network namespace", Stopping: "stopping after the current step"}, cfg.Out, func(ctx context.Context) (string, error) {
+		var err error
+		rep, err = soak(ctx, cfg, *smoke, append([]string{"go run ./bench/soak"}, args...))
+		return rep.render(), err
+	})
+	if code != 0 {
+		return code
 	}
 	if rep != nil && !rep.clean() {
 		fmt.Fprintln(os.Stderr, "soak: the exporter did not come back clean after every fault")
 		return 1
 	}
 	return 0
-}
-
-func logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, time.Now().UTC().Format("15:04:05 ")+format+"\n", args...)
 }

@@ -7,24 +7,23 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 )
 
 // report is what one run measured.
 type report struct {
-	cfg                 config
-	smoke               bool
-	argv                string
-	date                time.Time
-	kernel, cpu, commit string
-	cores               int
-	kubeVersion         string
-	kubeSkipped         string
-	exporterArgs        string
-	elapsed             time.Duration
-	baseline, final     sample
-	faults              []*faultRun
-	samples             []sample
-	exporterLog         string
+	benchrun.Machine
+	cfg             config
+	smoke           bool
+	kubeVersion     string
+	kubeSkipped     string
+	exporterArgs    string
+	elapsed         time.Duration
+	baseline, final sample
+	faults          []*faultRun
+	samples         []sample
+	exporterLog     string
 }
 
 // clean: every fault was followed by a clean exporter.
@@ -40,10 +39,13 @@ func (r *report) clean() bool {
 func mib(kib int64) float64 { return float64(kib) / 1024 }
 
 func (r *report) render() string {
+	if r == nil {
+		return "" // the run failed before it measured anything
+	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "## Soak: faults at random (%s)\n\n", r.date.Format("2006-01-02"))
+	fmt.Fprintf(&b, "## Soak: faults at random (%s)\n\n", r.Date[:len("2006-01-02")])
 	fmt.Fprintf(&b, "`%s` on %s (%d cores), kernel %s, exporter at `%s`; seed %d.\n",
-		r.argv, r.cpu, r.cores, r.kernel, r.commit, r.cfg.seed)
+		r.Cmdline, r.CPU, r.Cores, r.Kernel, r.Commit, r.cfg.seed)
 	fmt.Fprintf(&b, "Ran %s with faults (%d injected), %d Services x 5 endpoints in iptables-nft; exporter `%s`.\n",
 		r.elapsed.Round(time.Second), len(r.faults), r.cfg.services, r.exporterArgs)
 	if r.kubeVersion != "" {

@@ -5,7 +5,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -21,6 +20,8 @@ import (
 	"time"
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
+	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
+	"github.com/proxyhealth/proxyhealth/bench/internal/nsproc"
 	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
 )
@@ -70,7 +71,7 @@ type soaker struct {
 	dir  string
 	self string // this program, for the storm subcommand
 
-	exporter *proc
+	exporter *nsproc.Proc
 	kp       *fakeKubeProxy
 	log      *kubeProxyLog
 	cp       *controlPlane
@@ -92,17 +93,17 @@ type fault struct {
 }
 
 func soak(ctx context.Context, cfg config, smoke bool, argv []string) (rep *report, err error) {
-	unlock, err := lockSoak()
+	unlock, err := benchns.LockFile(benchns.SoakLock)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	if err := removeLeftovers(); err != nil {
+	if err := benchns.RemoveLeftovers(nsPrefix); err != nil {
 		return nil, err
 	}
-	repo := cfg.repo
+	repo := cfg.Repo
 	if repo == "" {
-		if repo, err = findRepo(); err != nil {
+		if repo, err = benchrun.FindRepo(); err != nil {
 			return nil, err
 		}
 	}
@@ -110,8 +111,8 @@ func soak(ctx context.Context, cfg config, smoke bool, argv []string) (rep *repo
 	if err != nil {
 		return nil, err
 	}
-	if cfg.keepTmp {
-		logf("temporary directory %s kept", tmp)
+	if cfg.KeepTmp {
+		benchrun.Logf("temporary directory %s kept", tmp)
 	} else {
 		defer os.RemoveAll(tmp)
 	}
@@ -119,15 +120,13 @@ func soak(ctx context.Context, cfg config, smoke bool, argv []string) (rep *repo
 	if err != nil {
 		return nil, err
 	}
-	s := &soaker{cfg: cfg, ns: newNSName(), dir: tmp, self: self, rng: rand.New(rand.NewPCG(uint64(cfg.seed), 0))}
-	rep = &report{cfg: cfg, smoke: smoke, argv: strings.Join(argv, " "), date: time.Now().UTC(),
-		kernel: strings.TrimSpace(readFile("/proc/sys/kernel/osrelease")), cpu: benchns.CPUModel(), cores: benchns.NumCPU(),
-		commit: git(repo, "describe", "--always", "--dirty")}
+	s := &soaker{cfg: cfg, ns: benchns.NewName(nsPrefix), dir: tmp, self: self, rng: rand.New(rand.NewPCG(uint64(cfg.seed), 0))}
+	rep = &report{Machine: benchrun.Describe(repo, argv), cfg: cfg, smoke: smoke}
 
 	bin := cfg.exporter
 	if bin == "" {
 		bin = filepath.Join(tmp, "proxyhealth")
-		logf("building the exporter")
+		benchrun.Logf("building the exporter")
 		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", bin, ".")
 		cmd.Dir, cmd.Env = repo, append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -153,7 +152,7 @@ func soak(ctx context.Context, cfg config, smoke bool, argv []string) (rep *repo
 		case kerr != nil:
 			rep.kubeSkipped = kerr.Error()
 		default:
-			logf("starting etcd and kube-apiserver")
+			benchrun.Logf("starting etcd and kube-apiserver")
 			if s.cp, err = startControlPlane(ctx, s.ns, tmp, bins); err != nil {
 				return nil, err
 			}
@@ -187,7 +186,7 @@ func soak(ctx context.Context, cfg config, smoke bool, argv []string) (rep *repo
 		args = append(args, "--no-collector.rules")
 	}
 	rep.exporterArgs = strings.Join(args[1:], " ")
-	if s.exporter, err = startProc(s.ns, tmp, "proxyhealth", args...); err != nil {
+	if s.exporter, err = nsproc.Start(s.ns, tmp, "proxyhealth", args...); err != nil {
 		return nil, err
 	}
 	s.client = netnsdial.HTTPClient(s.ns, 10*time.Second)
@@ -203,14 +202,14 @@ func soak(ctx context.Context, cfg config, smoke bool, argv []string) (rep *repo
 	time.Sleep(10 * time.Second)
 	startedAt := time.Now()
 	if _, why := s.waitClean(ctx, nil, cfg.settle); why != "" {
-		return rep, fmt.Errorf("the exporter never came up clean: %s\n%s", why, s.exporter.tail())
+		return rep, fmt.Errorf("the exporter never came up clean: %s\n%s", why, s.exporter.Tail())
 	}
 	s.mu.Lock()
 	s.baseline = s.samples[len(s.samples)-1]
 	s.samples = s.samples[len(s.samples)-1:] // the warm-up is no part of the record
 	s.mu.Unlock()
 	rep.baseline = s.baseline
-	logf("baseline: RSS %d KiB, %g goroutines, %d fds", s.baseline.rssKiB, s.baseline.goroutines, s.baseline.fds)
+	benchrun.Logf("baseline: RSS %d KiB, %g goroutines, %d fds", s.baseline.rssKiB, s.baseline.goroutines, s.baseline.fds)
 
 	faults := s.faults()
 	order := func(i int) fault { return faults[s.rng.IntN(len(faults))] }
@@ -223,20 +222,20 @@ func soak(ctx context.Context, cfg config, smoke bool, argv []string) (rep *repo
 			break
 		}
 		gap := cfg.faultEvery/2 + time.Duration(s.rng.Int64N(int64(cfg.faultEvery)+1))
-		if err := sleepCtx(ctx, gap); err != nil {
+		if err := benchns.Sleep(ctx, gap); err != nil {
 			break
 		}
 		f := order(i)
 		fr := s.inject(ctx, f)
 		rep.faults = append(rep.faults, fr)
 		if fr.reason != "" {
-			logf("%s: NOT clean after %s: %s", fr.kind, cfg.settle, fr.reason)
+			benchrun.Logf("%s: NOT clean after %s: %s", fr.kind, cfg.settle, fr.reason)
 		} else {
-			logf("%s: clean %.1fs after the fault ended (peak RSS %d KiB, %g goroutines, %d fds)",
+			benchrun.Logf("%s: clean %.1fs after the fault ended (peak RSS %d KiB, %g goroutines, %d fds)",
 				fr.kind, fr.recovery().Seconds(), fr.peak.rssKiB, fr.peak.goroutines, fr.peak.fds)
 		}
-		if s.exporter.exited() {
-			return rep, fmt.Errorf("the exporter exited:\n%s", s.exporter.tail())
+		if s.exporter.Exited() {
+			return rep, fmt.Errorf("the exporter exited:\n%s", s.exporter.Tail())
 		}
 	}
 	rep.elapsed = time.Since(startedAt)
@@ -246,7 +245,7 @@ func soak(ctx context.Context, cfg config, smoke bool, argv []string) (rep *repo
 	rep.samples = slices.Clone(s.samples)
 	s.mu.Unlock()
 	rep.final = s.look()
-	rep.exporterLog = s.exporter.tail()
+	rep.exporterLog = s.exporter.Tail()
 	return rep, ctx.Err()
 }
 
@@ -256,7 +255,7 @@ func (s *soaker) stop() {
 		s.kp.down()
 	}
 	if s.exporter != nil {
-		s.exporter.stop()
+		s.exporter.Stop()
 	}
 	s.cp.stop()
 }
@@ -274,7 +273,7 @@ func (s *soaker) faults() []fault {
 			s.kp.down()
 			return func() {
 				if err := s.kp.up(); err != nil {
-					logf("kube-proxy back up: %v", err)
+					benchrun.Logf("kube-proxy back up: %v", err)
 				}
 			}, nil
 		}, kubeProxyDown},
@@ -309,7 +308,7 @@ func (s *soaker) faults() []fault {
 // inject runs one fault for --fault-length (or once, for an instant one) and waits for the
 // exporter to come back clean.
 func (s *soaker) inject(ctx context.Context, f fault) *faultRun {
-	logf("fault: %s", f.kind)
+	benchrun.Logf("fault: %s", f.kind)
 	fr := &faultRun{kind: f.kind, start: time.Now()}
 	s.mu.Lock()
 	first := len(s.samples)
@@ -317,10 +316,10 @@ func (s *soaker) inject(ctx context.Context, f fault) *faultRun {
 	heal, err := f.inject(ctx)
 	if err != nil {
 		fr.injectErr = err
-		logf("%s: %v", f.kind, err)
+		benchrun.Logf("%s: %v", f.kind, err)
 	}
 	if heal != nil {
-		_ = sleepCtx(ctx, s.cfg.faultLength)
+		_ = benchns.Sleep(ctx, s.cfg.faultLength)
 		if f.seen != nil {
 			sm := s.look()
 			fr.unseen = f.seen(sm)
@@ -364,7 +363,7 @@ func (s *soaker) rulesChurn(ctx context.Context) (func(), error) {
 		for gen := 1; churnCtx.Err() == nil; gen++ {
 			in := natChurn(s.cfg.services, gen, s.rng)
 			if _, err := run(churnCtx, in, "ip", "netns", "exec", s.ns, "iptables-nft-restore", "--noflush"); err != nil && churnCtx.Err() == nil {
-				logf("rules churn: %v", err)
+				benchrun.Logf("rules churn: %v", err)
 			}
 			table := "table ip soak_churn {\n\tchain c {\n"
 			for r := range 50 {
@@ -373,14 +372,14 @@ func (s *soaker) rulesChurn(ctx context.Context) (func(), error) {
 			table += "\t}\n}\n"
 			_, _ = run(churnCtx, []byte(table), "ip", "netns", "exec", s.ns, "nft", "-f", "-")
 			_, _ = run(churnCtx, nil, "ip", "netns", "exec", s.ns, "nft", "delete", "table", "ip", "soak_churn")
-			_ = sleepCtx(churnCtx, 200*time.Millisecond)
+			_ = benchns.Sleep(churnCtx, 200*time.Millisecond)
 		}
 	}()
 	return func() {
 		stop()
 		<-done
 		if _, err := run(ctx, natRules(s.cfg.services, 0), "ip", "netns", "exec", s.ns, "iptables-nft-restore"); err != nil {
-			logf("restoring the rules: %v", err)
+			benchrun.Logf("restoring the rules: %v", err)
 		}
 	}, nil
 }
@@ -393,47 +392,28 @@ func natChurn(services, gen int, rng *rand.Rand) []byte {
 	for range 3 {
 		svcIdx := rng.IntN(services)
 		var c, r strings.Builder
-		writeServiceChurn(&c, &r, svcIdx, gen)
+		writeServiceChains(&c, &r, svcIdx, gen)
 		chains.WriteString(c.String())
 		rules.WriteString(r.String())
 	}
 	return []byte(chains.String() + rules.String() + "COMMIT\n")
 }
 
-// writeServiceChurn is writeService without the KUBE-SERVICES jump, which stays.
-func writeServiceChurn(chains, rules *strings.Builder, s, gen int) {
-	name := fmt.Sprintf("ns%d/svc%d:http", s%20, s)
-	svc := "KUBE-SVC-" + chainHash(name, "tcp")
-	fmt.Fprintf(chains, ":%s - [0:0]\n", svc)
-	const endpoints = 5
-	for e := range endpoints {
-		ep := endpointIP(s, e, gen) + ":8080"
-		sep := "KUBE-SEP-" + chainHash(name, "tcp", ep)
-		fmt.Fprintf(chains, ":%s - [0:0]\n", sep)
-		stat := ""
-		if n := endpoints - e; n > 1 {
-			stat = fmt.Sprintf(" -m statistic --mode random --probability %0.10f", 1.0/float64(n))
-		}
-		fmt.Fprintf(rules, "-A %s -m comment --comment \"%s -> %s\"%s -j %s\n", svc, name, ep, stat, sep)
-		fmt.Fprintf(rules, "-A %s -p tcp -m comment --comment \"%s\" -m tcp -j DNAT --to-destination %s\n", sep, name, ep)
-	}
-}
-
 // storm runs the conntrack event storm (this program's storm subcommand, in the namespace)
 // for the fault's length at 20,000 new flows a second.
 func (s *soaker) storm(ctx context.Context) (func(), error) {
-	p, err := startProc(s.ns, s.dir, "storm", s.self, "storm", "--rate", "20000", "--duration", s.cfg.faultLength.String())
+	p, err := nsproc.Start(s.ns, s.dir, "storm", s.self, "storm", "--rate", "20000", "--duration", s.cfg.faultLength.String())
 	if err != nil {
 		return nil, err
 	}
 	return func() {
 		select {
-		case <-p.done:
+		case <-p.Done():
 		case <-time.After(30 * time.Second):
-			p.stop()
+			p.Stop()
 		}
-		if p.cmd.ProcessState == nil || !p.cmd.ProcessState.Success() {
-			logf("storm: %s", p.tail())
+		if p.Cmd.ProcessState == nil || !p.Cmd.ProcessState.Success() {
+			benchrun.Logf("storm: %s", p.Tail())
 		}
 	}, nil
 }
@@ -488,12 +468,12 @@ func (s *soaker) sampleEvery(ctx context.Context, interval time.Duration) {
 // look takes one sample: the exporter's process and one scrape.
 func (s *soaker) look() sample {
 	sm := sample{at: time.Now()}
-	pid := s.exporter.cmd.Process.Pid
-	if s.exporter.exited() {
+	pid := s.exporter.Pid()
+	if s.exporter.Exited() {
 		sm.exporterGone = true
 		return sm
 	}
-	status := readFile(fmt.Sprintf("/proc/%d/status", pid))
+	status := benchrun.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	sm.rssKiB = statusKiB(status, "VmRSS:")
 	sm.hwmKiB = statusKiB(status, "VmHWM:")
 	sm.threads = int(statusKiB(status, "Threads:"))
@@ -517,7 +497,7 @@ func countChildren(pid int) int {
 	n := 0
 	files, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
 	for _, f := range files {
-		n += len(strings.Fields(readFile(f)))
+		n += len(strings.Fields(benchrun.ReadFile(f)))
 	}
 	return n
 }
@@ -642,49 +622,8 @@ func (s *soaker) waitClean(ctx context.Context, base *sample, timeout time.Durat
 			return time.Time{}, why
 		}
 		if n++; n%10 == 0 {
-			logf("not clean yet: %s", why)
+			benchrun.Logf("not clean yet: %s", why)
 		}
 		time.Sleep(time.Second)
 	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
-
-func findRepo() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && strings.Contains(string(b), "module github.com/proxyhealth/proxyhealth\n") {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("not inside the proxyhealth repository (use --repo)")
-		}
-		dir = parent
-	}
-}
-
-func git(repo string, args ...string) string {
-	out, err := exec.Command("git", append([]string{"-C", repo}, args...)...).Output()
-	if err != nil {
-		return "unknown"
-	}
-	return strings.TrimSpace(string(out))
-}
-
-func readFile(p string) string {
-	b, _ := os.ReadFile(p)
-	return string(b)
 }
