@@ -69,10 +69,6 @@ func main() {
 	}
 }
 
-// The exporter samples no allocations unless its profiler is on (--web.enable-pprof), and the
-// samples' records are part of what a process holds: the view runs as the exporter runs it.
-func init() { runtime.MemProfileRate = 0 }
-
 func run() error {
 	var (
 		kubeconfig, nodeName string
