@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"helm.sh/helm/v3/pkg/action"
+	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/release"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
@@ -42,18 +43,29 @@ func releaseConfig(kubeconfig, namespace string) (cfg *action.Configuration, cle
 	return cfg, cleanup, nil
 }
 
+// releaseAndChart is the Helm configuration for namespace and the chart at dir; cleanup
+// releases the configuration.
+func releaseAndChart(kubeconfig, dir, namespace string) (*action.Configuration, *chart.Chart, func(), error) {
+	cfg, cleanup, err := releaseConfig(kubeconfig, namespace)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ch, err := loader.Load(dir)
+	if err != nil {
+		cleanup()
+		return nil, nil, nil, fmt.Errorf("load chart %s: %w", dir, err)
+	}
+	return cfg, ch, cleanup, nil
+}
+
 // InstallRelease installs the chart at dir as `helm install RELEASE DIR -n NAMESPACE
 // --create-namespace -f VALUES...` does.
 func InstallRelease(kubeconfig, dir, name, namespace string, vals map[string]any) (*release.Release, error) {
-	cfg, cleanup, err := releaseConfig(kubeconfig, namespace)
+	cfg, ch, cleanup, err := releaseAndChart(kubeconfig, dir, namespace)
 	if err != nil {
 		return nil, err
 	}
 	defer cleanup()
-	ch, err := loader.Load(dir)
-	if err != nil {
-		return nil, err
-	}
 	install := action.NewInstall(cfg)
 	install.ReleaseName = name
 	install.Namespace = namespace
@@ -70,15 +82,11 @@ func InstallRelease(kubeconfig, dir, name, namespace string, vals map[string]any
 // DIR -n NAMESPACE -f VALUES...` does: the chart's defaults plus vals, the previous values
 // not reused.
 func UpgradeRelease(kubeconfig, dir, name, namespace string, vals map[string]any) (*release.Release, error) {
-	cfg, cleanup, err := releaseConfig(kubeconfig, namespace)
+	cfg, ch, cleanup, err := releaseAndChart(kubeconfig, dir, namespace)
 	if err != nil {
 		return nil, err
 	}
 	defer cleanup()
-	ch, err := loader.Load(dir)
-	if err != nil {
-		return nil, err
-	}
 	upgrade := action.NewUpgrade(cfg)
 	upgrade.Namespace = namespace
 	upgrade.Timeout = releaseTimeout

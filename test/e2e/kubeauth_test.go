@@ -264,18 +264,24 @@ func median(d []time.Duration) time.Duration {
 	return s[len(s)/2]
 }
 
+// ensureServiceAccount creates ServiceAccount ns/sa, and its namespace, if missing.
+func (cp *ControlPlane) ensureServiceAccount(t *testing.T, ns, sa string) {
+	t.Helper()
+	cp.EnsureNamespace(ns)
+	if _, err := cp.Client.CoreV1().ServiceAccounts(ns).Create(context.Background(), &corev1.ServiceAccount{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: sa},
+	}, metav1.CreateOptions{}); err != nil && !strings.Contains(err.Error(), "already exists") {
+		t.Fatalf("creating ServiceAccount %s/%s: %v", ns, sa, err)
+	}
+}
+
 // bindClusterRole creates ClusterRole name with rules and binds it to ServiceAccount ns/sa,
 // which it creates with its namespace if missing.
 func (cp *ControlPlane) bindClusterRole(name string, rules []rbacv1.PolicyRule, ns, sa string) {
 	t := cp.t
 	t.Helper()
 	ctx := context.Background()
-	cp.EnsureNamespace(ns)
-	if _, err := cp.Client.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: sa},
-	}, metav1.CreateOptions{}); err != nil && !strings.Contains(err.Error(), "already exists") {
-		t.Fatalf("creating ServiceAccount %s/%s: %v", ns, sa, err)
-	}
+	cp.ensureServiceAccount(t, ns, sa)
 	if _, err := cp.Client.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Rules:      rules,
@@ -296,12 +302,7 @@ func (cp *ControlPlane) bindClusterRole(name string, rules []rbacv1.PolicyRule, 
 func (cp *ControlPlane) serviceAccountToken(t *testing.T, ns, sa string) string {
 	t.Helper()
 	ctx := context.Background()
-	cp.EnsureNamespace(ns)
-	if _, err := cp.Client.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: sa},
-	}, metav1.CreateOptions{}); err != nil && !strings.Contains(err.Error(), "already exists") {
-		t.Fatalf("creating ServiceAccount %s/%s: %v", ns, sa, err)
-	}
+	cp.ensureServiceAccount(t, ns, sa)
 	tok, err := cp.Client.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
 		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptrTo(int64(3600))},
 	}, metav1.CreateOptions{})
