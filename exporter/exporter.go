@@ -35,6 +35,27 @@ import (
 const DefaultListenAddress = ":9869"
 
 // Main parses args, runs the exporter until SIGINT/SIGTERM and returns the process exit code.
+// defaultMemProfileRate is Go's runtime.MemProfileRate: one sample every 512 KiB allocated.
+const defaultMemProfileRate = 512 * 1024
+
+// allocationSampling is the runtime.MemProfileRate to run with, given whether the profiler is
+// served and the rate the process started with.
+func allocationSampling(pprof bool, rate int) int {
+	switch {
+	case !pprof:
+		// Nothing reads heap profiles: no sampling, whose records would otherwise grow with
+		// every new allocation site for the process's life. (The runtime's 1.4 MiB table of
+		// them is made at the first sampled allocation, before main runs; the image sets
+		// GODEBUG=memprofilerate=0 to avoid that too.)
+		return 0
+	case rate == 0:
+		// The profiler is asked for in an environment that turned sampling off from the start
+		// (the image's GODEBUG): heap profiles need it back, at Go's default rate.
+		return defaultMemProfileRate
+	}
+	return rate
+}
+
 func Main(args []string) int {
 	app := kingpin.New("proxyhealth", "Prometheus exporter that tells whether Service traffic on this node is silently breaking, and why.")
 	app.Command("serve", "Run the exporter (the default command).").Default()
@@ -81,13 +102,7 @@ func Main(args []string) int {
 		fmt.Fprintf(os.Stderr, "proxyhealth: %v\n", err)
 		return 2
 	}
-	if !srv.enablePprof {
-		// Without the profiler nothing reads heap profiles: stop sampling allocations, whose
-		// records would otherwise grow with every new allocation site for the process's life.
-		// (The runtime's 1.4 MiB table of them is made at the first sampled allocation, before
-		// main runs; only GODEBUG=memprofilerate=0 in the environment avoids that.)
-		runtime.MemProfileRate = 0
-	}
+	runtime.MemProfileRate = allocationSampling(srv.enablePprof, runtime.MemProfileRate)
 	logger := promslog.New(promslogConfig)
 	logger.Info("starting proxyhealth", "version", version.Info(), "build_context", version.BuildContext())
 	logger.Info("capabilities", capability.LogAttrs()...)

@@ -159,3 +159,21 @@ func TestSignalsAndShutdown(t *testing.T) {
 		t.Fatal("no exit 10s after SIGTERM")
 	}
 }
+
+// Allocation sampling is off without the profiler, and on with it even where the environment
+// (the image's GODEBUG=memprofilerate=0) turned it off from the start.
+func TestAllocationSampling(t *testing.T) {
+	for _, tc := range []struct {
+		pprof      bool
+		rate, want int
+	}{
+		{false, defaultMemProfileRate, 0},
+		{false, 0, 0},
+		{true, 0, defaultMemProfileRate},
+		{true, 4096, 4096},
+	} {
+		if got := allocationSampling(tc.pprof, tc.rate); got != tc.want {
+			t.Errorf("allocationSampling(pprof %v, rate %d) = %d, want %d", tc.pprof, tc.rate, got, tc.want)
+		}
+	}
+}
