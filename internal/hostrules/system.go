@@ -152,7 +152,7 @@ func (b *systemBackends) nft(changes []nftChange) (nftRead, error) {
 	return r, nil
 }
 
-// affectsForward reports whether a change may have changed the forward path ForwardGraphs
+// affectsForward reports whether a change may have changed the forward path the ForwardReader
 // reads: any table but kube-proxy's nat and nftables-mode tables, and in the latter any chain
 // but its service and endpoint chains (its filter-forward chain and those it jumps to).
 func affectsForward(c *nftnl.Change) bool {

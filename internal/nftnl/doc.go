@@ -5,7 +5,7 @@
 //     KUBE-SERVICES, KUBE-SVC-*, KUBE-SVL-*, KUBE-SEP-*), ReadIPTablesNAT;
 //   - kube-proxy's nftables mode (table ip/ip6 kube-proxy), ReadKubeProxyNFT;
 //   - the forward path's rules for the conntrack INVALID drop check, in iptables-nft's filter
-//     tables and in every native table with a forward base chain, ForwardGraphs;
+//     tables and in every native table with a forward base chain, ForwardReader;
 //   - the ruleset generation and a watch on the nftables multicast group, so a caller re-reads
 //     only when a commit touched the tables it cares about, and only the chains and sets it
 //     touched (Generation, Watch);

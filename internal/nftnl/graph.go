@@ -13,7 +13,7 @@ import (
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
 
-// ForwardGraphs reads the forward path's rules for the conntrack INVALID drop search
+// ForwardReader reads the forward path's rules for the conntrack INVALID drop search
 // (ruleset.Graph.InvalidDropPath): the filter table of iptables-nft ("iptables-nft filter",
 // "ip6tables-nft filter", entry FORWARD), and every native nf_tables table with base chains on
 // the forward hook (named "inet fw", entries those base chains by priority). Only the chains
@@ -21,17 +21,8 @@ import (
 // nftables table (whose filter-forward chain is on the forward hook) costs a few chains, not
 // its thousands of service chains. Tables iptables-nft owns other than filter are left out,
 // as the iptables-save based check does.
-func ForwardGraphs(ctx context.Context) ([]*ruleset.Graph, error) {
-	var gs []*ruleset.Graph
-	err := withSocket(func(q querier) error {
-		var err error
-		gs, err = forwardGraphs(ctx, q)
-		return err
-	})
-	return gs, err
-}
-
-// ForwardReader reads what ForwardGraphs does and follows it as it changes. Listing the base
+//
+// It follows them as they change. Listing the base
 // chains takes a dump of every chain of every table (at 10,000 Services, over 100,000 of
 // kube-proxy's), so it is done again only when a change may have added or removed a base
 // chain; a forward table's graph is read again only when a change touched that table.
@@ -128,19 +119,6 @@ func touched(changes []Change, t Table) bool {
 		}
 	}
 	return false
-}
-
-func forwardGraphs(ctx context.Context, q querier) ([]*ruleset.Graph, error) {
-	var graphs []*ruleset.Graph
-	err := consistently(ctx, q, func() error {
-		var err error
-		_, graphs, err = forwardTablesAndGraphs(ctx, q)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read forward path rules: %w", err)
-	}
-	return nonNil(graphs), nil
 }
 
 // forwardTablesAndGraphs lists the tables with forward base chains and reads each one's graph

@@ -3,6 +3,7 @@ package nftnl
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -119,4 +120,18 @@ func TestKernelForwardGraphsMatchTextReaders(t *testing.T) {
 			t.Logf("found %v: %q", got, path)
 		})
 	}
+}
+
+// forwardGraphs is one whole read of the forward graphs on q, as a ForwardReader's first.
+func forwardGraphs(ctx context.Context, q querier) ([]*ruleset.Graph, error) {
+	var graphs []*ruleset.Graph
+	err := consistently(ctx, q, func() error {
+		var err error
+		_, graphs, err = forwardTablesAndGraphs(ctx, q)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read forward path rules: %w", err)
+	}
+	return nonNil(graphs), nil
 }

@@ -28,8 +28,9 @@ func TestKernelNoCapability(t *testing.T) {
 		} else {
 			t.Logf("error text: %v", err)
 		}
-		if _, err := ForwardGraphs(ctx); !errors.Is(err, ErrPermission) {
-			t.Errorf("ForwardGraphs: %v, want ErrPermission", err)
+		var fr ForwardReader
+		if _, err := fr.Read(ctx, nil); !errors.Is(err, ErrPermission) {
+			t.Errorf("ForwardReader.Read: %v, want ErrPermission", err)
 		}
 		if _, err := Watch(ctx, nil); !errors.Is(err, ErrPermission) {
 			t.Errorf("Watch: %v, want ErrPermission", err)
