@@ -3,7 +3,9 @@ package cluster
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"net/netip"
 	"slices"
 	"testing"
 	"unique"
@@ -112,25 +114,90 @@ func TestMergePortsAsSorted(t *testing.T) {
 	}
 }
 
-// BenchmarkMergePorts is one recompute under churn, 10 of 10,000 Services changed, against a
-// whole sort.
+// mergePorts finds a changed Service's ports whatever names sort between them: Services whose
+// names are prefixes of others' ("s" and "s-1", "s0", "s10"), namespaces too, unnamed and
+// named ports ("ns/s" < "ns/s-1" < "ns/s:dns"), several ports and protocols per Service.
+func TestMergePortsPrefixNames(t *testing.T) {
+	namespaces := []string{"a", "a-b", "a0", "ab"}
+	names := []string{"s", "s-1", "s-1-x", "s0", "s1", "s10"}
+	ports := []struct{ name, protocol string }{
+		{"", "TCP"}, {"", "UDP"}, {"dns", "TCP"}, {"dns", "UDP"}, {"dns-tcp", "TCP"}, {"http", "TCP"}, {"h", "SCTP"},
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	servicePorts := func(ns, name string) []ServicePort {
+		var out []ServicePort
+		for _, p := range ports {
+			if rng.IntN(3) == 0 {
+				ep := []netip.AddrPort{netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(rng.IntN(256))}), 80)}
+				out = append(out, ServicePort{Name: ServicePortName{Namespace: ns, Name: name, Port: p.name, Protocol: p.protocol}, ClusterEndpoints: ep})
+			}
+		}
+		return out
+	}
+	var prev []ServicePort
+	for _, ns := range namespaces {
+		for _, name := range names {
+			prev = append(prev, servicePorts(ns, name)...)
+		}
+	}
+	sortPorts(prev)
+	for round := range 300 {
+		changed := map[objKey]struct{}{}
+		var fresh []ServicePort
+		for range 1 + rng.IntN(4) {
+			ns, name := namespaces[rng.IntN(len(namespaces))], names[rng.IntN(len(names))]
+			if _, dup := changed[keyOf(ns, name)]; dup {
+				continue
+			}
+			changed[keyOf(ns, name)] = struct{}{}
+			fresh = append(fresh, servicePorts(ns, name)...) // none: the Service was removed
+		}
+		want := naiveMerge(prev, changed, slices.Clone(fresh))
+		got := mergePorts(prev, changed, fresh)
+		if !slices.EqualFunc(got, want, func(a, b ServicePort) bool { return a.Name == b.Name }) {
+			t.Fatalf("round %d, changed %v: mergePorts and a whole sort differ:\n%v\n%v", round, slices.Collect(maps.Keys(changed)), got, want)
+		}
+		// The ports kept are prev's, endpoint lists shared rather than copied.
+		for _, p := range got {
+			if _, ok := changed[keyOf(p.Name.Namespace, p.Name.Name)]; ok {
+				continue
+			}
+			i, found := slices.BinarySearchFunc(prev, p, comparePorts)
+			if !found || &prev[i].ClusterEndpoints[0] != &p.ClusterEndpoints[0] {
+				t.Fatalf("round %d: kept port %s/%s does not share its endpoints with the previous list", round, p.Name, p.Name.Protocol)
+			}
+		}
+		prev = got
+	}
+}
+
+// BenchmarkMergePorts is one recompute under churn: 1, 10 or 100 of 10,000 Services of two
+// ports each changed (one of their ports removed), against a whole sort. The Services' names
+// are prefixes of others' (svc1, svc10, svc100...), which sort between their ports.
 func BenchmarkMergePorts(b *testing.B) {
 	prev := generatedPorts(10000)
-	changed := map[objKey]struct{}{}
-	var fresh []ServicePort
-	for s := 0; s < 10000; s += 1000 {
-		ns, name := fmt.Sprintf("ns%d", s%10), fmt.Sprintf("svc%d", s)
-		changed[keyOf(ns, name)] = struct{}{}
-		fresh = append(fresh, ServicePort{Name: ServicePortName{Namespace: ns, Name: name, Port: "dns", Protocol: "UDP"}})
+	changes := func(n int) (map[objKey]struct{}, []ServicePort) {
+		changed := map[objKey]struct{}{}
+		var fresh []ServicePort
+		for s := 0; s < 10000; s += 10000 / n {
+			ns, name := fmt.Sprintf("ns%d", (s+1)%10), fmt.Sprintf("svc%d", s+1)
+			changed[keyOf(ns, name)] = struct{}{}
+			fresh = append(fresh, ServicePort{Name: ServicePortName{Namespace: ns, Name: name, Port: "dns", Protocol: "UDP"}})
+		}
+		return changed, fresh
 	}
 	for _, bc := range []struct {
-		name  string
-		merge func([]ServicePort, map[objKey]struct{}, []ServicePort) []ServicePort
-	}{{"merge", mergePorts}, {"whole-sort", naiveMerge}} {
+		name    string
+		changed int
+		merge   func([]ServicePort, map[objKey]struct{}, []ServicePort) []ServicePort
+	}{{"merge-1", 1, mergePorts}, {"merge-10", 10, mergePorts}, {"merge-100", 100, mergePorts}, {"whole-sort-10", 10, naiveMerge}} {
+		changed, fresh := changes(bc.changed)
 		b.Run(bc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				bc.merge(prev, changed, slices.Clone(fresh))
+				if got := bc.merge(prev, changed, slices.Clone(fresh)); len(got) != len(prev)-bc.changed {
+					b.Fatalf("%d ports, want %d", len(got), len(prev)-bc.changed)
+				}
 			}
 		})
 	}
