@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
 	"github.com/proxyhealth/proxyhealth/internal/hostrules"
+	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
 
 // generateCluster writes kube-proxy iptables-mode nat rules for services x endpoints, the way
@@ -114,4 +116,74 @@ func FuzzProgrammedRules(f *testing.F) {
 		newDriftEngine(0).check(&cluster.Snapshot{Fresh: true, Ports: []cluster.ServicePort{dnsPort("10.244.1.5:53")}},
 			map[bool]programmedRules{false: r}, time.Unix(1, 0))
 	})
+}
+
+// churnCluster is services ClusterIP service ports of endpoints endpoints each and kube-proxy's
+// iptables-mode chains programmed to match, endpoint lists sorted as the API view and the
+// netfilter readers hand them in.
+func churnCluster(services, endpoints int) (*cluster.Snapshot, map[string][]netip.AddrPort) {
+	snap := &cluster.Snapshot{Synced: true, Fresh: true, LastHeard: heardAtEveryCheck}
+	chains := make(map[string][]netip.AddrPort, services)
+	for s := range services {
+		name := cluster.ServicePortName{Namespace: fmt.Sprintf("ns%d", s%100), Name: fmt.Sprintf("svc%d", s), Port: "http", Protocol: "TCP"}
+		sp := cluster.ServicePort{Name: name, ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(s >> 8), byte(s)})}, Port: 80}
+		for e := range endpoints {
+			sp.ClusterEndpoints = append(sp.ClusterEndpoints, netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(128 + s>>13), byte(s >> 5), byte(s<<3 | e&7)}), uint16(8080+e)))
+		}
+		slices.SortFunc(sp.ClusterEndpoints, netip.AddrPort.Compare)
+		chains[clusterChain(name)] = slices.Clone(sp.ClusterEndpoints)
+		snap.Ports = append(snap.Ports, sp)
+	}
+	return snap, chains
+}
+
+// BenchmarkCheckUnderChurn is one drift check at 10,000 service ports x 10 endpoints under
+// endpoint churn: since the last check the API moved one endpoint of one port, and kube-proxy's
+// rules followed the previous port's move, so one difference is in flight at each check. In
+// "followed" the other ports' endpoint lists are those of the last check, as the API view and
+// a reader that follows the rules' changes hand them on; in "re-read" every chain's list is new,
+// as after a whole read of the table.
+func BenchmarkCheckUnderChurn(b *testing.B) {
+	services := 10000
+	if testing.Short() {
+		services = 500
+	}
+	for _, reread := range []bool{false, true} {
+		name := "followed"
+		if reread {
+			name = "re-read"
+		}
+		b.Run(name, func(b *testing.B) {
+			snap, chains := churnCluster(services, 10)
+			e := newDriftEngine(time.Minute)
+			table := &ruleset.ProxyTable{Chains: chains}
+			st := &hostrules.State{Seq: 1, Mode: hostrules.ModeIPTables, Proxy: map[bool]*ruleset.ProxyTable{false: table}}
+			now := time.Unix(1, 0)
+			e.check(snap, programmedByFamily(st, e.names), now)
+			b.ReportAllocs()
+			for k := 0; b.Loop(); k++ {
+				b.StopTimer()
+				moved := &snap.Ports[k%services]
+				eps := slices.Clone(moved.ClusterEndpoints)
+				eps[k%len(eps)] = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 64, byte(k >> 8), byte(k)}), 8080)
+				slices.SortFunc(eps, netip.AddrPort.Compare)
+				moved.ClusterEndpoints = eps
+				if k > 0 {
+					followed := &snap.Ports[(k-1)%services]
+					chains[clusterChain(followed.Name)] = slices.Clone(followed.ClusterEndpoints)
+				}
+				if reread {
+					for c, eps := range chains {
+						chains[c] = slices.Clone(eps)
+					}
+				}
+				b.StartTimer()
+				res := e.check(snap, programmedByFamily(st, e.names), now)
+				if res.checked != services || len(res.drifting) != 0 || res.nextDeadline.IsZero() || len(e.since) != 2 {
+					b.Fatalf("checked %d, drifting %d, next deadline %v, %d differences followed; want %d, 0, set, 2",
+						res.checked, len(res.drifting), res.nextDeadline, len(e.since), services)
+				}
+			}
+		})
+	}
 }
