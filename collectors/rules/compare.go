@@ -28,7 +28,7 @@ type PortEndpoints struct {
 func ServiceEndpoints(snap *cluster.Snapshot, st *hostrules.State, namespace, name string) []PortEndpoints {
 	var byFamily map[bool]programmedRules
 	if st != nil && (st.Mode == hostrules.ModeIPTables || st.Mode == hostrules.ModeNFTables) {
-		byFamily = programmedByFamily(st, nil)
+		byFamily = programmedByFamily(st)
 	}
 	var out []PortEndpoints
 	for i := range snap.Ports {
@@ -43,9 +43,9 @@ func ServiceEndpoints(snap *cluster.Snapshot, st *hostrules.State, namespace, na
 			if r == nil {
 				continue
 			}
-			clusterChain, localChain := r.chainsFor(sp.Name)
+			clusterChain, localChain := chainsFor(sp.Name, r.nftables())
 			for _, c := range []string{clusterChain, localChain} {
-				if eps := r.endpoints(c); eps != nil {
+				if eps, _ := r.chain(c); eps != nil {
 					pe.Chains = append(pe.Chains, c)
 					pe.Programmed = append(pe.Programmed, eps...)
 				}

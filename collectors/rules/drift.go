@@ -65,14 +65,12 @@ type checkResult struct {
 type driftEngine struct {
 	grace time.Duration
 	since map[diffKey]time.Time
-	// names remembers chain names for the rules the collector hands in (programmedByFamily);
-	// accounted is each check's set of chains an API service port names, kept to be reused.
-	names     *chainNames
-	accounted map[string]struct{}
+	// ports remembers per service port what a check learns for the next (portStates).
+	ports *portStates
 }
 
 func newDriftEngine(grace time.Duration) *driftEngine {
-	return &driftEngine{grace: grace, since: map[diffKey]time.Time{}, names: newChainNames(), accounted: map[string]struct{}{}}
+	return &driftEngine{grace: grace, since: map[diffKey]time.Time{}, ports: newPortStates()}
 }
 
 // check compares snap with rules (by IP family; a family without rules is not compared) at now,
@@ -100,9 +98,8 @@ func (e *driftEngine) checkBehind(snap *cluster.Snapshot, rules map[bool]program
 	}
 	next := make(map[diffKey]time.Time, len(e.since))
 	drifts := map[cluster.ServicePortName]*portDrift{}
-	accounted := e.accounted
-	clear(accounted)
-	defer e.names.checked(len(snap.Ports))
+	e.ports.begin()
+	defer e.ports.end()
 	note := func(k diffKey, port uint16) {
 		first, ok := e.since[k]
 		if !ok {
@@ -141,26 +138,75 @@ func (e *driftEngine) checkBehind(snap *cluster.Snapshot, rules map[bool]program
 			d.since = first
 		}
 	}
+	tables := [2]programmedRules{rules[false], rules[true]} // by familyIndex
+	// Per family, the chains in the rules that an API service port accounts for: the others
+	// are orphans.
+	var accounted [2]int
 	for i := range snap.Ports {
 		sp := &snap.Ports[i]
-		compared := false
-		// What was compared per family, counted only for a port found drifting.
-		var compProgrammed, compExpected [2][]netip.AddrPort
-		for _, ipv6 := range []bool{false, true} {
-			r := rules[ipv6]
-			if r == nil || !hasFamily(sp.ClusterIPs, ipv6) {
+		var compared [2]bool
+		for fam, r := range tables {
+			compared[fam] = r != nil && hasFamily(sp.ClusterIPs, fam == 1)
+		}
+		if !compared[0] && !compared[1] {
+			continue
+		}
+		res.checked++
+		st, first := e.ports.meet(sp.Name)
+		// The port's chains in the mode of each family compared: on a node, one mode, and so
+		// two names. A chain of that name in any family's rules is the port's.
+		var names [4]string
+		n := 0
+		for fam, r := range tables {
+			if !compared[fam] {
 				continue
 			}
-			compared = true
-			clusterChain, localChain := r.chainsFor(sp.Name)
-			accounted[clusterChain], accounted[localChain] = struct{}{}, struct{}{}
+			cl, lo := st.chainsFor(r.nftables())
+			for _, c := range [2]string{cl, lo} {
+				if !slices.Contains(names[:n], c) {
+					names[n] = c
+					n++
+				}
+			}
+		}
+		// What was compared per family (the cluster and local chains' endpoints; the API's
+		// cluster and local endpoints), counted only for a port found drifting.
+		var compProgrammed, compExpected [2][2][]netip.AddrPort
+		for fam, r := range tables {
+			if r == nil {
+				continue
+			}
+			var clusterChain, localChain string
+			if compared[fam] {
+				clusterChain, localChain = st.chainsFor(r.nftables())
+			}
+			var clusterEps, localEps []netip.AddrPort
+			for _, c := range names[:n] {
+				eps, ok := r.chain(c)
+				if ok && first {
+					accounted[fam]++
+				}
+				switch c {
+				case clusterChain:
+					clusterEps = eps
+				case localChain:
+					localEps = eps
+				}
+			}
+			if !compared[fam] {
+				continue
+			}
+			compProgrammed[fam] = [2][]netip.AddrPort{clusterEps, localEps}
+			compExpected[fam] = [2][]netip.AddrPort{sp.ClusterEndpoints, sp.LocalEndpoints}
+			if slices.Equal(clusterEps, sp.ClusterEndpoints) && slices.Equal(localEps, sp.LocalEndpoints) {
+				continue // the same endpoints: nothing differs (the usual case, told cheaply)
+			}
 			// An endpoint counts once per service port, whichever of its chains hold it:
 			// a NodePort with externalTrafficPolicy: Local has a local endpoint in both.
-			programmed := append(slices.Clip(r.endpoints(clusterChain)), r.endpoints(localChain)...)
+			ipv6 := fam == 1
+			programmed := append(slices.Clip(clusterEps), localEps...)
 			expected := append(slices.Clip(sp.ClusterEndpoints), sp.LocalEndpoints...)
 			stale, missing := diffEndpoints(programmed, expected, ipv6)
-			fam := familyIndex(ipv6)
-			compProgrammed[fam], compExpected[fam] = programmed, expected
 			for _, ep := range stale {
 				note(diffKey{sp.Name, ipv6, ep, true}, sp.Port)
 			}
@@ -168,27 +214,19 @@ func (e *driftEngine) checkBehind(snap *cluster.Snapshot, rules map[bool]program
 				note(diffKey{sp.Name, ipv6, ep, false}, sp.Port)
 			}
 		}
-		if compared {
-			res.checked++
-		}
 		if d := drifts[sp.Name]; d != nil {
 			d.programmed, d.expected = 0, 0
-			for _, ipv6 := range []bool{false, true} {
-				fam := familyIndex(ipv6)
+			for fam := range tables {
+				ipv6 := fam == 1
 				d.programmed += countDistinct(compProgrammed[fam], ipv6)
 				d.expected += countDistinct(compExpected[fam], ipv6)
 			}
 		}
 	}
 	e.since = next
-	for _, r := range rules {
-		if r == nil {
-			continue
-		}
-		for c := range r.serviceChains() {
-			if _, ok := accounted[c]; !ok {
-				res.orphans++
-			}
+	for fam, r := range tables {
+		if r != nil {
+			res.orphans += r.chainCount() - accounted[fam]
 		}
 	}
 	for _, d := range drifts {
@@ -221,12 +259,14 @@ func familyIndex(ipv6 bool) int {
 	return 0
 }
 
-// countDistinct counts the distinct endpoints of one family in eps.
-func countDistinct(eps []netip.AddrPort, ipv6 bool) int {
-	seen := make(map[netip.AddrPort]struct{}, len(eps))
-	for _, ep := range eps {
-		if ep.Addr().Unmap().Is6() == ipv6 {
-			seen[ep] = struct{}{}
+// countDistinct counts the distinct endpoints of one family in lists.
+func countDistinct(lists [2][]netip.AddrPort, ipv6 bool) int {
+	seen := make(map[netip.AddrPort]struct{}, len(lists[0])+len(lists[1]))
+	for _, eps := range lists {
+		for _, ep := range eps {
+			if ep.Addr().Unmap().Is6() == ipv6 {
+				seen[ep] = struct{}{}
+			}
 		}
 	}
 	return len(seen)
@@ -242,9 +282,14 @@ func hasFamily(ips []netip.Addr, ipv6 bool) bool {
 }
 
 // diffEndpoints returns the distinct endpoints of the given family that are programmed but not
-// expected (stale) and expected but not programmed (missing). Lists are short (a service port
-// has a handful of endpoints) so they are scanned rather than hashed, except large ones.
+// expected (stale) and expected but not programmed (missing). Lists sorted without duplicates,
+// as the API view and the netfilter readers hand them in, are merged; others are short (a
+// service port has a handful of endpoints) so they are scanned rather than hashed, except
+// large ones.
 func diffEndpoints(programmed, expected []netip.AddrPort, ipv6 bool) (stale, missing []netip.AddrPort) {
+	if strictlySorted(programmed) && strictlySorted(expected) {
+		return diffEndpointsSorted(programmed, expected, ipv6)
+	}
 	if len(programmed)+len(expected) > 64 {
 		return diffEndpointsLarge(programmed, expected, ipv6)
 	}
@@ -267,12 +312,49 @@ func diffEndpoints(programmed, expected []netip.AddrPort, ipv6 bool) (stale, mis
 	return stale, missing
 }
 
+// strictlySorted reports whether eps is sorted and without duplicates.
+func strictlySorted(eps []netip.AddrPort) bool {
+	for i := 1; i < len(eps); i++ {
+		if eps[i-1].Compare(eps[i]) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// diffEndpointsSorted is diffEndpoints of lists sorted without duplicates, in one merge.
+func diffEndpointsSorted(programmed, expected []netip.AddrPort, ipv6 bool) (stale, missing []netip.AddrPort) {
+	i, j := 0, 0
+	for i < len(programmed) || j < len(expected) {
+		c := -1 // programmed[i] first
+		switch {
+		case i == len(programmed):
+			c = 1
+		case j < len(expected):
+			c = programmed[i].Compare(expected[j])
+		}
+		switch {
+		case c < 0:
+			stale = append(stale, programmed[i])
+			i++
+		case c > 0:
+			if expected[j].Addr().Unmap().Is6() == ipv6 {
+				missing = append(missing, expected[j])
+			}
+			j++
+		default:
+			i, j = i+1, j+1
+		}
+	}
+	return stale, missing
+}
+
 func diffEndpointsLarge(programmed, expected []netip.AddrPort, ipv6 bool) (stale, missing []netip.AddrPort) {
+	// want holds every expected endpoint, true for those of the family: a programmed one is
+	// stale only if the API has it in neither, as in the scan.
 	want := make(map[netip.AddrPort]bool, len(expected))
 	for _, ep := range expected {
-		if ep.Addr().Unmap().Is6() == ipv6 {
-			want[ep] = true
-		}
+		want[ep] = ep.Addr().Unmap().Is6() == ipv6
 	}
 	have := make(map[netip.AddrPort]bool, len(programmed))
 	for _, ep := range programmed {
@@ -280,12 +362,12 @@ func diffEndpointsLarge(programmed, expected []netip.AddrPort, ipv6 bool) (stale
 			continue
 		}
 		have[ep] = true
-		if !want[ep] {
+		if _, ok := want[ep]; !ok {
 			stale = append(stale, ep)
 		}
 	}
-	for ep := range want {
-		if !have[ep] {
+	for ep, ofFamily := range want {
+		if ofFamily && !have[ep] {
 			missing = append(missing, ep)
 		}
 	}

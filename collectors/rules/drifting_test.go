@@ -2,8 +2,6 @@ package rules
 
 import (
 	"bytes"
-	"iter"
-	"maps"
 	"net/netip"
 	"os"
 	"slices"
@@ -12,7 +10,6 @@ import (
 
 	"github.com/prometheus/common/promslog"
 
-	"github.com/proxyhealth/proxyhealth/internal/cluster"
 	"github.com/proxyhealth/proxyhealth/internal/hostrules"
 )
 
@@ -88,11 +85,12 @@ func TestDriftCountsBothFamilies(t *testing.T) {
 // fakeProgrammed is one family's rules given as chains, iptables-named.
 type fakeProgrammed struct{ chains map[string][]netip.AddrPort }
 
-func (f fakeProgrammed) chainsFor(n cluster.ServicePortName) (string, string) {
-	return clusterChain(n), localChain(n)
+func (f fakeProgrammed) nftables() bool { return false }
+func (f fakeProgrammed) chain(name string) ([]netip.AddrPort, bool) {
+	eps, ok := f.chains[name]
+	return eps, ok
 }
-func (f fakeProgrammed) endpoints(chain string) []netip.AddrPort { return f.chains[chain] }
-func (f fakeProgrammed) serviceChains() iter.Seq[string]         { return maps.Keys(f.chains) }
+func (f fakeProgrammed) chainCount() int { return len(f.chains) }
 
 // LastCheck and Drifting tell what the metrics tell, with the addresses; nothing while the
 // view is stale. The metrics are unchanged.

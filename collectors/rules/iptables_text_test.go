@@ -12,7 +12,6 @@ import (
 	"iter"
 	"maps"
 	"net/netip"
-	"strings"
 
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
 )
@@ -126,11 +125,19 @@ func dnatDestination(rule []byte) (netip.AddrPort, bool) {
 
 func (r *iptablesRules) endpoints(chain string) []netip.AddrPort { return r.chains[chain] }
 
+func (r *iptablesRules) nftables() bool { return false }
+
+func (r *iptablesRules) chain(name string) ([]netip.AddrPort, bool) {
+	eps, ok := r.chains[name]
+	return eps, ok
+}
+
+func (r *iptablesRules) chainCount() int { return len(r.chains) }
+
 // serviceChains lists the KUBE-SVC-*/KUBE-SVL-* chains, to find those no API service port
 // accounts for.
 func (r *iptablesRules) serviceChains() iter.Seq[string] { return maps.Keys(r.chains) }
 
 func (r *iptablesRules) chainsFor(n cluster.ServicePortName) (string, string) {
-	hash := portProtoHash(n.String(), strings.ToLower(n.Protocol))
-	return "KUBE-SVC-" + hash, "KUBE-SVL-" + hash
+	return chainsFor(n, false)
 }

@@ -26,12 +26,18 @@ func newNFTRules(tb *nft.Table) *nftRules {
 	return &nftRules{chains: fixture.NFTablesChains(tb)}
 }
 
-func (r *nftRules) chainsFor(n cluster.ServicePortName) (string, string) {
-	base := nftChainNameBase(n)
-	return nftClusterChainPrefix + base, nftLocalChainPrefix + base
-}
+func (r *nftRules) chainsFor(n cluster.ServicePortName) (string, string) { return chainsFor(n, true) }
 
 func (r *nftRules) endpoints(chain string) []netip.AddrPort { return r.chains[chain] }
+
+func (r *nftRules) nftables() bool { return true }
+
+func (r *nftRules) chain(name string) ([]netip.AddrPort, bool) {
+	eps, ok := r.chains[name]
+	return eps, ok
+}
+
+func (r *nftRules) chainCount() int { return len(r.chains) }
 
 // serviceChains lists the service-*/local-* chains that have rules, to find those no API
 // service port accounts for.

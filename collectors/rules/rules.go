@@ -192,7 +192,7 @@ func (c *Collector) check() (time.Time, bool) {
 		if lr, ok := c.cfg.Rules.(LaggingRules); ok {
 			behind = lr.Behind()
 		}
-		res = c.engine.checkBehind(snap, programmedByFamily(st, c.engine.names), behind, start)
+		res = c.engine.checkBehind(snap, programmedByFamily(st), behind, start)
 		if res.rulesUnconfirmed {
 			// A difference came of age, but kube-proxy may have changed its rules since the
 			// last read: read them now rather than at the reader's next turn.

@@ -85,7 +85,7 @@ func TestRunComparesOnChange(t *testing.T) {
 	dns := dnsPort("10.244.1.5:53")
 	view := &notifyingView{changed: make(chan struct{}, 1), snap: snapshot(dns)}
 	view.snap.LastHeard = time.Now().Add(time.Hour) // confirmed current at every check
-	clusterChain, _ := programmed{}.chainsFor(dns.Name)
+	clusterChain, _ := chainsFor(dns.Name, false)
 	rules := &changingRules{st: stateOf(hostrules.ModeIPTables, map[string][]netip.AddrPort{clusterChain: {ap("10.244.1.5:53")}})}
 	c, err := New(Config{View: view, Rules: rules, CheckInterval: time.Hour, GracePeriod: 0, MaxSeries: 10, MinCheckGap: time.Millisecond}, promslog.NewNopLogger())
 	if err != nil {
@@ -230,14 +230,14 @@ func TestDriftCountsEachEndpointOnce(t *testing.T) {
 	sp := dnsPort("10.244.1.5:53", "10.244.2.6:53")
 	sp.ExternalLocal = true
 	sp.LocalEndpoints = []netip.AddrPort{ap("10.244.1.5:53")}
-	clusterChain, localChain := programmed{}.chainsFor(sp.Name)
+	clusterChain, localChain := chainsFor(sp.Name, false)
 	frozen := map[string][]netip.AddrPort{
 		clusterChain: {ap("10.244.1.5:53"), ap("10.244.2.6:53"), ap("10.244.1.9:53")},
 		localChain:   {ap("10.244.1.5:53"), ap("10.244.1.9:53")},
 	}
 	snap := snapshot(sp)
 	snap.LastHeard = time.Unix(100, 0)
-	res := newDriftEngine(0).check(snap, programmedByFamily(stateOf(hostrules.ModeIPTables, frozen), nil), time.Unix(100, 0))
+	res := newDriftEngine(0).check(snap, programmedByFamily(stateOf(hostrules.ModeIPTables, frozen)), time.Unix(100, 0))
 	if len(res.drifting) != 1 || res.drifting[0].stale != 1 || res.drifting[0].missing != 0 {
 		t.Errorf("drifting %+v, want one port with 1 stale endpoint", res.drifting)
 	}

@@ -94,7 +94,7 @@ func BenchmarkCompareOnly(b *testing.B) {
 		b.Fatal(err)
 	}
 	e := newDriftEngine(time.Minute)
-	rules := programmedByFamily(stateOf(hostrules.ModeIPTables, read.chains), e.names)
+	rules := programmedByFamily(stateOf(hostrules.ModeIPTables, read.chains))
 	b.ReportAllocs()
 	for b.Loop() {
 		if res := e.check(snap, rules, time.Unix(1, 0)); res.checked != services || len(res.drifting) != 0 {
@@ -159,7 +159,7 @@ func BenchmarkCheckUnderChurn(b *testing.B) {
 			table := &ruleset.ProxyTable{Chains: chains}
 			st := &hostrules.State{Seq: 1, Mode: hostrules.ModeIPTables, Proxy: map[bool]*ruleset.ProxyTable{false: table}}
 			now := time.Unix(1, 0)
-			e.check(snap, programmedByFamily(st, e.names), now)
+			e.check(snap, programmedByFamily(st), now)
 			b.ReportAllocs()
 			for k := 0; b.Loop(); k++ {
 				b.StopTimer()
@@ -178,7 +178,7 @@ func BenchmarkCheckUnderChurn(b *testing.B) {
 					}
 				}
 				b.StartTimer()
-				res := e.check(snap, programmedByFamily(st, e.names), now)
+				res := e.check(snap, programmedByFamily(st), now)
 				if res.checked != services || len(res.drifting) != 0 || res.nextDeadline.IsZero() || len(e.since) != 2 {
 					b.Fatalf("checked %d, drifting %d, next deadline %v, %d differences followed; want %d, 0, set, 2",
 						res.checked, len(res.drifting), res.nextDeadline, len(e.since), services)

@@ -1,0 +1,89 @@
+package rules
+
+import (
+	"slices"
+
+	"github.com/proxyhealth/proxyhealth/internal/cluster"
+)
+
+// portStates keeps, per service port, what one drift check learns for the next: its chain
+// names, which kube-proxy derives from a SHA-256 of the port's name and which a check at
+// 10,000 ports would otherwise hash again. Under churn a check meets the ports in the order
+// the previous one did, but for those of the few Services that changed: the states are kept
+// in that order and found by walking along them, a map finding the others.
+type portStates struct {
+	order  []*portState // as the last check met them
+	next   []*portState // as the current check meets them
+	byName map[cluster.ServicePortName]*portState
+	cursor int    // in order: where the current check's next port is expected
+	check  uint64 // numbers the checks
+}
+
+type portState struct {
+	name cluster.ServicePortName
+	// chains are the port's cluster and local chain names in kube-proxy's iptables mode
+	// ([0]) and nftables mode ([1]); empty until needed.
+	chains [2][2]string
+	index  int    // in the last check's order; -1 when it did not meet the port
+	met    uint64 // the last check that met the port
+}
+
+func newPortStates() *portStates {
+	return &portStates{byName: map[cluster.ServicePortName]*portState{}}
+}
+
+// begin starts a check.
+func (ps *portStates) begin() {
+	ps.check++
+	ps.cursor = 0
+	ps.next = slices.Grow(ps.next[:0], len(ps.order))
+}
+
+// meet returns the state of the check's next service port, and whether the check met the
+// port for the first time (a snapshot lists each port once; this makes it safe if not).
+func (ps *portStates) meet(n cluster.ServicePortName) (st *portState, first bool) {
+	if ps.cursor < len(ps.order) && ps.order[ps.cursor].name == n {
+		st = ps.order[ps.cursor]
+		ps.cursor++
+	} else if st = ps.byName[n]; st != nil {
+		if st.index >= ps.cursor {
+			ps.cursor = st.index + 1 // the ports in between are gone, or come later
+		}
+	} else {
+		st = &portState{name: n, index: -1}
+		ps.byName[n] = st
+	}
+	if st.met == ps.check {
+		return st, false
+	}
+	st.met = ps.check
+	ps.next = append(ps.next, st)
+	return st, true
+}
+
+// end finishes a check: the ports it did not meet are forgotten.
+func (ps *portStates) end() {
+	for _, st := range ps.order {
+		if st.met != ps.check {
+			delete(ps.byName, st.name)
+		}
+	}
+	for i, st := range ps.next {
+		st.index = i
+	}
+	clear(ps.order) // drop the forgotten ones
+	ps.order, ps.next = ps.next, ps.order
+}
+
+// chainsFor names the port's cluster and local chains in the given mode's way.
+func (st *portState) chainsFor(nftables bool) (clusterChain, localChain string) {
+	mode := 0
+	if nftables {
+		mode = 1
+	}
+	names := &st.chains[mode]
+	if names[0] == "" {
+		names[0], names[1] = chainsFor(st.name, nftables)
+	}
+	return names[0], names[1]
+}
