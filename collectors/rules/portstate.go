@@ -21,11 +21,12 @@ type portStates struct {
 
 type portState struct {
 	name cluster.ServicePortName
-	// chains are the port's cluster and local chain names in kube-proxy's iptables mode
-	// ([0]) and nftables mode ([1]); empty until needed.
-	chains [2][2]string
-	index  int    // in the last check's order; -1 when it did not meet the port
-	met    uint64 // the last check that met the port
+	// chains are the port's cluster and local chain names, in kube-proxy's nftables mode's
+	// way if nftables is set, else in its iptables mode's; empty until needed.
+	chains   [2]string
+	nftables bool
+	index    int    // in the last check's order; -1 when it did not meet the port
+	met      uint64 // the last check that met the port
 }
 
 func newPortStates() *portStates {
@@ -77,13 +78,9 @@ func (ps *portStates) end() {
 
 // chainsFor names the port's cluster and local chains in the given mode's way.
 func (st *portState) chainsFor(nftables bool) (clusterChain, localChain string) {
-	mode := 0
-	if nftables {
-		mode = 1
+	if st.chains[0] == "" || st.nftables != nftables {
+		st.chains[0], st.chains[1] = chainsFor(st.name, nftables)
+		st.nftables = nftables
 	}
-	names := &st.chains[mode]
-	if names[0] == "" {
-		names[0], names[1] = chainsFor(st.name, nftables)
-	}
-	return names[0], names[1]
+	return st.chains[0], st.chains[1]
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
+	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
 
 // diffBySets is what diffEndpoints computes, by sets.
@@ -72,16 +73,18 @@ func TestDiffEndpointsBySets(t *testing.T) {
 }
 
 // An engine that remembers its ports from check to check counts what one that starts afresh
-// counts, while Services come and go between checks, change families, and a port is listed
-// twice; and it forgets the ports that are gone.
+// counts, while Services come and go between checks, change families, the rules follow the
+// API or not, a port is listed twice, and a list is cut shorter in place of a new one; and it
+// forgets the ports that are gone.
 func TestDriftEngineAcrossChangingViews(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
+	const services = 60
 	name := func(s int) cluster.ServicePortName {
 		return cluster.ServicePortName{Namespace: fmt.Sprintf("ns%d", s%3), Name: fmt.Sprintf("svc%d", s), Port: "p", Protocol: "TCP"}
 	}
 	endpoints := func(s int, ipv6 bool) []netip.AddrPort {
 		var eps []netip.AddrPort
-		for e := range rng.IntN(4) {
+		for e := range rng.IntN(6) {
 			a := netip.AddrFrom4([4]byte{10, 1, byte(s), byte(e)})
 			if ipv6 {
 				a = netip.AddrFrom16([16]byte{0xfd, 14: byte(s), 15: byte(e)})
@@ -90,46 +93,87 @@ func TestDriftEngineAcrossChangingViews(t *testing.T) {
 		}
 		return eps
 	}
-	// The rules: chains of service ports 0..59, some of them changed at random each round.
+	var views [services]cluster.ServicePort
 	rules := [2]map[string][]netip.AddrPort{{}, {}}
-	kept := newDriftEngine(0)
-	for round := range 200 {
-		for range 10 {
-			s, ipv6 := rng.IntN(60), rng.IntN(3) == 0
-			cl, lo := chainsFor(name(s), false)
-			fam := familyIndex(ipv6)
-			rules[fam][cl] = endpoints(s, ipv6)
-			switch rng.IntN(3) {
-			case 0:
-				rules[fam][lo] = endpoints(s, ipv6)
-			case 1:
-				delete(rules[fam], lo)
+	changeView := func(s int) {
+		sp := cluster.ServicePort{Name: name(s), Port: 80, ClusterEndpoints: endpoints(s, false)}
+		switch rng.IntN(6) {
+		case 0:
+			sp.ClusterIPs = []netip.Addr{netip.MustParseAddr("fd00::1")}
+			sp.ClusterEndpoints = endpoints(s, true)
+		case 1:
+			sp.ClusterIPs = []netip.Addr{netip.MustParseAddr("10.96.0.1"), netip.MustParseAddr("fd00::1")}
+			sp.ClusterEndpoints = append(sp.ClusterEndpoints, endpoints(s, true)...)
+		default:
+			sp.ClusterIPs = []netip.Addr{netip.MustParseAddr("10.96.0.1")}
+		}
+		switch rng.IntN(3) {
+		case 0: // externalTrafficPolicy: Local
+			sp.LocalEndpoints = sp.ClusterEndpoints[:len(sp.ClusterEndpoints)/2]
+		case 1: // internalTrafficPolicy: Local: no cluster chain
+			sp.ClusterEndpoints, sp.LocalEndpoints = nil, sp.ClusterEndpoints
+		}
+		views[s] = sp
+	}
+	// follow programs the view of service s as kube-proxy would, in new lists.
+	follow := func(s int) {
+		sp := views[s]
+		cl, lo := chainsFor(sp.Name, false)
+		for fam := range rules {
+			ipv6 := fam == 1
+			delete(rules[fam], cl)
+			delete(rules[fam], lo)
+			if !hasFamily(sp.ClusterIPs, ipv6) {
+				continue
 			}
-			if rng.IntN(8) == 0 {
-				delete(rules[fam], cl)
+			for chain, eps := range map[string][]netip.AddrPort{cl: sp.ClusterEndpoints, lo: sp.LocalEndpoints} {
+				var own []netip.AddrPort
+				for _, ep := range eps {
+					if ep.Addr().Is6() == ipv6 {
+						own = append(own, ep)
+					}
+				}
+				if len(own) > 0 {
+					rules[fam][chain] = own
+				}
 			}
 		}
-		// The view: a random selection of the service ports, in order, one sometimes twice.
+	}
+	for s := range services {
+		changeView(s)
+		follow(s)
+	}
+	kept := newDriftEngine(0)
+	for round := range 300 {
+		for range 6 {
+			s := rng.IntN(services)
+			switch rng.IntN(4) {
+			case 0: // the API moves, kube-proxy does not
+				changeView(s)
+			case 1: // the API moves, kube-proxy follows
+				changeView(s)
+				follow(s)
+			case 2: // the same local endpoints' array, cut to another length
+				sp := &views[s]
+				sp.LocalEndpoints = sp.LocalEndpoints[:rng.IntN(cap(sp.LocalEndpoints)+1)]
+			case 3: // the rules move alone
+				cl, lo := chainsFor(name(s), false)
+				fam := rng.IntN(2)
+				rules[fam][cl] = endpoints(s, fam == 1)
+				if rng.IntN(2) == 0 {
+					delete(rules[fam], lo)
+				}
+			}
+		}
+		// The view: most service ports, in order, one sometimes twice.
 		snap := snapshot()
-		for s := range 60 {
+		for s := range services {
 			if rng.IntN(5) == 0 {
 				continue
 			}
-			sp := cluster.ServicePort{Name: name(s), Port: 80, ClusterEndpoints: endpoints(s, false)}
-			switch rng.IntN(6) {
-			case 0:
-				sp.ClusterIPs = []netip.Addr{netip.MustParseAddr("fd00::1")}
-				sp.ClusterEndpoints = endpoints(s, true)
-			case 1:
-				sp.ClusterIPs = []netip.Addr{netip.MustParseAddr("10.96.0.1"), netip.MustParseAddr("fd00::1")}
-				sp.ClusterEndpoints = append(sp.ClusterEndpoints, endpoints(s, true)...)
-				sp.LocalEndpoints = sp.ClusterEndpoints[:len(sp.ClusterEndpoints)/2]
-			default:
-				sp.ClusterIPs = []netip.Addr{netip.MustParseAddr("10.96.0.1")}
-			}
-			snap.Ports = append(snap.Ports, sp)
+			snap.Ports = append(snap.Ports, views[s])
 			if rng.IntN(30) == 0 {
-				snap.Ports = append(snap.Ports, sp)
+				snap.Ports = append(snap.Ports, views[s])
 			}
 		}
 		byFamily := map[bool]programmedRules{false: fakeProgrammed{rules[0]}, true: fakeProgrammed{rules[1]}}
@@ -179,6 +223,25 @@ func TestDriftEngineAcrossChangingViews(t *testing.T) {
 			if st.name != n || kept.ports.order[st.index] != st {
 				t.Fatalf("round %d: the state of %s is misplaced", round, n)
 			}
+		}
+	}
+}
+
+// The chain names a port's state remembers follow the rules' mode: kube-proxy moved from
+// iptables to nftables mode between two checks.
+func TestDriftEngineFollowsModeChange(t *testing.T) {
+	snap := snapshot(dnsPort("10.244.1.5:53", "10.244.2.6:53"), kubernetesPort())
+	e := newDriftEngine(0)
+	for i, nftables := range []bool{false, true, false} {
+		chains := map[string][]netip.AddrPort{}
+		for _, sp := range snap.Ports {
+			cl, _ := chainsFor(sp.Name, nftables)
+			chains[cl] = sp.ClusterEndpoints
+		}
+		rules := map[bool]programmedRules{false: programmed{table: &ruleset.ProxyTable{Chains: chains}, nft: nftables}}
+		res := e.check(snap, rules, time.Unix(int64(100+i), 0))
+		if res.checked != 2 || len(res.drifting) != 0 || res.orphans != 0 {
+			t.Errorf("check %d (nftables %v): checked %d, drifting %+v, orphans %d; want 2, none, 0", i, nftables, res.checked, res.drifting, res.orphans)
 		}
 	}
 }
