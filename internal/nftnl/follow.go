@@ -58,13 +58,8 @@ type followed struct {
 	bySet     map[string]map[string]struct{} // set -> service chains using it
 	services  []ruleset.Service
 
-	// dispatch is iptables-nft's KUBE-SERVICES dispatch rules by rule handle: kube-proxy
-	// rewrites that chain at every sync, and the watch's rule messages are applied to it
-	// rather than dumping thousands of rules again. nil until the chain has been read.
-	// dispatchGen is the generation it is current at: the messages of commits up to it are
-	// in it already.
-	dispatch    map[uint64]ruleset.Service
-	dispatchGen uint32
+	// dispatch is iptables-nft's KUBE-SERVICES dispatch rules (kindNAT), nil until read.
+	dispatch *dispatchRules
 }
 
 // Followed reports whether t is one of the tables a Follower follows.
@@ -164,7 +159,7 @@ func (f *Follower) Apply(ctx context.Context, changes ...Change) error {
 				if dispatch[ft] == nil {
 					dispatch[ft] = &dispatchUpdate{}
 				}
-				dispatch[ft].add(c.Generation, ft.dispatchGen, d)
+				dispatch[ft].add(c.Generation, ft.dispatch.current(), d)
 			}
 		}
 	}
@@ -208,7 +203,11 @@ func (f *Follower) full(ctx context.Context, ft *followed) error {
 	var err error
 	switch ft.kind {
 	case kindNAT:
-		ft.dispatchGen, err = consistentlyAt(ctx, f.q, func() error { return f.fullNAT(ctx, ft) })
+		var gen uint32
+		gen, err = consistentlyAt(ctx, f.q, func() error { return f.fullNAT(ctx, ft) })
+		if err == nil && ft.dispatch != nil {
+			ft.dispatch.gen = gen
+		}
 	case kindNFT:
 		err = consistently(ctx, f.q, func() error { return f.fullNFT(ctx, ft) })
 	}
@@ -254,10 +253,7 @@ func (f *Follower) fullNAT(ctx context.Context, ft *followed) error {
 		ft.setChain(chain, c)
 	}
 	ft.services = nr.services
-	ft.dispatch = make(map[uint64]ruleset.Service, len(nr.services))
-	for i, s := range nr.services {
-		ft.dispatch[nr.handles[i]] = s
-	}
+	ft.dispatch = newDispatchRules(nr, 0) // the generation is set once the read proves consistent
 	ft.snap = ft.build(nil, nil)
 	return nil
 }
@@ -453,105 +449,6 @@ func (f *Follower) partialNAT(ctx context.Context, ft *followed, d *TableChange,
 		}
 	}
 	return servicesChanged, nil
-}
-
-// dispatchUpdate is what a run of changes did to iptables-nft's KUBE-SERVICES, past the
-// generation its dispatch map is current at.
-type dispatchUpdate struct {
-	named  bool        // a change named the chain
-	unkept bool        // a change named it without its rule messages: it must be dumped
-	rules  []RuleEvent // the changes' rule messages of the chain, in order
-	gen    uint32      // the last such change's generation
-}
-
-const chainKubeServices = "KUBE-SERVICES"
-
-// FollowerKeepsRules selects the chains whose rule messages a Follower applies rather than dumping
-// the chain again (see KeepRules): iptables-nft's KUBE-SERVICES, which kube-proxy rewrites
-// whole at every sync.
-func FollowerKeepsRules(t Table, chain []byte) bool {
-	return t.Name == "nat" && string(chain) == chainKubeServices
-}
-
-// add notes change d, whose commit produced generation gen, to a table whose dispatch map is
-// current at generation since.
-func (u *dispatchUpdate) add(gen, since uint32, d *TableChange) {
-	if !slices.Contains(d.Chains, chainKubeServices) || !genAfter(gen, since) {
-		return // in the dispatch map already
-	}
-	u.named, u.gen = true, gen
-	if d.RulesDropped || !slices.Contains(d.KeptChains, chainKubeServices) {
-		u.unkept = true
-		return
-	}
-	for _, r := range d.Rules {
-		if r.Chain == chainKubeServices {
-			u.rules = append(u.rules, r)
-		}
-	}
-}
-
-// genAfter reports whether generation a came after b, the counter wrapping around.
-func genAfter(a, b uint32) bool { return int32(a-b) > 0 }
-
-// updateDispatch brings KUBE-SERVICES's dispatch map up to date with u, from its rule
-// messages when it can, else by dumping the chain; it reports whether the services changed.
-func (f *Follower) updateDispatch(ctx context.Context, ft *followed, u *dispatchUpdate) (bool, error) {
-	if u == nil || !u.named {
-		return false, nil
-	}
-	family := ft.table.Family
-	if u.unkept || ft.dispatch == nil {
-		var nr *natReader
-		gen, err := consistentlyAt(ctx, f.q, func() error {
-			return f.dumpChain(ctx, family, "nat", chainKubeServices, func() { nr = newNATReader(family) }, func(r *ruleMsg) error { return nr.rule(r) })
-		})
-		if err != nil {
-			return false, err
-		}
-		ft.dispatch = make(map[uint64]ruleset.Service, len(nr.services))
-		for i, s := range nr.services {
-			ft.dispatch[nr.handles[i]] = s
-		}
-		ft.dispatchGen = gen
-	} else {
-		nr := newNATReader(family)
-		for _, ev := range u.rules {
-			if ev.Deleted {
-				delete(ft.dispatch, ev.Handle)
-				continue
-			}
-			r, err := parseRule(ev.attrs)
-			if err != nil {
-				return false, fmt.Errorf("rule message of chain %s: %w", chainKubeServices, err)
-			}
-			nr.services, nr.handles = nr.services[:0], nr.handles[:0]
-			if err := nr.rule(&r); err != nil {
-				return false, err
-			}
-			if len(nr.services) == 1 {
-				ft.dispatch[ev.Handle] = nr.services[0]
-			}
-		}
-		ft.dispatchGen = u.gen
-	}
-	services := dispatchServices(ft.dispatch)
-	if slices.Equal(services, ft.services) {
-		return false, nil
-	}
-	ft.services = services
-	return true, nil
-}
-
-// dispatchServices lists the dispatch rules in rule handle order, which is the chain's order
-// for rules appended as iptables-restore writes them.
-func dispatchServices(dispatch map[uint64]ruleset.Service) []ruleset.Service {
-	handles := slices.Sorted(maps.Keys(dispatch))
-	out := make([]ruleset.Service, len(handles))
-	for i, h := range handles {
-		out[i] = dispatch[h]
-	}
-	return out
 }
 
 func (f *Follower) partialNFT(ctx context.Context, ft *followed, d *TableChange, affected map[string]struct{}) (bool, error) {
