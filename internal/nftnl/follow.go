@@ -57,6 +57,9 @@ type followed struct {
 	byTarget  map[string]map[string]struct{} // endpoint chain -> service chains naming it
 	bySet     map[string]map[string]struct{} // set -> service chains using it
 	services  []ruleset.Service
+
+	// dispatch is iptables-nft's KUBE-SERVICES dispatch rules (kindNAT), nil until read.
+	dispatch *dispatchRules
 }
 
 // Followed reports whether t is one of the tables a Follower follows.
@@ -136,6 +139,7 @@ func (f *Follower) Resync(ctx context.Context) error {
 func (f *Follower) Apply(ctx context.Context, changes ...Change) error {
 	resync := false
 	touched := map[*followed]*TableChange{}
+	dispatch := map[*followed]*dispatchUpdate{}
 	for i := range changes {
 		c := &changes[i]
 		if c.Resync {
@@ -151,6 +155,12 @@ func (f *Follower) Apply(ctx context.Context, changes ...Change) error {
 				continue
 			}
 			touched[ft] = mergeDetail(touched[ft], d)
+			if ft.kind == kindNAT {
+				if dispatch[ft] == nil {
+					dispatch[ft] = &dispatchUpdate{}
+				}
+				dispatch[ft].add(c.Generation, ft.dispatch.current(), d)
+			}
 		}
 	}
 	var errs []error
@@ -163,7 +173,7 @@ func (f *Follower) Apply(ctx context.Context, changes ...Change) error {
 		case d.TableEvent || d.Overflow || ft.snap == nil:
 			errs = append(errs, f.full(ctx, ft))
 		default:
-			if err := f.partial(ctx, ft, d); err != nil {
+			if err := f.partial(ctx, ft, d, dispatch[ft]); err != nil {
 				ft.err = fmt.Errorf("read %s table: %w", ft.table, err)
 				errs = append(errs, ft.err)
 			}
@@ -193,13 +203,17 @@ func (f *Follower) full(ctx context.Context, ft *followed) error {
 	var err error
 	switch ft.kind {
 	case kindNAT:
-		err = consistently(ctx, f.q, func() error { return f.fullNAT(ctx, ft) })
+		var gen uint32
+		gen, err = consistentlyAt(ctx, f.q, func() error { return f.fullNAT(ctx, ft) })
+		if err == nil && ft.dispatch != nil {
+			ft.dispatch.gen = gen
+		}
 	case kindNFT:
 		err = consistently(ctx, f.q, func() error { return f.fullNFT(ctx, ft) })
 	}
 	if err != nil {
 		ft.err = fmt.Errorf("read %s table: %w", ft.table, err)
-		ft.chains, ft.endpoints, ft.byTarget, ft.bySet, ft.services = nil, nil, nil, nil, nil
+		ft.chains, ft.endpoints, ft.byTarget, ft.bySet, ft.services, ft.dispatch = nil, nil, nil, nil, nil, nil
 		return ft.err
 	}
 	ft.err = nil
@@ -209,7 +223,7 @@ func (f *Follower) full(ctx context.Context, ft *followed) error {
 func (ft *followed) reset() {
 	ft.chains, ft.endpoints = map[string]*kpChain{}, map[string]netip.AddrPort{}
 	ft.byTarget, ft.bySet = map[string]map[string]struct{}{}, map[string]map[string]struct{}{}
-	ft.services, ft.snap = nil, nil
+	ft.services, ft.snap, ft.dispatch = nil, nil, nil
 }
 
 func (f *Follower) fullNAT(ctx context.Context, ft *followed) error {
@@ -239,6 +253,7 @@ func (f *Follower) fullNAT(ctx context.Context, ft *followed) error {
 		ft.setChain(chain, c)
 	}
 	ft.services = nr.services
+	ft.dispatch = newDispatchRules(nr, 0) // the generation is set once the read proves consistent
 	ft.snap = ft.build(nil, nil)
 	return nil
 }
@@ -353,14 +368,15 @@ func (ft *followed) build(old *ruleset.ProxyTable, affected map[string]struct{})
 	return pt
 }
 
-// partial re-reads the chains and sets d names.
-func (f *Follower) partial(ctx context.Context, ft *followed, d *TableChange) error {
+// partial re-reads the chains and sets d names; u is what the changes did to KUBE-SERVICES
+// (iptables-nft).
+func (f *Follower) partial(ctx context.Context, ft *followed, d *TableChange, u *dispatchUpdate) error {
 	affected := map[string]struct{}{}
 	servicesChanged := false
 	var err error
 	switch ft.kind {
 	case kindNAT:
-		servicesChanged, err = f.partialNAT(ctx, ft, d, affected)
+		servicesChanged, err = f.partialNAT(ctx, ft, d, u, affected)
 	case kindNFT:
 		servicesChanged, err = f.partialNFT(ctx, ft, d, affected)
 	}
@@ -373,7 +389,7 @@ func (f *Follower) partial(ctx context.Context, ft *followed, d *TableChange) er
 	return nil
 }
 
-func (f *Follower) partialNAT(ctx context.Context, ft *followed, d *TableChange, affected map[string]struct{}) (bool, error) {
+func (f *Follower) partialNAT(ctx context.Context, ft *followed, d *TableChange, u *dispatchUpdate, affected map[string]struct{}) (bool, error) {
 	family := ft.table.Family
 	if slices.Contains(d.ChainEvents, "KUBE-SERVICES") {
 		// Created again each sync (an update of the chain); deleted, the table is not
@@ -387,11 +403,14 @@ func (f *Follower) partialNAT(ctx context.Context, ft *followed, d *TableChange,
 			return false, nil
 		}
 	}
-	servicesChanged := false
+	servicesChanged, err := f.updateDispatch(ctx, ft, u)
+	if err != nil {
+		return false, err
+	}
 	for _, chain := range uniq(d.Chains) {
 		name := []byte(chain)
 		svc, sep := isSvcChain(name), strings.HasPrefix(chain, "KUBE-SEP-")
-		if !svc && !sep && chain != "KUBE-SERVICES" {
+		if !svc && !sep {
 			continue
 		}
 		var nr *natReader
@@ -427,8 +446,6 @@ func (f *Follower) partialNAT(ctx context.Context, ft *followed, d *TableChange,
 			for s := range ft.byTarget[chain] {
 				affected[s] = struct{}{}
 			}
-		default:
-			ft.services, servicesChanged = nr.services, true
 		}
 	}
 	return servicesChanged, nil

@@ -2,6 +2,7 @@ package nftnl
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -20,10 +21,10 @@ type followTest struct {
 	w *Watcher
 }
 
-func newFollowTest(t *testing.T) *followTest {
+func newFollowTest(t *testing.T, opts ...WatchOption) *followTest {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	w, err := Watch(ctx, Followed)
+	w, err := Watch(ctx, Followed, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,12 +121,27 @@ func kubeServices(t *testing.T, without string) string {
 
 // TestKernelFollowIPTablesNAT replays a kube-proxy partial sync on the real capture: one
 // endpoint of lab/web-nodeport replaced (its KUBE-SEP chain deleted, a new one added, the
-// service chain and KUBE-SERVICES written again).
+// service chain and KUBE-SERVICES written again). KUBE-SERVICES is followed from the watch's
+// rule messages; a watch that does not keep them makes the Follower dump it instead.
 func TestKernelFollowIPTablesNAT(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts []WatchOption
+		// servicesDumps is the KUBE-SERVICES dumps each rewrite of that chain costs.
+		servicesDumps uint64
+	}{
+		{"rule messages kept", []WatchOption{KeepRules(FollowerKeepsRules)}, 0},
+		{"rule messages not kept", nil, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testFollowIPTablesNAT(t, tc.opts, tc.servicesDumps) })
+	}
+}
+
+func testFollowIPTablesNAT(t *testing.T, opts []WatchOption, servicesDumps uint64) {
 	needNetns(t)
 	nftnltest.Flush(t)
 	nftnltest.LoadIPTablesSave(t, readFile(t, natCapture), false)
-	ft := newFollowTest(t)
+	ft := newFollowTest(t, opts...)
 	ft.same("initial read")
 
 	nftnltest.LoadIPTablesSave(t, []byte(`*nat
@@ -141,10 +157,42 @@ func TestKernelFollowIPTablesNAT(t *testing.T) {
 -X KUBE-SEP-RX36DMIICQEWPEUB
 COMMIT
 `), false, "--noflush")
-	// KUBE-SERVICES, the service chain, the old and the new endpoint chain.
-	wantReads(t, "endpoint replaced", ft.step("endpoint replaced"), 0, 4, 0)
+	// The service chain, the old and the new endpoint chain, and KUBE-SERVICES unless its
+	// rule messages were kept.
+	wantReads(t, "endpoint replaced", ft.step("endpoint replaced"), 0, 3+servicesDumps, 0)
 	if pt, _ := ft.f.IPTablesNAT(false); !slices.Contains(pt.Chains["KUBE-SVC-FEK7IJ3KIWHUKSBD"], netip.MustParseAddrPort("10.244.3.51:8080")) {
 		t.Errorf("KUBE-SVC-FEK7IJ3KIWHUKSBD does not DNAT to the new endpoint: %v", pt.Chains["KUBE-SVC-FEK7IJ3KIWHUKSBD"])
+	}
+
+	// KUBE-SERVICES alone rewritten, one service port's dispatch moved to another cluster IP:
+	// what the Follower lists must follow from the rule messages alone.
+	moved := strings.ReplaceAll(kubeServices(t, ""), "-d 10.96.0.52/32", "-d 10.96.7.52/32")
+	nftnltest.LoadIPTablesSave(t, []byte("*nat\n:KUBE-SERVICES - [0:0]\n"+moved+"COMMIT\n"), false, "--noflush")
+	wantReads(t, "dispatch moved", ft.step("dispatch moved"), 0, servicesDumps, 0)
+	if pt, _ := ft.f.IPTablesNAT(false); !slices.ContainsFunc(pt.Services, func(s ruleset.Service) bool {
+		return s.ClusterIP == netip.MustParseAddr("10.96.7.52") && s.Chain == "KUBE-SVC-FEK7IJ3KIWHUKSBD"
+	}) {
+		t.Errorf("the moved dispatch is not listed: %+v", pt.Services)
+	}
+
+	// Two commits in one Apply, the second undoing the first.
+	nftnltest.LoadIPTablesSave(t, []byte("*nat\n:KUBE-SERVICES - [0:0]\n"+kubeServices(t, "")+"COMMIT\n"), false, "--noflush")
+	nftnltest.LoadIPTablesSave(t, []byte("*nat\n:KUBE-SERVICES - [0:0]\n"+moved+"COMMIT\n"), false, "--noflush")
+	ft.step("two rewrites")
+
+	// Changes a whole read already holds: their rule messages are not applied again (the
+	// first alone would bring back the dispatch rules the second deleted).
+	nftnltest.LoadIPTablesSave(t, []byte("*nat\n:KUBE-SERVICES - [0:0]\n"+kubeServices(t, "")+"COMMIT\n"), false, "--noflush")
+	nftnltest.LoadIPTablesSave(t, []byte("*nat\n:KUBE-SERVICES - [0:0]\n"+moved+"COMMIT\n"), false, "--noflush")
+	held := ft.changes()
+	if err := ft.f.Resync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range held {
+		if err := ft.f.Apply(context.Background(), c); err != nil {
+			t.Fatal(err)
+		}
+		ft.same(fmt.Sprintf("change %d of %d after a whole read", i+1, len(held)))
 	}
 
 	// A service chain deleted as kube-proxy does: flushed, then removed.
@@ -154,6 +202,14 @@ COMMIT
 	// The table whole again (no --noflush): its chains all change at once.
 	nftnltest.LoadIPTablesSave(t, readFile(t, natCapture), false)
 	ft.step("table restored")
+
+	// KUBE-SERVICES deleted with the rest of kube-proxy's chains, then written again.
+	nftnltest.Flush(t)
+	ft.step("table flushed")
+	nftnltest.LoadIPTablesSave(t, readFile(t, natCapture), false)
+	ft.step("table loaded again")
+	nftnltest.LoadIPTablesSave(t, []byte("*nat\n:KUBE-SERVICES - [0:0]\n"+moved+"COMMIT\n"), false, "--noflush")
+	wantReads(t, "dispatch moved after reload", ft.step("dispatch moved after reload"), 0, servicesDumps, 0)
 }
 
 // TestKernelFollowKubeProxyNFT follows nftables mode's partial syncs: a service chain flushed

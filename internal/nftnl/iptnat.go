@@ -63,6 +63,7 @@ type natReader struct {
 	sepDNAT  []netip.AddrPort // by sepIndex; invalid until the chain's DNAT rule is seen
 	jumps    map[string][]int32
 	services []ruleset.Service
+	handles  []uint64 // the rule handle of each of services
 }
 
 func newNATReader(family uint8) *natReader {
@@ -148,6 +149,7 @@ func (nr *natReader) service(r *ruleMsg, f *ruleFacts) {
 		s.Namespace, s.Name, s.PortName = parseServiceComment(string(comment))
 	}
 	nr.services = append(nr.services, s)
+	nr.handles = append(nr.handles, r.handle)
 }
 
 func (nr *natReader) result() *ruleset.ProxyTable {

@@ -36,28 +36,34 @@ const maxAttempts = 5
 // several requests (a table's rules, then its maps' elements) is consistent only if no commit
 // came in between, and a single dump is flagged interrupted if one came during it.
 func consistently(ctx context.Context, q querier, read func() error) error {
+	_, err := consistentlyAt(ctx, q, read)
+	return err
+}
+
+// consistentlyAt is consistently, returning the generation the read is consistent with.
+func consistentlyAt(ctx context.Context, q querier, read func() error) (uint32, error) {
 	var err error
 	for range maxAttempts {
 		var before, after uint32
 		if before, err = generation(ctx, q); err != nil {
-			return err
+			return 0, err
 		}
 		err = read()
 		if errors.Is(err, errInterrupted) {
 			continue
 		}
 		if err != nil {
-			return err
+			return 0, err
 		}
 		if after, err = generation(ctx, q); err != nil {
-			return err
+			return 0, err
 		}
 		if before == after {
-			return nil
+			return after, nil
 		}
 		err = fmt.Errorf("ruleset generation moved from %d to %d during the read", before, after)
 	}
-	return fmt.Errorf("no consistent read in %d attempts: %w", maxAttempts, err)
+	return 0, fmt.Errorf("no consistent read in %d attempts: %w", maxAttempts, err)
 }
 
 // generation asks for the current ruleset generation (NFT_MSG_GETGEN).

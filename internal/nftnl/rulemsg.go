@@ -13,6 +13,10 @@ type ruleMsg struct {
 	handle       uint64
 	userdata     []byte
 	exprs        []byte // NFTA_RULE_EXPRESSIONS: a list of NFTA_LIST_ELEM
+	// body is the message from its expressions on: what the rule does, without the table,
+	// chain, handle and position that come before (the kernel's order). nil when another
+	// attribute than the expressions, user data or compat info follows them.
+	body []byte
 }
 
 var errMalformed = errors.New("malformed nf_tables message")
@@ -20,7 +24,20 @@ var errMalformed = errors.New("malformed nf_tables message")
 func parseRule(b []byte) (ruleMsg, error) {
 	var r ruleMsg
 	a := newAttrs(b)
-	for a.next() {
+	bodyOK := true
+	for {
+		rest := a.b
+		if !a.next() {
+			break
+		}
+		switch a.typ {
+		case unix.NFTA_RULE_EXPRESSIONS, unix.NFTA_RULE_USERDATA, unix.NFTA_RULE_COMPAT:
+			if r.body == nil {
+				r.body = rest
+			}
+		default:
+			bodyOK = bodyOK && r.body == nil
+		}
 		switch a.typ {
 		case unix.NFTA_RULE_TABLE:
 			r.table = a.str()
@@ -36,6 +53,9 @@ func parseRule(b []byte) (ruleMsg, error) {
 	}
 	if a.bad {
 		return r, errMalformed
+	}
+	if !bodyOK {
+		r.body = nil
 	}
 	return r, nil
 }

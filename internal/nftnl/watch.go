@@ -58,7 +58,31 @@ type TableChange struct {
 	// Other: objects other than chains, rules, sets and elements changed (objects,
 	// flowtables).
 	Other bool
+	// Rules are the rule messages, in commit order, of the chains the watch keeps whole
+	// (KeepRules): a follower applies them instead of dumping a chain that a commit rewrote.
+	Rules []RuleEvent
+	// KeptChains are the chains of Chains whose rule messages Rules holds, all of them
+	// unless RulesDropped.
+	KeptChains []string
+	// RulesDropped: the commit's kept rule messages passed maxKeptRuleBytes and were dropped;
+	// Rules is then empty and the chains must be read.
+	RulesDropped bool
 }
+
+// RuleEvent is one rule a commit added or deleted in a chain the watch keeps whole.
+type RuleEvent struct {
+	Chain   string
+	Handle  uint64
+	Deleted bool
+	// attrs are an added rule's attributes (a copy, as in a dump's NEWRULE); nil when
+	// deleted.
+	attrs []byte
+}
+
+// maxKeptRuleBytes bounds the rule messages one commit's TableChange keeps: a commit that
+// rewrites a chain of hundreds of thousands of rules is better dumped than held twice.
+// It is a variable so the tests can reach it with a few messages.
+var maxKeptRuleBytes = 16 << 20
 
 // maxDetailNames bounds the names a TableChange lists: a commit that rewrites a whole table
 // (kube-proxy's full sync) is better re-read whole than chain by chain.
@@ -117,10 +141,19 @@ var watchRecvBuffer = 8 << 20
 // fast the reader would have been.
 var watchBeforeReceive func()
 
+// WatchOption changes what a watch reports.
+type WatchOption func(*changeAccumulator)
+
+// KeepRules makes the watch carry, in each TableChange, the rule messages of the chains keep
+// selects (TableChange.Rules). keep sees the chain's name only while it is called.
+func KeepRules(keep func(t Table, chain []byte) bool) WatchOption {
+	return func(a *changeAccumulator) { a.keepRules = keep }
+}
+
 // Watch subscribes to nf_tables change events of this network namespace. interest selects the
 // tables whose changes are reported (nil: all). Commits that touch no table of interest are
 // not reported. The watch stops, closing C and then Done, when ctx is cancelled.
-func Watch(ctx context.Context, interest func(Table) bool) (*Watcher, error) {
+func Watch(ctx context.Context, interest func(Table) bool, opts ...WatchOption) (*Watcher, error) {
 	c, err := socket.Socket(unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_NETFILTER, "nftnl-watch", nil)
 	if err != nil {
 		return nil, fmt.Errorf("open netfilter netlink socket: %w", err)
@@ -152,17 +185,19 @@ func Watch(ctx context.Context, interest func(Table) bool) (*Watcher, error) {
 		defer close(w.done)
 		defer close(ch)
 		defer c.Close()
-		w.err = w.run(ctx, c, ch, interest)
+		acc := &changeAccumulator{interest: interest}
+		for _, o := range opts {
+			o(acc)
+		}
+		w.err = w.run(ctx, c, ch, acc)
 	}()
 	return w, nil
 }
 
 // run reads events until ctx is cancelled; a receive blocked in the kernel returns then, as
 // the socket is in the runtime's poller.
-func (w *Watcher) run(ctx context.Context, c *socket.Conn, ch chan<- Change, interest func(Table) bool) error {
+func (w *Watcher) run(ctx context.Context, c *socket.Conn, ch chan<- Change, acc *changeAccumulator) error {
 	buf := make([]byte, recvBufBytes)
-	var acc changeAccumulator
-	acc.interest = interest
 	send := func(chg Change) bool {
 		select {
 		case ch <- chg:
@@ -203,12 +238,13 @@ func (w *Watcher) run(ctx context.Context, c *socket.Conn, ch chan<- Change, int
 // changeAccumulator turns the event stream into Changes: it collects the tables of one
 // commit's messages until the commit's NEWGEN, and checks that generations follow each other.
 type changeAccumulator struct {
-	interest func(Table) bool
-	touched  []Table
-	details  []*detailAcc // by touched
-	skipped  Table        // the last table found of no interest
-	lastGen  uint32
-	haveGen  bool
+	interest  func(Table) bool
+	keepRules func(t Table, chain []byte) bool
+	touched   []Table
+	details   []*detailAcc // by touched
+	skipped   Table        // the last table found of no interest
+	lastGen   uint32
+	haveGen   bool
 }
 
 func (a *changeAccumulator) reset() {
@@ -221,6 +257,57 @@ type detailAcc struct {
 	seen      map[string]struct{} // "c" + chain, "e" + chain event, "s" + set
 	key       []byte
 	lastChain []byte // the last chain named, as a commit names one chain many times in a row
+
+	keepRules func(t Table, chain []byte) bool
+	// keptChain is the chain name of the last kept rule (its string, shared by its
+	// RuleEvents); arena holds the kept rules' attributes.
+	keptChain string
+	arena     []byte
+	keptBytes int
+}
+
+// keep records rule message m of chain if the watch keeps the chain's rules.
+func (d *detailAcc) keep(m message, chain []byte) {
+	if d.keepRules == nil || d.tc.RulesDropped || d.tc.Overflow || !d.keepRules(d.tc.Table, chain) {
+		return
+	}
+	var handle uint64
+	found := false
+	a := newAttrs(m.attrs)
+	for a.next() {
+		if a.typ == unix.NFTA_RULE_HANDLE {
+			handle, found = a.u64()
+			break
+		}
+	}
+	if !found {
+		d.dropRules()
+		return
+	}
+	if d.keptChain != string(chain) {
+		d.keptChain = string(chain)
+	}
+	ev := RuleEvent{Chain: d.keptChain, Handle: handle, Deleted: m.typ == unix.NFT_MSG_DELRULE}
+	if !ev.Deleted {
+		if d.keptBytes += len(m.attrs); d.keptBytes > maxKeptRuleBytes {
+			d.dropRules()
+			return
+		}
+		// One arena per commit, grown in blocks: a rewrite of a chain is thousands of small
+		// messages. A full block is left to the events that point into it.
+		if cap(d.arena)-len(d.arena) < len(m.attrs) {
+			d.arena = make([]byte, 0, max(64<<10, len(m.attrs)))
+		}
+		start := len(d.arena)
+		d.arena = append(d.arena, m.attrs...)
+		ev.attrs = d.arena[start:len(d.arena):len(d.arena)]
+	}
+	d.tc.Rules = append(d.tc.Rules, ev)
+}
+
+func (d *detailAcc) dropRules() {
+	d.tc.RulesDropped = true
+	d.tc.Rules, d.arena = nil, nil
 }
 
 func (d *detailAcc) add(kind byte, name []byte) {
@@ -237,6 +324,8 @@ func (d *detailAcc) add(kind byte, name []byte) {
 	if len(d.seen) >= maxDetailNames {
 		d.tc.Overflow = true
 		d.tc.Chains, d.tc.ChainEvents, d.tc.Sets, d.seen, d.lastChain = nil, nil, nil, nil, nil
+		d.tc.KeptChains = nil
+		d.dropRules() // the table is read whole
 		return
 	}
 	if d.seen == nil {
@@ -248,6 +337,9 @@ func (d *detailAcc) add(kind byte, name []byte) {
 	case 'c':
 		d.tc.Chains = append(d.tc.Chains, s)
 		d.lastChain = append(d.lastChain[:0], name...)
+		if d.keepRules != nil && d.keepRules(d.tc.Table, name) {
+			d.tc.KeptChains = append(d.tc.KeptChains, s)
+		}
 	case 'e':
 		d.tc.ChainEvents = append(d.tc.ChainEvents, s)
 		d.add('c', name)
@@ -264,6 +356,7 @@ func (d *detailAcc) note(m message) {
 	case unix.NFT_MSG_NEWRULE, unix.NFT_MSG_DELRULE:
 		if name, ok := strAttr(m.attrs, unix.NFTA_RULE_CHAIN); ok {
 			d.add('c', name)
+			d.keep(m, name)
 		}
 	case unix.NFT_MSG_NEWCHAIN, unix.NFT_MSG_DELCHAIN:
 		if name, ok := strAttr(m.attrs, unix.NFTA_CHAIN_NAME); ok {
@@ -363,7 +456,7 @@ func (a *changeAccumulator) event(m message) (Change, bool) {
 		return Change{}, false
 	}
 	a.touched = append(a.touched, table)
-	d := &detailAcc{tc: TableChange{Table: table}}
+	d := &detailAcc{tc: TableChange{Table: table}, keepRules: a.keepRules}
 	d.note(m)
 	a.details = append(a.details, d)
 	return Change{}, false
