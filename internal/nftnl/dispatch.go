@@ -151,10 +151,10 @@ func sortServices(s []ruleset.Service) {
 // dispatchUpdate is what a run of changes did to iptables-nft's KUBE-SERVICES, past the
 // generation its dispatch rules are current at.
 type dispatchUpdate struct {
-	named  bool        // a change named the chain
-	unkept bool        // a change named it without its rule messages: it must be dumped
+	named  bool          // a change named the chain
+	unkept bool          // a change named it without its rule messages: it must be dumped
 	rules  [][]RuleEvent // the changes' decoded rule messages, in order
-	gen    uint32      // the last such change's generation
+	gen    uint32        // the last such change's generation
 }
 
 // add notes change d, whose commit produced generation gen, to a table whose dispatch rules

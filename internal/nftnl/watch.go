@@ -252,11 +252,11 @@ func (w *Watcher) run(ctx context.Context, c *socket.Conn, ch chan<- Change, acc
 type changeAccumulator struct {
 	interest func(Table) bool
 	rules    ruleDecoder // nil: no rule messages are kept
-	touched   []Table
-	details   []*detailAcc // by touched
-	skipped   Table        // the last table found of no interest
-	lastGen   uint32
-	haveGen   bool
+	touched  []Table
+	details  []*detailAcc // by touched
+	skipped  Table        // the last table found of no interest
+	lastGen  uint32
+	haveGen  bool
 }
 
 func (a *changeAccumulator) reset() {
