@@ -180,7 +180,7 @@ func affectsForward(c *nftnl.Change) bool {
 }
 
 func (b *systemBackends) watchNFT(ctx context.Context) (<-chan nftChange, error) {
-	w, err := nftnl.Watch(ctx, nil, nftnl.KeepRules(nftnl.FollowerKeepsRules))
+	w, err := nftnl.Watch(ctx, nil, nftnl.FollowDispatch())
 	if err != nil {
 		return nil, err
 	}

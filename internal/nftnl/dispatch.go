@@ -1,9 +1,8 @@
 package nftnl
 
 import (
+	"cmp"
 	"context"
-	"fmt"
-	"maps"
 	"slices"
 
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
@@ -11,37 +10,92 @@ import (
 
 const chainKubeServices = "KUBE-SERVICES"
 
-// FollowerKeepsRules selects the chains whose rule messages a Follower applies rather than
-// dumping the chain again (see KeepRules): iptables-nft's KUBE-SERVICES, which kube-proxy
-// rewrites whole at every sync.
-func FollowerKeepsRules(t Table, chain []byte) bool {
+// dispatchDecoder decodes KUBE-SERVICES's rule messages on the watch's goroutine. kube-proxy
+// writes the same rules again at every sync, so each rule body (its expressions and user
+// data, the bytes after table, chain and handle) is decoded once and remembered.
+type dispatchDecoder struct {
+	readers map[uint8]*natReader // by family
+	bodies  map[string]*decodedBody
+	commit  uint64 // commits seen
+	used    int    // bodies used in the current commit
+}
+
+type decodedBody struct {
+	svc      *ruleset.Service // nil: not a dispatch rule
+	lastUsed uint64           // the commit that last used it
+}
+
+func newDispatchDecoder() *dispatchDecoder {
+	return &dispatchDecoder{readers: map[uint8]*natReader{}, bodies: map[string]*decodedBody{}}
+}
+
+// keeps selects iptables-nft's KUBE-SERVICES, which kube-proxy rewrites whole at every sync.
+func (dd *dispatchDecoder) keeps(t Table, chain []byte) bool {
 	return t.Name == "nat" && string(chain) == chainKubeServices
 }
 
-// dispatchRules is iptables-nft's KUBE-SERVICES: its service dispatch rules by rule handle.
-// kube-proxy deletes and adds every rule of that chain at every sync; the watch's rule
-// messages are applied to it instead of dumping thousands of rules again.
+func (dd *dispatchDecoder) decode(t Table, attrs []byte) (*ruleset.Service, error) {
+	r, err := parseRule(attrs)
+	if err != nil {
+		return nil, err
+	}
+	if b, ok := dd.bodies[string(r.body)]; ok && r.body != nil {
+		if b.lastUsed != dd.commit {
+			b.lastUsed = dd.commit
+			dd.used++
+		}
+		return b.svc, nil
+	}
+	nr := dd.readers[t.Family]
+	if nr == nil {
+		nr = newNATReader(t.Family)
+		dd.readers[t.Family] = nr
+	}
+	nr.services, nr.handles = nr.services[:0], nr.handles[:0]
+	if err := nr.rule(&r); err != nil {
+		return nil, err
+	}
+	var svc *ruleset.Service
+	if len(nr.services) == 1 {
+		s := nr.services[0]
+		svc = &s
+	}
+	if r.body != nil {
+		dd.bodies[string(r.body)] = &decodedBody{svc: svc, lastUsed: dd.commit}
+		dd.used++
+	}
+	return svc, nil
+}
+
+// commitEnd forgets the bodies of rules long gone once they outnumber the commit's own,
+// generously: a commit that rewrote the chain used every body of the rules it holds now.
+func (dd *dispatchDecoder) commitEnd() {
+	if dd.used > 0 && len(dd.bodies) > 2*dd.used+64 {
+		for k, b := range dd.bodies {
+			if b.lastUsed != dd.commit {
+				delete(dd.bodies, k)
+			}
+		}
+	}
+	dd.commit++
+	dd.used = 0
+}
+
+// dispatchRules is iptables-nft's KUBE-SERVICES: its service dispatch rules by rule handle,
+// followed from the watch's decoded rule messages (FollowDispatch) instead of dumps.
 type dispatchRules struct {
 	byHandle map[uint64]ruleset.Service
 	// gen is the generation the rules are current at: the messages of commits up to it are
 	// in them already.
 	gen uint32
-	// decoded remembers what each rule body decodes to, a dispatch or not: the rules written
-	// again at each sync are the same bytes, decoded once.
-	decoded map[string]decodedRule
 	// handles and list are scratch space for services.
 	handles []uint64
 	list    []ruleset.Service
 }
 
-type decodedRule struct {
-	svc      ruleset.Service
-	dispatch bool
-}
-
 // newDispatchRules keeps the dispatch rules nr read, current at generation gen.
 func newDispatchRules(nr *natReader, gen uint32) *dispatchRules {
-	d := &dispatchRules{byHandle: make(map[uint64]ruleset.Service, len(nr.services)), gen: gen, decoded: map[string]decodedRule{}}
+	d := &dispatchRules{byHandle: make(map[uint64]ruleset.Service, len(nr.services)), gen: gen}
 	for i, s := range nr.services {
 		d.byHandle[nr.handles[i]] = s
 	}
@@ -56,71 +110,51 @@ func (d *dispatchRules) current() uint32 {
 	return d.gen
 }
 
-// apply applies a run of rule messages of the chain.
-func (d *dispatchRules) apply(family uint8, events []RuleEvent) error {
-	var nr *natReader
-	for _, ev := range events {
-		if ev.Deleted {
-			delete(d.byHandle, ev.Handle)
-			continue
-		}
-		r, err := parseRule(ev.attrs)
-		if err != nil {
-			return fmt.Errorf("rule message of chain %s: %w", chainKubeServices, err)
-		}
-		dec, ok := d.decoded[string(r.body)]
-		if !ok || r.body == nil {
-			if nr == nil {
-				nr = newNATReader(family)
+// apply applies runs of decoded rule messages, in order; other chains' are skipped.
+func (d *dispatchRules) apply(runs [][]RuleEvent) {
+	for _, run := range runs {
+		for _, ev := range run {
+			switch {
+			case ev.Chain != chainKubeServices:
+			case ev.Deleted || ev.svc == nil:
+				delete(d.byHandle, ev.Handle)
+			default:
+				d.byHandle[ev.Handle] = *ev.svc
 			}
-			nr.services, nr.handles = nr.services[:0], nr.handles[:0]
-			if err := nr.rule(&r); err != nil {
-				return err
-			}
-			if len(nr.services) == 1 {
-				dec = decodedRule{svc: nr.services[0], dispatch: true}
-			}
-			if r.body != nil {
-				d.decoded[string(r.body)] = dec
-			}
-		}
-		if dec.dispatch {
-			d.byHandle[ev.Handle] = dec.svc
-		} else {
-			delete(d.byHandle, ev.Handle)
 		}
 	}
-	// Bodies of rules long gone are forgotten, a generous bound keeping those of the rules
-	// now in the chain.
-	if len(d.decoded) > 2*len(d.byHandle)+64 {
-		clear(d.decoded)
-	}
-	return nil
 }
 
-// services lists the dispatch rules in rule handle order, which is the chain's order for
-// rules appended as iptables-restore writes them. It returns old, and false, when the list
-// is the same.
+// services lists the dispatch rules sorted (sortServices), returning old, and false, when
+// the list is the same.
 func (d *dispatchRules) services(old []ruleset.Service) ([]ruleset.Service, bool) {
-	d.handles = slices.AppendSeq(d.handles[:0], maps.Keys(d.byHandle))
-	slices.Sort(d.handles)
 	d.list = d.list[:0]
-	for _, h := range d.handles {
-		d.list = append(d.list, d.byHandle[h])
+	for _, s := range d.byHandle {
+		d.list = append(d.list, s)
 	}
+	sortServices(d.list)
 	if slices.Equal(d.list, old) {
 		return old, false
 	}
 	return slices.Clone(d.list), true
 }
 
+// sortServices orders dispatch rules by cluster IP, port and protocol. kube-proxy writes
+// KUBE-SERVICES in a new order at every sync (it walks a map); a sorted list is the same
+// from one sync to the next, and the same from a dump as from rule messages.
+func sortServices(s []ruleset.Service) {
+	slices.SortFunc(s, func(a, b ruleset.Service) int {
+		return cmp.Or(a.ClusterIP.Compare(b.ClusterIP), cmp.Compare(a.Port, b.Port), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Chain, b.Chain))
+	})
+}
+
 // dispatchUpdate is what a run of changes did to iptables-nft's KUBE-SERVICES, past the
 // generation its dispatch rules are current at.
 type dispatchUpdate struct {
-	named  bool        // a change named the chain
-	unkept bool        // a change named it without its rule messages: it must be dumped
-	rules  []RuleEvent // the changes' rule messages of the chain, in order
-	gen    uint32      // the last such change's generation
+	named  bool          // a change named the chain
+	unkept bool          // a change named it without its rule messages: it must be dumped
+	rules  [][]RuleEvent // the changes' decoded rule messages, in order
+	gen    uint32        // the last such change's generation
 }
 
 // add notes change d, whose commit produced generation gen, to a table whose dispatch rules
@@ -134,11 +168,7 @@ func (u *dispatchUpdate) add(gen, since uint32, d *TableChange) {
 		u.unkept = true
 		return
 	}
-	for _, r := range d.Rules {
-		if r.Chain == chainKubeServices {
-			u.rules = append(u.rules, r)
-		}
-	}
+	u.rules = append(u.rules, d.Rules)
 }
 
 // genAfter reports whether generation a came after b, the counter wrapping around.
@@ -159,15 +189,9 @@ func (f *Follower) updateDispatch(ctx context.Context, ft *followed, u *dispatch
 		if err != nil {
 			return false, err
 		}
-		fresh := newDispatchRules(nr, gen)
-		if ft.dispatch != nil {
-			fresh.decoded = ft.dispatch.decoded
-		}
-		ft.dispatch = fresh
+		ft.dispatch = newDispatchRules(nr, gen)
 	} else {
-		if err := ft.dispatch.apply(family, u.rules); err != nil {
-			return false, err
-		}
+		ft.dispatch.apply(u.rules)
 		ft.dispatch.gen = u.gen
 	}
 	var changed bool

@@ -1,22 +1,24 @@
 package nftnl
 
 import (
-	"bytes"
 	"encoding/binary"
+	"fmt"
 	"slices"
 	"testing"
 
-	"github.com/proxyhealth/proxyhealth/internal/ruleset"
-
 	"golang.org/x/sys/unix"
+
+	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
 
-// kubeServicesMessages returns the recorded dump's NEWRULE messages of KUBE-SERVICES, each
-// with its handle replaced by handle(i), as a watch would carry them.
-func kubeServicesMessages(t *testing.T, handle func(i int) uint64) []RuleEvent {
+var natV4 = Table{Family: unix.NFPROTO_IPV4, Name: "nat"}
+
+// kubeServicesRules returns the attributes of the recorded dump's KUBE-SERVICES rules, each
+// with its handle set to handle(i), as a watch receives them.
+func kubeServicesRules(t *testing.T, handle func(i int) uint64) [][]byte {
 	t.Helper()
 	rec := loadReplay(t, "testdata/kube-proxy-v1.36.3-nat.replay.json")
-	var out []RuleEvent
+	var out [][]byte
 	for _, reply := range rec.rec {
 		for _, m := range reply.Msgs {
 			if m.Type != unix.NFT_MSG_NEWRULE || m.Family != unix.NFPROTO_IPV4 {
@@ -26,11 +28,9 @@ func kubeServicesMessages(t *testing.T, handle func(i int) uint64) []RuleEvent {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if string(r.chain) != chainKubeServices {
-				continue
+			if string(r.chain) == chainKubeServices {
+				out = append(out, withHandle(t, m.Attrs, handle(len(out))))
 			}
-			h := handle(len(out))
-			out = append(out, RuleEvent{Chain: chainKubeServices, Handle: h, attrs: withHandle(t, m.Attrs, h)})
 		}
 		if len(out) > 0 {
 			break // one reply holds the whole table
@@ -57,14 +57,45 @@ func withHandle(t *testing.T, attrs []byte, h uint64) []byte {
 	return nil
 }
 
-// TestDispatchRulesFollowsRewrites applies kube-proxy's way of writing KUBE-SERVICES (every
-// rule deleted and added again) to the rules read from a real capture.
-func TestDispatchRulesFollowsRewrites(t *testing.T) {
-	first := kubeServicesMessages(t, func(i int) uint64 { return uint64(100 + i) })
-	d := &dispatchRules{byHandle: map[uint64]ruleset.Service{}, decoded: map[string]decodedRule{}}
-	if err := d.apply(unix.NFPROTO_IPV4, first); err != nil {
+func handleOf(t *testing.T, attrs []byte) uint64 {
+	t.Helper()
+	r, err := parseRule(attrs)
+	if err != nil {
 		t.Fatal(err)
 	}
+	return r.handle
+}
+
+func newRule(attrs []byte) message {
+	return message{typ: unix.NFT_MSG_NEWRULE, family: unix.NFPROTO_IPV4, attrs: attrs}
+}
+
+func delRule(attrs []byte) message {
+	return message{typ: unix.NFT_MSG_DELRULE, family: unix.NFPROTO_IPV4, attrs: attrs}
+}
+
+// TestDispatchFollowsRewrites writes KUBE-SERVICES as kube-proxy does (every rule deleted and
+// added again at each sync) with the rules of a real capture, through a decoding watch's
+// accumulator, and applies what it reports.
+func TestDispatchFollowsRewrites(t *testing.T) {
+	acc := &changeAccumulator{rules: newDispatchDecoder()}
+	dd := acc.rules.(*dispatchDecoder)
+	apply := func(d *dispatchRules, chg Change) {
+		t.Helper()
+		tc := chg.Touched(natV4)
+		if tc == nil || tc.RulesDropped || !slices.Contains(tc.KeptChains, chainKubeServices) {
+			t.Fatalf("change %+v: want KUBE-SERVICES's rules kept", tc)
+		}
+		d.apply([][]RuleEvent{tc.Rules})
+	}
+
+	first := kubeServicesRules(t, func(i int) uint64 { return uint64(100 + i) })
+	var msgs []message
+	for _, r := range first {
+		msgs = append(msgs, newRule(r))
+	}
+	d := &dispatchRules{byHandle: map[uint64]ruleset.Service{}}
+	apply(d, commit(t, acc, 1, msgs...))
 	want, changed := d.services(nil)
 	if !changed || len(want) == 0 {
 		t.Fatalf("first write: %d services, changed %v", len(want), changed)
@@ -77,23 +108,25 @@ func TestDispatchRulesFollowsRewrites(t *testing.T) {
 	if !slices.Equal(want, pt.Services) {
 		t.Fatalf("from rule messages\n %+v\nwhole read\n %+v", want, pt.Services)
 	}
-	decoded := len(d.decoded)
+	bodies := len(dd.bodies)
 
-	// A sync: every rule deleted, the same rules added with new handles.
-	var sync []RuleEvent
-	for _, ev := range first {
-		sync = append(sync, RuleEvent{Chain: chainKubeServices, Handle: ev.Handle, Deleted: true})
+	// A sync: every rule deleted, the same rules added with new handles, in another order.
+	msgs = msgs[:0]
+	for _, r := range first {
+		msgs = append(msgs, delRule(r))
 	}
-	sync = append(sync, kubeServicesMessages(t, func(i int) uint64 { return uint64(1000 + i) })...)
-	if err := d.apply(unix.NFPROTO_IPV4, sync); err != nil {
-		t.Fatal(err)
+	second := kubeServicesRules(t, func(i int) uint64 { return uint64(1000 + i) })
+	slices.Reverse(second)
+	for _, r := range second {
+		msgs = append(msgs, newRule(r))
 	}
+	apply(d, commit(t, acc, 2, msgs...))
 	got, changed := d.services(want)
 	if changed || !slices.Equal(got, want) || &got[0] != &want[0] {
 		t.Errorf("the same rules again: changed %v, %d services (want the old list kept)", changed, len(got))
 	}
-	if len(d.decoded) != decoded {
-		t.Errorf("the same rules again: %d decoded bodies, want %d (none new)", len(d.decoded), decoded)
+	if len(dd.bodies) != bodies {
+		t.Errorf("the same rules again: %d decoded bodies, want %d (none new)", len(dd.bodies), bodies)
 	}
 	for h := range d.byHandle {
 		if h < 1000 {
@@ -102,24 +135,82 @@ func TestDispatchRulesFollowsRewrites(t *testing.T) {
 	}
 
 	// One dispatch rule deleted: listed no more.
-	var gone RuleEvent
-	for _, ev := range sync {
-		if _, ok := d.byHandle[ev.Handle]; ok && !ev.Deleted {
-			gone = RuleEvent{Chain: chainKubeServices, Handle: ev.Handle, Deleted: true}
+	var gone []byte
+	for _, r := range second {
+		if _, ok := d.byHandle[handleOf(t, r)]; ok {
+			gone = r
 			break
 		}
 	}
-	if err := d.apply(unix.NFPROTO_IPV4, []RuleEvent{gone}); err != nil {
-		t.Fatal(err)
-	}
+	apply(d, commit(t, acc, 3, delRule(gone)))
 	got, changed = d.services(want)
 	if !changed || len(got) != len(want)-1 {
 		t.Errorf("a rule deleted: changed %v, %d services, want %d", changed, len(got), len(want)-1)
 	}
 
-	// A malformed message is an error, not a guess.
-	bad := RuleEvent{Chain: chainKubeServices, Handle: 5000, attrs: bytes.Repeat([]byte{0xff}, 3)}
-	if err := d.apply(unix.NFPROTO_IPV4, []RuleEvent{bad}); err == nil {
-		t.Error("a malformed rule message was applied without an error")
+	// Bodies no rule used in a commit are forgotten once they outnumber its own, generously.
+	for i := range 100 {
+		dd.bodies[fmt.Sprint("gone", i)] = &decodedBody{}
+	}
+	apply(d, commit(t, acc, 4, newRule(withHandle(t, first[0], 7000))))
+	if len(dd.bodies) != 1 {
+		t.Errorf("%d decoded bodies after a commit that used one, want 1", len(dd.bodies))
+	}
+}
+
+// TestWatchKeepsRules checks what a decoding watch's Change carries: the kept chain's rules
+// only, decoded, and none past the bound or after a message it cannot decode.
+func TestWatchKeepsRules(t *testing.T) {
+	rules := kubeServicesRules(t, func(i int) uint64 { return uint64(10 + i) })
+	other := withHandle(t, rules[0], 99)
+	// The same rule in another chain: not kept.
+	otherChain := appendStrAttr(appendStrAttr(nil, unix.NFTA_RULE_TABLE, "nat"), unix.NFTA_RULE_CHAIN, "KUBE-NODEPORTS")
+	otherChain = appendAttr(otherChain, unix.NFTA_RULE_HANDLE, binary.BigEndian.AppendUint64(nil, 99))
+	a := &changeAccumulator{rules: newDispatchDecoder()}
+	chg := commit(t, a, 7, delRule(other), newRule(rules[0]), newRule(otherChain), newRule(rules[1]))
+	d := chg.Touched(natV4)
+	if d == nil {
+		t.Fatalf("change %+v does not name %v", chg, natV4)
+	}
+	if !slices.Equal(d.KeptChains, []string{chainKubeServices}) || d.RulesDropped {
+		t.Errorf("KeptChains %v, RulesDropped %v; want [KUBE-SERVICES], false", d.KeptChains, d.RulesDropped)
+	}
+	var got []uint64
+	for _, r := range d.Rules {
+		if r.Chain != chainKubeServices {
+			t.Errorf("kept a rule of chain %s", r.Chain)
+		}
+		if r.Deleted && r.svc != nil {
+			t.Errorf("deleted rule %d carries a service", r.Handle)
+		}
+		got = append(got, r.Handle)
+	}
+	if !slices.Equal(got, []uint64{99, 10, 11}) {
+		t.Errorf("kept rule handles %v, want [99 10 11]", got)
+	}
+
+	// Past the bound, the commit's kept rules are dropped and the chain must be read.
+	defer func(old int) { maxKeptRules = old }(maxKeptRules)
+	maxKeptRules = 2
+	chg = commit(t, a, 8, newRule(rules[0]), newRule(rules[1]), newRule(rules[2]))
+	if d := chg.Touched(natV4); d == nil || !d.RulesDropped || len(d.Rules) != 0 {
+		t.Errorf("over the bound: %+v, want RulesDropped and no rules", d)
+	}
+	maxKeptRules = 1 << 19
+
+	// A rule message it cannot decode drops the commit's rules too.
+	bad := appendStrAttr(appendStrAttr(nil, unix.NFTA_RULE_TABLE, "nat"), unix.NFTA_RULE_CHAIN, chainKubeServices)
+	bad = appendAttr(bad, unix.NFTA_RULE_HANDLE, binary.BigEndian.AppendUint64(nil, 50))
+	bad = append(bad, 0xff, 0xff, 0xff)
+	chg = commit(t, a, 9, newRule(rules[0]), newRule(bad))
+	if d := chg.Touched(natV4); d == nil || !d.RulesDropped || len(d.Rules) != 0 {
+		t.Errorf("an undecodable rule: %+v, want RulesDropped and no rules", d)
+	}
+
+	// A watch without FollowDispatch keeps nothing and says so.
+	plain := &changeAccumulator{}
+	chg = commit(t, plain, 10, newRule(rules[0]))
+	if d := chg.Touched(natV4); d == nil || len(d.KeptChains) != 0 || len(d.Rules) != 0 {
+		t.Errorf("without FollowDispatch: %+v, want no kept chains or rules", d)
 	}
 }

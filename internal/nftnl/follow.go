@@ -252,8 +252,9 @@ func (f *Follower) fullNAT(ctx context.Context, ft *followed) error {
 		}
 		ft.setChain(chain, c)
 	}
-	ft.services = nr.services
 	ft.dispatch = newDispatchRules(nr, 0) // the generation is set once the read proves consistent
+	ft.services = slices.Clone(nr.services)
+	sortServices(ft.services)
 	ft.snap = ft.build(nil, nil)
 	return nil
 }

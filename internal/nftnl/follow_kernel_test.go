@@ -130,7 +130,7 @@ func TestKernelFollowIPTablesNAT(t *testing.T) {
 		// servicesDumps is the KUBE-SERVICES dumps each rewrite of that chain costs.
 		servicesDumps uint64
 	}{
-		{"rule messages kept", []WatchOption{KeepRules(FollowerKeepsRules)}, 0},
+		{"rule messages kept", []WatchOption{FollowDispatch()}, 0},
 		{"rule messages not kept", nil, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) { testFollowIPTablesNAT(t, tc.opts, tc.servicesDumps) })

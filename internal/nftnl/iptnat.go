@@ -153,6 +153,7 @@ func (nr *natReader) service(r *ruleMsg, f *ruleFacts) {
 }
 
 func (nr *natReader) result() *ruleset.ProxyTable {
+	sortServices(nr.services)
 	pt := &ruleset.ProxyTable{Chains: make(map[string][]netip.AddrPort, len(nr.jumps)), Services: nr.services}
 	for chain, js := range nr.jumps {
 		eps := make([]netip.AddrPort, 0, len(js))

@@ -33,6 +33,7 @@ func TestReplayIPTablesNAT(t *testing.T) {
 		want = append(want, ruleset.Service{ClusterIP: sp.ClusterIP, Port: sp.Port, Protocol: proto,
 			Namespace: sp.Namespace, Name: sp.Name, PortName: sp.PortName, Chain: sp.Chain})
 	}
+	sortServices(want)
 	if !slices.Equal(pt.Services, want) {
 		t.Errorf("services\n got %+v\nwant %+v", pt.Services, want)
 	}

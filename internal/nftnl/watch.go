@@ -9,6 +9,8 @@ import (
 
 	"github.com/mdlayher/socket"
 	"golang.org/x/sys/unix"
+
+	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
 
 // Table names one nf_tables table.
@@ -58,31 +60,31 @@ type TableChange struct {
 	// Other: objects other than chains, rules, sets and elements changed (objects,
 	// flowtables).
 	Other bool
-	// Rules are the rule messages, in commit order, of the chains the watch keeps whole
-	// (KeepRules): a follower applies them instead of dumping a chain that a commit rewrote.
+	// Rules are the rule messages, in commit order, of the chains the watch decodes
+	// (FollowDispatch): a Follower applies them instead of dumping a chain a commit rewrote.
 	Rules []RuleEvent
 	// KeptChains are the chains of Chains whose rule messages Rules holds, all of them
 	// unless RulesDropped.
 	KeptChains []string
-	// RulesDropped: the commit's kept rule messages passed maxKeptRuleBytes and were dropped;
-	// Rules is then empty and the chains must be read.
+	// RulesDropped: the commit's kept rule messages were dropped (more than maxKeptRules, or
+	// one the watch could not decode); Rules is then empty and the chains must be read.
 	RulesDropped bool
 }
 
-// RuleEvent is one rule a commit added or deleted in a chain the watch keeps whole.
+// RuleEvent is one rule a commit added or deleted in a chain the watch decodes.
 type RuleEvent struct {
 	Chain   string
 	Handle  uint64
 	Deleted bool
-	// attrs are an added rule's attributes (a copy, as in a dump's NEWRULE); nil when
-	// deleted.
-	attrs []byte
+	// svc is the service port an added rule dispatches, nil when it is deleted or is not a
+	// dispatch rule. Shared between events and never modified.
+	svc *ruleset.Service
 }
 
-// maxKeptRuleBytes bounds the rule messages one commit's TableChange keeps: a commit that
-// rewrites a chain of hundreds of thousands of rules is better dumped than held twice.
+// maxKeptRules bounds the rule messages one commit's TableChange keeps: a commit that
+// rewrites a chain of hundreds of thousands of rules is better dumped than held.
 // It is a variable so the tests can reach it with a few messages.
-var maxKeptRuleBytes = 16 << 20
+var maxKeptRules = 1 << 19
 
 // maxDetailNames bounds the names a TableChange lists: a commit that rewrites a whole table
 // (kube-proxy's full sync) is better re-read whole than chain by chain.
@@ -144,10 +146,20 @@ var watchBeforeReceive func()
 // WatchOption changes what a watch reports.
 type WatchOption func(*changeAccumulator)
 
-// KeepRules makes the watch carry, in each TableChange, the rule messages of the chains keep
-// selects (TableChange.Rules). keep sees the chain's name only while it is called.
-func KeepRules(keep func(t Table, chain []byte) bool) WatchOption {
-	return func(a *changeAccumulator) { a.keepRules = keep }
+// FollowDispatch makes the watch decode, for a Follower, the rule messages of iptables-nft's
+// KUBE-SERVICES into TableChange.Rules: kube-proxy rewrites that chain whole at every sync,
+// and the decoded messages spare the Follower a dump of thousands of rules each time.
+func FollowDispatch() WatchOption {
+	return func(a *changeAccumulator) { a.rules = newDispatchDecoder() }
+}
+
+// ruleDecoder decodes the rule messages of the chains a watch keeps. It runs on the watch's
+// goroutine, so it may keep what it learnt between messages without locks.
+type ruleDecoder interface {
+	keeps(t Table, chain []byte) bool
+	decode(t Table, attrs []byte) (*ruleset.Service, error)
+	// commitEnd is called at each commit's end.
+	commitEnd()
 }
 
 // Watch subscribes to nf_tables change events of this network namespace. interest selects the
@@ -238,13 +250,13 @@ func (w *Watcher) run(ctx context.Context, c *socket.Conn, ch chan<- Change, acc
 // changeAccumulator turns the event stream into Changes: it collects the tables of one
 // commit's messages until the commit's NEWGEN, and checks that generations follow each other.
 type changeAccumulator struct {
-	interest  func(Table) bool
-	keepRules func(t Table, chain []byte) bool
-	touched   []Table
-	details   []*detailAcc // by touched
-	skipped   Table        // the last table found of no interest
-	lastGen   uint32
-	haveGen   bool
+	interest func(Table) bool
+	rules    ruleDecoder // nil: no rule messages are kept
+	touched  []Table
+	details  []*detailAcc // by touched
+	skipped  Table        // the last table found of no interest
+	lastGen  uint32
+	haveGen  bool
 }
 
 func (a *changeAccumulator) reset() {
@@ -258,17 +270,19 @@ type detailAcc struct {
 	key       []byte
 	lastChain []byte // the last chain named, as a commit names one chain many times in a row
 
-	keepRules func(t Table, chain []byte) bool
-	// keptChain is the chain name of the last kept rule (its string, shared by its
-	// RuleEvents); arena holds the kept rules' attributes.
+	rules ruleDecoder
+	// keptChain is the chain name of the last kept rule, its string shared by its
+	// RuleEvents.
 	keptChain string
-	arena     []byte
-	keptBytes int
 }
 
 // keep records rule message m of chain if the watch keeps the chain's rules.
 func (d *detailAcc) keep(m message, chain []byte) {
-	if d.keepRules == nil || d.tc.RulesDropped || d.tc.Overflow || !d.keepRules(d.tc.Table, chain) {
+	if d.rules == nil || d.tc.RulesDropped || d.tc.Overflow || !d.rules.keeps(d.tc.Table, chain) {
+		return
+	}
+	if len(d.tc.Rules) >= maxKeptRules {
+		d.dropRules()
 		return
 	}
 	var handle uint64
@@ -289,25 +303,20 @@ func (d *detailAcc) keep(m message, chain []byte) {
 	}
 	ev := RuleEvent{Chain: d.keptChain, Handle: handle, Deleted: m.typ == unix.NFT_MSG_DELRULE}
 	if !ev.Deleted {
-		if d.keptBytes += len(m.attrs); d.keptBytes > maxKeptRuleBytes {
+		svc, err := d.rules.decode(d.tc.Table, m.attrs)
+		if err != nil {
+			// The Follower dumps the chain instead, and reports what it cannot read.
 			d.dropRules()
 			return
 		}
-		// One arena per commit, grown in blocks: a rewrite of a chain is thousands of small
-		// messages. A full block is left to the events that point into it.
-		if cap(d.arena)-len(d.arena) < len(m.attrs) {
-			d.arena = make([]byte, 0, max(64<<10, len(m.attrs)))
-		}
-		start := len(d.arena)
-		d.arena = append(d.arena, m.attrs...)
-		ev.attrs = d.arena[start:len(d.arena):len(d.arena)]
+		ev.svc = svc
 	}
 	d.tc.Rules = append(d.tc.Rules, ev)
 }
 
 func (d *detailAcc) dropRules() {
 	d.tc.RulesDropped = true
-	d.tc.Rules, d.arena = nil, nil
+	d.tc.Rules = nil
 }
 
 func (d *detailAcc) add(kind byte, name []byte) {
@@ -337,7 +346,7 @@ func (d *detailAcc) add(kind byte, name []byte) {
 	case 'c':
 		d.tc.Chains = append(d.tc.Chains, s)
 		d.lastChain = append(d.lastChain[:0], name...)
-		if d.keepRules != nil && d.keepRules(d.tc.Table, name) {
+		if d.rules != nil && d.rules.keeps(d.tc.Table, name) {
 			d.tc.KeptChains = append(d.tc.KeptChains, s)
 		}
 	case 'e':
@@ -416,6 +425,9 @@ func (a *changeAccumulator) datagram(b []byte) []Change {
 // table of interest, or at a generation gap.
 func (a *changeAccumulator) event(m message) (Change, bool) {
 	if m.typ == unix.NFT_MSG_NEWGEN {
+		if a.rules != nil {
+			a.rules.commitEnd()
+		}
 		gen, ok := genID(m.attrs)
 		if !ok {
 			return Change{}, false
@@ -456,7 +468,7 @@ func (a *changeAccumulator) event(m message) (Change, bool) {
 		return Change{}, false
 	}
 	a.touched = append(a.touched, table)
-	d := &detailAcc{tc: TableChange{Table: table}, keepRules: a.keepRules}
+	d := &detailAcc{tc: TableChange{Table: table}, rules: a.rules}
 	d.note(m)
 	a.details = append(a.details, d)
 	return Change{}, false
