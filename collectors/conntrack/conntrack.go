@@ -384,7 +384,10 @@ func (c *Collector) refreshViewLoop(ctx context.Context) {
 		if c.cfg.View != nil {
 			if snap := c.cfg.View.Snapshot(); snap.Synced {
 				if fromAPI == nil || snap.Generation != lastGen {
-					fromAPI, lastGen, dirty = apiServiceMap(snap), snap.Generation, true
+					if m, ok := fromAPI.(serviceMap); !ok || !m.matches(snap) {
+						fromAPI, dirty = apiServiceMap(snap), true
+					}
+					lastGen = snap.Generation
 				}
 				services, api = fromAPI, true
 			}

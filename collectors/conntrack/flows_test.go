@@ -281,4 +281,32 @@ func TestAPIServiceMap(t *testing.T) {
 	if _, ok := m.Lookup(netip.MustParseAddr("10.96.0.10"), 53, 6); ok {
 		t.Error("Lookup(10.96.0.10:53/tcp) found the UDP port")
 	}
+
+	// An endpoint change leaves the map as it is; a changed, added or removed cluster IP,
+	// port or name does not.
+	if !m.matches(snap) {
+		t.Error("the map does not match the view it was built from")
+	}
+	moved := *snap
+	moved.Ports = []cluster.ServicePort{snap.Ports[0]}
+	moved.Ports[0].ClusterEndpoints = []netip.AddrPort{netip.MustParseAddrPort("10.244.1.5:53")}
+	if !m.matches(&moved) {
+		t.Error("an endpoint change made the map stale")
+	}
+	for what, change := range map[string]func(sp *cluster.ServicePort){
+		"cluster IP": func(sp *cluster.ServicePort) { sp.ClusterIPs = sp.ClusterIPs[:1] },
+		"port":       func(sp *cluster.ServicePort) { sp.Port = 5353 },
+		"name":       func(sp *cluster.ServicePort) { sp.Name.Name = "coredns" },
+		"protocol":   func(sp *cluster.ServicePort) { sp.Name.Protocol = "TCP" },
+	} {
+		changed := *snap
+		changed.Ports = []cluster.ServicePort{snap.Ports[0]}
+		change(&changed.Ports[0])
+		if m.matches(&changed) {
+			t.Errorf("a changed %s still matches the old map", what)
+		}
+	}
+	if m.matches(&cluster.Snapshot{Synced: true}) {
+		t.Error("an empty view matches a map with entries")
+	}
 }

@@ -30,17 +30,57 @@ func (m serviceMap) Len() int { return len(m) }
 // apiServiceMap maps each cluster IP, port and protocol of the API view to its Service.
 func apiServiceMap(snap *cluster.Snapshot) serviceMap {
 	m := make(serviceMap, len(snap.Ports))
+	eachAPIService(snap, func(k serviceKey, s Service) bool {
+		m[k] = s
+		return true
+	})
+	return m
+}
+
+// matches reports whether m is what apiServiceMap(snap) builds. Endpoint changes, most of a
+// busy cluster's, leave the map as it is, and checking costs no allocation where building
+// costs thousands.
+func (m serviceMap) matches(snap *cluster.Snapshot) bool {
+	n := 0
+	same := eachAPIService(snap, func(k serviceKey, s Service) bool {
+		n++
+		got, ok := m[k]
+		return ok && got == s
+	})
+	return same && n == len(m)
+}
+
+// eachAPIService calls fn with each cluster IP, port and protocol of the API view and its
+// Service, until fn returns false; it reports whether fn always returned true.
+func eachAPIService(snap *cluster.Snapshot, fn func(serviceKey, Service) bool) bool {
 	for i := range snap.Ports {
 		sp := &snap.Ports[i]
-		proto, ok := protocolNumbers[strings.ToLower(sp.Name.Protocol)]
+		proto, ok := protocolNumber(sp.Name.Protocol)
 		if !ok {
 			continue
 		}
 		for _, ip := range sp.ClusterIPs {
-			m[serviceKey{ip.Unmap(), sp.Port, proto}] = Service{Namespace: sp.Name.Namespace, Name: sp.Name.Name, Port: sp.Port}
+			if !fn(serviceKey{ip.Unmap(), sp.Port, proto}, Service{Namespace: sp.Name.Namespace, Name: sp.Name.Name, Port: sp.Port}) {
+				return false
+			}
 		}
 	}
-	return m
+	return true
+}
+
+// protocolNumber is the IP protocol number of a Service port's protocol ("TCP", "UDP",
+// "SCTP"; the API's spelling is checked first, to spare lowering it).
+func protocolNumber(p string) (uint8, bool) {
+	switch p {
+	case "TCP":
+		return ruleset.ProtoTCP, true
+	case "UDP":
+		return ruleset.ProtoUDP, true
+	case "SCTP":
+		return ruleset.ProtoSCTP, true
+	}
+	n, ok := protocolNumbers[strings.ToLower(p)]
+	return n, ok
 }
 
 type emptyServiceMap struct{}
