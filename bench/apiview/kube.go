@@ -78,13 +78,14 @@ type kube struct {
 	etcdDir    string
 	keepEtcd   bool
 	gogc       string
+	godebug    string
 	client     kubernetes.Interface // the admin's, for the load, the churn and /metrics
 }
 
 // startKube starts etcd and kube-apiserver in a new namespace, creates this node and the
 // Services and EndpointSlices, and returns once they all exist.
 func startKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string) (k *kube, err error) {
-	k = &kube{dir: filepath.Join(tmp, "kube"), res: &kubeResult{}, gogc: cfg.gogc}
+	k = &kube{dir: filepath.Join(tmp, "kube"), res: &kubeResult{}, gogc: cfg.gogc, godebug: cfg.godebug}
 	if err := os.MkdirAll(k.dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -290,6 +291,9 @@ func (k *kube) runView(ctx context.Context, bin, cpuProfile string) (viewResult,
 	cmd.Env = os.Environ()
 	if k.gogc != "" {
 		cmd.Env = append(cmd.Env, "GOGC="+k.gogc)
+	}
+	if k.godebug != "" {
+		cmd.Env = append(cmd.Env, "GODEBUG="+k.godebug)
 	}
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb

@@ -96,7 +96,15 @@ func (r *report) render() string {
 	if r.cfg.gogc != "" {
 		gogc = r.cfg.gogc
 	}
-	fmt.Fprintf(&b, "viewrun: --fresh-within 60s --probe-interval 15s, GOGC %s.\n", gogc)
+	godebug := "unset"
+	switch r.cfg.godebug {
+	case "":
+	case imageGODEBUG:
+		godebug = r.cfg.godebug + " (as the image sets)"
+	default:
+		godebug = r.cfg.godebug
+	}
+	fmt.Fprintf(&b, "viewrun: --fresh-within 60s --probe-interval 15s, GOGC %s, GODEBUG %s.\n", gogc, godebug)
 	return b.String()
 }
 

@@ -51,6 +51,10 @@ const (
 	ncMaxFreshAddr = 1<<23 - 1 // fresh endpoint addresses come from 10.128.0.0/9
 )
 
+// exporterGODEBUG is what the exporter's image (Dockerfile) sets: no allocation sampling from
+// the process's start.
+const exporterGODEBUG = "GODEBUG=memprofilerate=0"
+
 var ncModes = []string{"iptables-legacy", "iptables-nft", "nftables"}
 
 // ncDefaultServices is each mode's full size: kube-proxy's iptables mode with the nft backend
@@ -509,7 +513,7 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	meter.begin()
 	benchrun.Logf("starting proxyhealth and kube-proxy (%s) in %s", m.Mode, r.nodeNS)
 	tStart := time.Now()
-	if r.exporter, err = startIn(r.expCG, "proxyhealth", append([]string{"env", lockEnv, exporterBin}, expArgs...)...); err != nil {
+	if r.exporter, err = startIn(r.expCG, "proxyhealth", append([]string{"env", lockEnv, exporterGODEBUG, exporterBin}, expArgs...)...); err != nil {
 		return err
 	}
 	r.polled.setRoot("proxyhealth", r.exporter.Pid())
