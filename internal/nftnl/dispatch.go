@@ -84,20 +84,28 @@ func (dd *dispatchDecoder) commitEnd() {
 // dispatchRules is iptables-nft's KUBE-SERVICES: its service dispatch rules by rule handle,
 // followed from the watch's decoded rule messages (FollowDispatch) instead of dumps.
 type dispatchRules struct {
-	byHandle map[uint64]ruleset.Service
+	// byHandle holds each rule's service. The watch's decoder hands out one pointer per rule
+	// body, so a rule deleted and written again at a sync comes back as the same pointer.
+	byHandle map[uint64]*ruleset.Service
+	// refs counts the rules of each service pointer; changed is set when one appeared or
+	// went since the last list, which a sync that wrote the same rules again does not do.
+	refs    map[*ruleset.Service]int
+	changed bool
 	// gen is the generation the rules are current at: the messages of commits up to it are
 	// in them already.
 	gen uint32
-	// handles and list are scratch space for services.
-	handles []uint64
-	list    []ruleset.Service
+	// before and list are scratch space for apply and services.
+	before map[*ruleset.Service]int
+	list   []ruleset.Service
 }
 
 // newDispatchRules keeps the dispatch rules nr read, current at generation gen.
 func newDispatchRules(nr *natReader, gen uint32) *dispatchRules {
-	d := &dispatchRules{byHandle: make(map[uint64]ruleset.Service, len(nr.services)), gen: gen}
-	for i, s := range nr.services {
+	d := &dispatchRules{byHandle: make(map[uint64]*ruleset.Service, len(nr.services)), refs: map[*ruleset.Service]int{}, gen: gen, changed: true}
+	for i := range nr.services {
+		s := &nr.services[i]
 		d.byHandle[nr.handles[i]] = s
+		d.refs[s]++
 	}
 	return d
 }
@@ -112,25 +120,51 @@ func (d *dispatchRules) current() uint32 {
 
 // apply applies runs of decoded rule messages, in order; other chains' are skipped.
 func (d *dispatchRules) apply(runs [][]RuleEvent) {
+	if d.before == nil {
+		d.before = map[*ruleset.Service]int{}
+	}
+	clear(d.before)
+	count := func(s *ruleset.Service, delta int) {
+		if _, ok := d.before[s]; !ok {
+			d.before[s] = d.refs[s]
+		}
+		if d.refs[s] += delta; d.refs[s] == 0 {
+			delete(d.refs, s)
+		}
+	}
 	for _, run := range runs {
 		for _, ev := range run {
-			switch {
-			case ev.Chain != chainKubeServices:
-			case ev.Deleted || ev.svc == nil:
-				delete(d.byHandle, ev.Handle)
-			default:
-				d.byHandle[ev.Handle] = *ev.svc
+			if ev.Chain != chainKubeServices {
+				continue
 			}
+			if old, ok := d.byHandle[ev.Handle]; ok {
+				delete(d.byHandle, ev.Handle)
+				count(old, -1)
+			}
+			if !ev.Deleted && ev.svc != nil {
+				d.byHandle[ev.Handle] = ev.svc
+				count(ev.svc, +1)
+			}
+		}
+	}
+	for s, n := range d.before {
+		if (n > 0) != (d.refs[s] > 0) {
+			d.changed = true
+			break
 		}
 	}
 }
 
 // services lists the dispatch rules sorted (sortServices), returning old, and false, when
-// the list is the same.
+// no service appeared or went since the list was last made.
 func (d *dispatchRules) services(old []ruleset.Service) ([]ruleset.Service, bool) {
+	if !d.changed && old != nil {
+		return old, false
+	}
+	d.changed = false
 	d.list = d.list[:0]
 	for _, s := range d.byHandle {
-		d.list = append(d.list, s)
+		d.list = append(d.list, *s)
 	}
 	sortServices(d.list)
 	if slices.Equal(d.list, old) {

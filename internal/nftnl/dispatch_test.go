@@ -7,8 +7,6 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
 
 var natV4 = Table{Family: unix.NFPROTO_IPV4, Name: "nat"}
@@ -94,7 +92,7 @@ func TestDispatchFollowsRewrites(t *testing.T) {
 	for _, r := range first {
 		msgs = append(msgs, newRule(r))
 	}
-	d := &dispatchRules{byHandle: map[uint64]ruleset.Service{}}
+	d := newDispatchRules(newNATReader(unix.NFPROTO_IPV4), 0)
 	apply(d, commit(t, acc, 1, msgs...))
 	want, changed := d.services(nil)
 	if !changed || len(want) == 0 {

@@ -252,6 +252,9 @@ func (w *Watcher) run(ctx context.Context, c *socket.Conn, ch chan<- Change, acc
 type changeAccumulator struct {
 	interest func(Table) bool
 	rules    ruleDecoder // nil: no rule messages are kept
+	// keptHint is the most rule messages a recent commit kept for one table: the next
+	// commit's list starts that large, as kube-proxy rewrites the same chain each time.
+	keptHint int
 	touched  []Table
 	details  []*detailAcc // by touched
 	skipped  Table        // the last table found of no interest
@@ -272,8 +275,9 @@ type detailAcc struct {
 
 	rules ruleDecoder
 	// keptChain is the chain name of the last kept rule, its string shared by its
-	// RuleEvents.
+	// RuleEvents; keptHint is the accumulator's.
 	keptChain string
+	keptHint  int
 }
 
 // keep records rule message m of chain if the watch keeps the chain's rules.
@@ -310,6 +314,9 @@ func (d *detailAcc) keep(m message, chain []byte) {
 			return
 		}
 		ev.svc = svc
+	}
+	if d.tc.Rules == nil {
+		d.tc.Rules = make([]RuleEvent, 0, max(d.keptHint, 16))
 	}
 	d.tc.Rules = append(d.tc.Rules, ev)
 }
@@ -435,8 +442,13 @@ func (a *changeAccumulator) event(m message) (Change, bool) {
 		chg := Change{Generation: gen, Tables: a.touched}
 		if len(a.details) > 0 {
 			chg.Details = make([]TableChange, len(a.details))
+			kept := 0
 			for i, d := range a.details {
 				chg.Details[i] = d.tc
+				kept = max(kept, len(d.tc.Rules))
+			}
+			if kept > 0 {
+				a.keptHint = kept
 			}
 		}
 		a.touched, a.details = nil, nil
@@ -468,7 +480,7 @@ func (a *changeAccumulator) event(m message) (Change, bool) {
 		return Change{}, false
 	}
 	a.touched = append(a.touched, table)
-	d := &detailAcc{tc: TableChange{Table: table}, rules: a.rules}
+	d := &detailAcc{tc: TableChange{Table: table}, rules: a.rules, keptHint: a.keptHint}
 	d.note(m)
 	a.details = append(a.details, d)
 	return Change{}, false
