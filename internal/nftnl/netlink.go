@@ -138,7 +138,7 @@ func (s *nlSocket) query(ctx context.Context, req request, fn func(m message) er
 	// Every reply ends with NLMSG_DONE, an error or an ack; its size is bounded by limit.
 	var total int64
 	for {
-		n, _, err := s.c.Recvfrom(ctx, s.buf, unix.MSG_TRUNC)
+		n, err := recv(ctx, s.c, s.buf, unix.MSG_TRUNC)
 		if err != nil {
 			s.abandoned = true
 			return fmt.Errorf("receive nf_tables reply: %w", err)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/mdlayher/socket"
 	"golang.org/x/sys/unix"
@@ -218,11 +219,21 @@ func (w *Watcher) run(ctx context.Context, c *socket.Conn, ch chan<- Change, acc
 			return false
 		}
 	}
+	// One goroutine cancels the receives by a deadline, rather than one per receive.
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		select {
+		case <-ctx.Done():
+			_ = c.SetReadDeadline(time.Unix(1, 0))
+		case <-stop:
+		}
+	}()
 	for {
 		if watchBeforeReceive != nil {
 			watchBeforeReceive()
 		}
-		n, _, err := c.Recvfrom(ctx, buf, 0)
+		n, err := recv(context.Background(), c, buf, 0)
 		switch {
 		case ctx.Err() != nil:
 			return nil
