@@ -266,7 +266,7 @@ type staticView struct{ snap *cluster.Snapshot }
 func (v staticView) Snapshot() *cluster.Snapshot { return v.snap }
 
 func TestAPIServiceMap(t *testing.T) {
-	snap := &cluster.Snapshot{Synced: true, Ports: []cluster.ServicePort{{
+	snap := &cluster.Snapshot{Synced: true, Ports: []*cluster.ServicePort{{
 		Name:       cluster.ServicePortName{Namespace: "kube-system", Name: "kube-dns", Port: "dns", Protocol: "UDP"},
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("fd00:96::a")},
 		Port:       53,
@@ -287,9 +287,11 @@ func TestAPIServiceMap(t *testing.T) {
 	if !m.matches(snap) {
 		t.Error("the map does not match the view it was built from")
 	}
+	// A new view's changed port is a new ServicePort: published ones are never modified.
+	movedPort := *snap.Ports[0]
+	movedPort.ClusterEndpoints = []netip.AddrPort{netip.MustParseAddrPort("10.244.1.5:53")}
 	moved := *snap
-	moved.Ports = []cluster.ServicePort{snap.Ports[0]}
-	moved.Ports[0].ClusterEndpoints = []netip.AddrPort{netip.MustParseAddrPort("10.244.1.5:53")}
+	moved.Ports = []*cluster.ServicePort{&movedPort}
 	if !m.matches(&moved) {
 		t.Error("an endpoint change made the map stale")
 	}
@@ -299,9 +301,10 @@ func TestAPIServiceMap(t *testing.T) {
 		"name":       func(sp *cluster.ServicePort) { sp.Name.Name = "coredns" },
 		"protocol":   func(sp *cluster.ServicePort) { sp.Name.Protocol = "TCP" },
 	} {
+		changedPort := *snap.Ports[0]
+		change(&changedPort)
 		changed := *snap
-		changed.Ports = []cluster.ServicePort{snap.Ports[0]}
-		change(&changed.Ports[0])
+		changed.Ports = []*cluster.ServicePort{&changedPort}
 		if m.matches(&changed) {
 			t.Errorf("a changed %s still matches the old map", what)
 		}

@@ -85,7 +85,7 @@ func TestKernelAndClockFromConfig(t *testing.T) {
 		},
 		table: [][]byte{encodeFlowMessage(t, eventNone, 2, statusDstNAT, started, startedReply)},
 	}
-	view := staticView{&cluster.Snapshot{Synced: true, Fresh: true, Generation: 1, Ports: []cluster.ServicePort{{
+	view := staticView{&cluster.Snapshot{Synced: true, Fresh: true, Generation: 1, Ports: []*cluster.ServicePort{{
 		Name:       cluster.ServicePortName{Namespace: "lab", Name: "web", Port: "http", Protocol: "TCP"},
 		ClusterIPs: []netip.Addr{vip}, Port: 80,
 	}}}}

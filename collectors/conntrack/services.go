@@ -53,8 +53,7 @@ func (m serviceMap) matches(snap *cluster.Snapshot) bool {
 // eachAPIService calls fn with each cluster IP, port and protocol of the API view and its
 // Service, until fn returns false; it reports whether fn always returned true.
 func eachAPIService(snap *cluster.Snapshot, fn func(serviceKey, Service) bool) bool {
-	for i := range snap.Ports {
-		sp := &snap.Ports[i]
+	for _, sp := range snap.Ports {
 		proto, ok := protocolNumber(sp.Name.Protocol)
 		if !ok {
 			continue

@@ -31,8 +31,7 @@ func ServiceEndpoints(snap *cluster.Snapshot, st *hostrules.State, namespace, na
 		byFamily = programmedByFamily(st)
 	}
 	var out []PortEndpoints
-	for i := range snap.Ports {
-		sp := &snap.Ports[i]
+	for _, sp := range snap.Ports {
 		if sp.Name.Namespace != namespace || sp.Name.Name != name {
 			continue
 		}

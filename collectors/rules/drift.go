@@ -142,8 +142,7 @@ func (e *driftEngine) checkBehind(snap *cluster.Snapshot, rules map[bool]program
 	// Per family, the chains in the rules that an API service port accounts for: the others
 	// are orphans.
 	var accounted [2]int
-	for i := range snap.Ports {
-		sp := &snap.Ports[i]
+	for _, sp := range snap.Ports {
 		var compared [2]bool
 		for fam, r := range tables {
 			compared[fam] = r != nil && hasFamily(sp.ClusterIPs, fam == 1)

@@ -69,9 +69,9 @@ func TestNFTChainNamesAreKubeProxys(t *testing.T) {
 }
 
 func nftPort(snap *cluster.Snapshot, name string) *cluster.ServicePort {
-	for i := range snap.Ports {
-		if snap.Ports[i].Name.Name == name {
-			return &snap.Ports[i]
+	for _, sp := range snap.Ports {
+		if sp.Name.Name == name {
+			return sp
 		}
 	}
 	return nil
@@ -162,7 +162,7 @@ func TestRealNFTablesOutputStale(t *testing.T) {
 		t.Errorf("checked %d, orphans %d; want 10 and 0", res.checked, res.orphans)
 	}
 	// A Service deleted from the API while its chains stay: orphans.
-	snap.Ports = slices.DeleteFunc(snap.Ports, func(sp cluster.ServicePort) bool { return sp.Name.Name == "web-nodeport" })
+	snap.Ports = slices.DeleteFunc(snap.Ports, func(sp *cluster.ServicePort) bool { return sp.Name.Name == "web-nodeport" })
 	if res := e.check(snap, rr, time.Unix(62, 0)); res.orphans != 2 {
 		t.Errorf("orphans %d, want web-nodeport's service- and local- chains", res.orphans)
 	}
@@ -190,9 +190,9 @@ func TestCollectorNFTablesExposition(t *testing.T) {
 	snap := apiSnapshot(t, nftCaptureDir+"api-objects.json")
 	snap.LastHeard = heardAtEveryCheck
 	var dnsPort *cluster.ServicePort
-	for i := range snap.Ports {
-		if snap.Ports[i].Name == dns {
-			dnsPort = &snap.Ports[i]
+	for _, sp := range snap.Ports {
+		if sp.Name == dns {
+			dnsPort = sp
 		}
 	}
 	dnsPort.ClusterEndpoints = []netip.AddrPort{ap("10.244.1.3:53"), ap("10.244.4.1:53"), ap("10.244.4.2:53")}
@@ -244,7 +244,7 @@ func FuzzNFTRules(f *testing.F) {
 		snap := &cluster.Snapshot{Synced: true, Fresh: true}
 		for _, name := range []cluster.ServicePortName{dns, kubernetes, {Namespace: "a", Name: "b", Port: "p", Protocol: "TCP"}} {
 			c, _ := r.chainsFor(name)
-			snap.Ports = append(snap.Ports, cluster.ServicePort{Name: name, ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")},
+			snap.Ports = append(snap.Ports, &cluster.ServicePort{Name: name, ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")},
 				ClusterEndpoints: []netip.AddrPort{ap("10.0.0.1:80")}, LocalEndpoints: r.endpoints(c)})
 		}
 		return snap

@@ -93,10 +93,10 @@ func TestDriftEngineAcrossChangingViews(t *testing.T) {
 		}
 		return eps
 	}
-	var views [services]cluster.ServicePort
+	var views [services]*cluster.ServicePort
 	rules := [2]map[string][]netip.AddrPort{{}, {}}
 	changeView := func(s int) {
-		sp := cluster.ServicePort{Name: name(s), Port: 80, ClusterEndpoints: endpoints(s, false)}
+		sp := &cluster.ServicePort{Name: name(s), Port: 80, ClusterEndpoints: endpoints(s, false)}
 		switch rng.IntN(6) {
 		case 0:
 			sp.ClusterIPs = []netip.Addr{netip.MustParseAddr("fd00::1")}
@@ -154,8 +154,9 @@ func TestDriftEngineAcrossChangingViews(t *testing.T) {
 				changeView(s)
 				follow(s)
 			case 2: // the same local endpoints' array, cut to another length
-				sp := &views[s]
+				sp := *views[s]
 				sp.LocalEndpoints = sp.LocalEndpoints[:rng.IntN(cap(sp.LocalEndpoints)+1)]
+				views[s] = &sp
 			case 3: // the rules move alone
 				cl, lo := chainsFor(name(s), false)
 				fam := rng.IntN(2)

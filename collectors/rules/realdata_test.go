@@ -91,9 +91,9 @@ func TestRealKubeProxyOutputHasNoDrift(t *testing.T) {
 func TestRealKubeProxyOutputStale(t *testing.T) {
 	rules, snap := realCapture(t)
 	var backend *cluster.ServicePort
-	for i := range snap.Ports {
-		if snap.Ports[i].Name.Name == "backend" {
-			backend = &snap.Ports[i]
+	for _, sp := range snap.Ports {
+		if sp.Name.Name == "backend" {
+			backend = sp
 		}
 	}
 	if backend == nil || len(backend.ClusterEndpoints) != 11 {

@@ -79,20 +79,20 @@ func TestIPTablesProgrammedEndpoints(t *testing.T) {
 var heardAtEveryCheck = time.Unix(1<<33, 0)
 
 // snapshot is a fresh view with the given ports.
-func snapshot(ports ...cluster.ServicePort) *cluster.Snapshot {
+func snapshot(ports ...*cluster.ServicePort) *cluster.Snapshot {
 	return &cluster.Snapshot{Ports: ports, Synced: true, Fresh: true, LastHeard: heardAtEveryCheck}
 }
 
-func dnsPort(endpoints ...string) cluster.ServicePort {
-	sp := cluster.ServicePort{Name: dns, ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")}, Port: 53}
+func dnsPort(endpoints ...string) *cluster.ServicePort {
+	sp := &cluster.ServicePort{Name: dns, ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")}, Port: 53}
 	for _, e := range endpoints {
 		sp.ClusterEndpoints = append(sp.ClusterEndpoints, ap(e))
 	}
 	return sp
 }
 
-func kubernetesPort() cluster.ServicePort {
-	return cluster.ServicePort{Name: kubernetes, ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")}, Port: 443,
+func kubernetesPort() *cluster.ServicePort {
+	return &cluster.ServicePort{Name: kubernetes, ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")}, Port: 443,
 		ClusterEndpoints: []netip.AddrPort{ap("192.168.0.10:6443")}}
 }
 

@@ -24,7 +24,7 @@ func generateCluster(services, endpoints int) ([]byte, *cluster.Snapshot) {
 	for s := range services {
 		name := cluster.ServicePortName{Namespace: fmt.Sprintf("ns%d", s%100), Name: fmt.Sprintf("svc%d", s), Port: "http", Protocol: "TCP"}
 		vip := netip.AddrFrom4([4]byte{10, 96, byte(s >> 8), byte(s)})
-		sp := cluster.ServicePort{Name: name, ClusterIPs: []netip.Addr{vip}, Port: 80}
+		sp := &cluster.ServicePort{Name: name, ClusterIPs: []netip.Addr{vip}, Port: 80}
 		svc := clusterChain(name)
 		fmt.Fprintf(&b, ":%s - [0:0]\n", svc)
 		fmt.Fprintf(&rules, "-A KUBE-SERVICES -d %s/32 -p tcp -m comment --comment \"%s cluster IP\" -m tcp --dport 80 -j %s\n", vip, name, svc)
@@ -113,7 +113,7 @@ func FuzzProgrammedRules(f *testing.F) {
 			return
 		}
 		// Whatever the input, the result is usable by the drift engine.
-		newDriftEngine(0).check(&cluster.Snapshot{Fresh: true, Ports: []cluster.ServicePort{dnsPort("10.244.1.5:53")}},
+		newDriftEngine(0).check(&cluster.Snapshot{Fresh: true, Ports: []*cluster.ServicePort{dnsPort("10.244.1.5:53")}},
 			map[bool]programmedRules{false: r}, time.Unix(1, 0))
 	})
 }
@@ -126,7 +126,7 @@ func churnCluster(services, endpoints int) (*cluster.Snapshot, map[string][]neti
 	chains := make(map[string][]netip.AddrPort, services)
 	for s := range services {
 		name := cluster.ServicePortName{Namespace: fmt.Sprintf("ns%d", s%100), Name: fmt.Sprintf("svc%d", s), Port: "http", Protocol: "TCP"}
-		sp := cluster.ServicePort{Name: name, ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(s >> 8), byte(s)})}, Port: 80}
+		sp := &cluster.ServicePort{Name: name, ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(s >> 8), byte(s)})}, Port: 80}
 		for e := range endpoints {
 			sp.ClusterEndpoints = append(sp.ClusterEndpoints, netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(128 + s>>13), byte(s >> 5), byte(s<<3 | e&7)}), uint16(8080+e)))
 		}
@@ -163,13 +163,15 @@ func BenchmarkCheckUnderChurn(b *testing.B) {
 			b.ReportAllocs()
 			for k := 0; b.Loop(); k++ {
 				b.StopTimer()
-				moved := &snap.Ports[k%services]
+				// A moved port is a new ServicePort, as the API view publishes it.
+				moved := *snap.Ports[k%services]
 				eps := slices.Clone(moved.ClusterEndpoints)
 				eps[k%len(eps)] = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 64, byte(k >> 8), byte(k)}), 8080)
 				slices.SortFunc(eps, netip.AddrPort.Compare)
 				moved.ClusterEndpoints = eps
+				snap.Ports[k%services] = &moved
 				if k > 0 {
-					followed := &snap.Ports[(k-1)%services]
+					followed := snap.Ports[(k-1)%services]
 					chains[clusterChain(followed.Name)] = slices.Clone(followed.ClusterEndpoints)
 				}
 				if reread {

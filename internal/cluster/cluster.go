@@ -58,7 +58,7 @@ type errBox struct{ err error }
 
 // published is the part of a Snapshot computed from the state.
 type published struct {
-	ports      []ServicePort
+	ports      []*ServicePort
 	synced     bool
 	generation uint64
 }
@@ -312,13 +312,13 @@ func (c *Cluster) recompute() {
 		keys = slices.Collect(maps.Keys(dirty))
 	}
 	node := thisNode{name: c.cfg.NodeName, zone: c.zone}
-	fresh := make([]ServicePort, 0, len(keys)) // most Services have one port
+	fresh := make([]*ServicePort, 0, len(keys)) // most Services have one port
 	for _, key := range keys {
 		if svc, endpointSlices := c.st.service(key); svc != nil {
 			fresh = appendServicePorts(fresh, svc, endpointSlices, node)
 		}
 	}
-	var ports []ServicePort
+	var ports []*ServicePort
 	if all {
 		ports = sortPorts(fresh)
 	} else {

@@ -107,7 +107,7 @@ func portsAre(t *testing.T, c *Cluster, want ...string) {
 }
 
 // render gives each port as "ns/name:port/PROTO=cluster,...|local,...".
-func render(ports []ServicePort) []string {
+func render(ports []*ServicePort) []string {
 	var out []string
 	for _, p := range ports {
 		var cl, lo []string
@@ -120,6 +120,15 @@ func render(ports []ServicePort) []string {
 		out = append(out, fmt.Sprintf("%s/%s=%s|%s", p.Name, p.Name.Protocol, strings.Join(cl, ","), strings.Join(lo, ",")))
 	}
 	return out
+}
+
+// dump gives every field of each port, for comparing and printing ports rather than pointers.
+func dump(ports []*ServicePort) string {
+	out := make([]string, len(ports))
+	for i, p := range ports {
+		out[i] = fmt.Sprintf("%+v", *p)
+	}
+	return "[" + strings.Join(out, " ") + "]"
 }
 
 func node(name, zone string) *corev1.Node {
@@ -280,7 +289,7 @@ func TestCompactFormsKeepWhatServicePortsReads(t *testing.T) {
 
 	want := ServicePorts(svc.DeepCopy(), []*discoveryv1.EndpointSlice{sl.DeepCopy()}, "node-a", "zone-a")
 	if len(want) != 1 || len(want[0].ClusterEndpoints) == 0 || len(want[0].LocalEndpoints) == 0 {
-		t.Fatalf("ServicePorts = %+v, want one port with cluster and local endpoints", want)
+		t.Fatalf("ServicePorts = %s, want one port with cluster and local endpoints", dump(want))
 	}
 	st := newState("node-a")
 	transform := func(k kind, obj any) any {
@@ -294,8 +303,8 @@ func TestCompactFormsKeepWhatServicePortsReads(t *testing.T) {
 	csvc := transform(kindService, transform(kindService, svc.DeepCopy())).(*serviceInfo)
 	csl := transform(kindSlice, transform(kindSlice, sl.DeepCopy())).(*sliceInfo)
 	got := servicePorts(csvc, []*sliceInfo{csl}, thisNode{name: "node-a", zone: "zone-a"})
-	if fmt.Sprintf("%+v", want) != fmt.Sprintf("%+v", got) {
-		t.Errorf("the compact forms changed the result:\nfrom the API objects %+v\nfrom compact forms   %+v", want, got)
+	if dump(want) != dump(got) {
+		t.Errorf("the compact forms changed the result:\nfrom the API objects %s\nfrom compact forms   %s", dump(want), dump(got))
 	}
 	if len(csl.attrs) != 4 || len(csl.ports) != 1 || !slices.Equal(csl.ports[0].addrs, addrs("10.0.1.1:8080", "10.0.1.2:8080", "10.0.1.3:8080", "10.0.1.4:8080")) {
 		t.Errorf("compact slice %+v, want the four endpoints that parse, the first address of each, sorted", csl)

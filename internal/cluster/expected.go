@@ -18,7 +18,7 @@ import (
 //
 // It converts the objects to the compact forms the view keeps and computes from those, as
 // the view does.
-func ServicePorts(svc *corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, nodeName, zone string) []ServicePort {
+func ServicePorts(svc *corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, nodeName, zone string) []*ServicePort {
 	slices := make([]*sliceInfo, len(endpointSlices))
 	for i, s := range endpointSlices {
 		slices[i] = newSliceInfo(s, nodeName)
@@ -34,16 +34,18 @@ type thisNode struct {
 }
 
 // servicePorts is ServicePorts on the compact forms.
-func servicePorts(svc *serviceInfo, endpointSlices []*sliceInfo, node thisNode) []ServicePort {
+func servicePorts(svc *serviceInfo, endpointSlices []*sliceInfo, node thisNode) []*ServicePort {
 	return appendServicePorts(nil, svc, endpointSlices, node)
 }
 
-// appendServicePorts appends svc's ports to dst, as servicePorts computes them.
+// appendServicePorts appends svc's ports to dst, as servicePorts computes them. Each port is
+// its own allocation: snapshots share it for as long as the Service does not change, and it
+// is freed with the last of them, not kept alive by ports computed alongside it.
 //
 // kube-proxy runs one proxier per IP family, each seeing only its family's cluster IP and
 // EndpointSlices of its address type; topology hints and the terminating fallback are
 // therefore decided per family, and the families' results are listed together here.
-func appendServicePorts(dst []ServicePort, svc *serviceInfo, endpointSlices []*sliceInfo, node thisNode) []ServicePort {
+func appendServicePorts(dst []*ServicePort, svc *serviceInfo, endpointSlices []*sliceInfo, node thisNode) []*ServicePort {
 	if svc.skip || len(svc.clusterIPs) == 0 {
 		return dst
 	}
@@ -54,7 +56,7 @@ func appendServicePorts(dst []ServicePort, svc *serviceInfo, endpointSlices []*s
 	}
 	namespace := svc.key.namespace.Value()
 	for _, p := range svc.ports {
-		sp := ServicePort{
+		sp := &ServicePort{
 			Name: ServicePortName{
 				Namespace: namespace,
 				Name:      svc.key.name,

@@ -119,7 +119,7 @@ func TestServicePorts(t *testing.T) {
 		node   string
 		zone   string
 		want   []want // nil: the Service is not programmed
-		check  func(t *testing.T, got []ServicePort)
+		check  func(t *testing.T, got []*ServicePort)
 	}{{
 		name: "headless Service is skipped",
 		svc: service("s", func(s *corev1.Service) {
@@ -264,7 +264,7 @@ func TestServicePorts(t *testing.T) {
 		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, httpPort,
 			apiEP("10.0.1.1", "node-a"), apiEP("10.0.1.2", "node-b"), apiEP("10.0.1.3", ""), apiEP("10.0.1.4", "node-a", terminating))},
 		want:  []want{{port: "http", proto: "TCP", local: addrs("10.0.1.1:8080")}},
-		check: func(t *testing.T, got []ServicePort) { mustBool(t, "InternalLocal", got[0].InternalLocal, true) },
+		check: func(t *testing.T, got []*ServicePort) { mustBool(t, "InternalLocal", got[0].InternalLocal, true) },
 	}, {
 		name: "internalTrafficPolicy Local: local terminating fallback though remote endpoints are ready",
 		svc:  service("s", itpLocal),
@@ -299,7 +299,7 @@ func TestServicePorts(t *testing.T) {
 		slices: []*discoveryv1.EndpointSlice{epSlice("s-1", "s", ipv4, httpPort,
 			apiEP("10.0.1.1", "node-a"), apiEP("10.0.1.2", "node-b"))},
 		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "10.0.1.2:8080"), local: addrs("10.0.1.1:8080")}},
-		check: func(t *testing.T, got []ServicePort) {
+		check: func(t *testing.T, got []*ServicePort) {
 			mustBool(t, "ExternalLocal", got[0].ExternalLocal, true)
 			mustBool(t, "InternalLocal", got[0].InternalLocal, false)
 		},
@@ -408,7 +408,7 @@ func TestServicePorts(t *testing.T) {
 			epSlice("s-2", "s", ipv6, httpPort, apiEP("fd00::1", "")),
 		},
 		want: []want{{port: "http", proto: "TCP", cluster: addrs("[fd00::1]:8080")}},
-		check: func(t *testing.T, got []ServicePort) {
+		check: func(t *testing.T, got []*ServicePort) {
 			if !slices.Equal(got[0].ClusterIPs, []netip.Addr{netip.MustParseAddr("fd00::10")}) {
 				t.Errorf("ClusterIPs = %v", got[0].ClusterIPs)
 			}
@@ -425,7 +425,7 @@ func TestServicePorts(t *testing.T) {
 			epSlice("s-b", "s", ipv6, httpPort, apiEP("fd00::1", ""), apiEP("fd00::2", "")),
 		},
 		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "[fd00::1]:8080", "[fd00::2]:8080")}},
-		check: func(t *testing.T, got []ServicePort) {
+		check: func(t *testing.T, got []*ServicePort) {
 			w := []netip.Addr{netip.MustParseAddr("fd00::10"), netip.MustParseAddr("10.96.0.10")}
 			if !slices.Equal(got[0].ClusterIPs, w) {
 				t.Errorf("ClusterIPs = %v, want %v", got[0].ClusterIPs, w)
@@ -471,12 +471,12 @@ func TestServicePorts(t *testing.T) {
 			got := ServicePorts(tc.svc, tc.slices, tc.node, tc.zone)
 			if tc.want == nil {
 				if got != nil {
-					t.Fatalf("got %+v, want the Service skipped", got)
+					t.Fatalf("got %s, want the Service skipped", dump(got))
 				}
 				return
 			}
 			if len(got) != len(tc.want) {
-				t.Fatalf("got %d ports %+v, want %d", len(got), got, len(tc.want))
+				t.Fatalf("got %d ports %s, want %d", len(got), dump(got), len(tc.want))
 			}
 			for i, w := range tc.want {
 				g := got[i]

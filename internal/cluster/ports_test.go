@@ -9,6 +9,8 @@ import (
 	"slices"
 	"testing"
 	"unique"
+
+	discoveryv1 "k8s.io/api/discovery/v1"
 )
 
 func TestComparePortNamesIsStringOrder(t *testing.T) {
@@ -41,15 +43,15 @@ func TestComparePortNamesIsStringOrder(t *testing.T) {
 }
 
 func TestMergePorts(t *testing.T) {
-	port := func(ns, name, port, proto string) ServicePort {
-		return ServicePort{Name: ServicePortName{Namespace: ns, Name: name, Port: port, Protocol: proto}}
+	port := func(ns, name, port, proto string) *ServicePort {
+		return &ServicePort{Name: ServicePortName{Namespace: ns, Name: name, Port: port, Protocol: proto}}
 	}
-	prev := sortPorts([]ServicePort{
+	prev := sortPorts([]*ServicePort{
 		port("ns", "a", "dns", "UDP"), port("ns", "a", "dns", "TCP"), port("ns", "b", "", "TCP"),
 		port("ns", "c", "http", "TCP"), port("other", "a", "", "TCP"),
 	})
 	changed := map[objKey]struct{}{keyOf("ns", "a"): {}, keyOf("ns", "c"): {}, keyOf("ns", "new"): {}}
-	fresh := []ServicePort{port("ns", "new", "", "SCTP"), port("ns", "a", "dns", "UDP")} // c deleted, a lost TCP
+	fresh := []*ServicePort{port("ns", "new", "", "SCTP"), port("ns", "a", "dns", "UDP")} // c deleted, a lost TCP
 	got := mergePorts(prev, changed, fresh)
 	var names []string
 	for _, p := range got {
@@ -60,13 +62,13 @@ func TestMergePorts(t *testing.T) {
 		t.Errorf("mergePorts = %v, want %v", names, want)
 	}
 	if len(prev) != 5 || prev[0].Name.Protocol != "TCP" {
-		t.Errorf("mergePorts changed the previous list: %+v", prev)
+		t.Errorf("mergePorts changed the previous list: %v", render(prev))
 	}
 }
 
 // naiveMerge is what mergePorts computes, the slow way: filter, append, sort.
-func naiveMerge(prev []ServicePort, changed map[objKey]struct{}, fresh []ServicePort) []ServicePort {
-	var out []ServicePort
+func naiveMerge(prev []*ServicePort, changed map[objKey]struct{}, fresh []*ServicePort) []*ServicePort {
+	var out []*ServicePort
 	for _, p := range prev {
 		if _, ok := changed[objKey{unique.Make(p.Name.Namespace), p.Name.Name}]; !ok {
 			out = append(out, p)
@@ -76,11 +78,11 @@ func naiveMerge(prev []ServicePort, changed map[objKey]struct{}, fresh []Service
 }
 
 // generatedPorts is services Services of two ports each, in namespaces ns0..ns9, sorted.
-func generatedPorts(services int) []ServicePort {
-	var ports []ServicePort
+func generatedPorts(services int) []*ServicePort {
+	var ports []*ServicePort
 	for s := range services {
 		for _, proto := range []string{"TCP", "UDP"} {
-			ports = append(ports, ServicePort{Name: ServicePortName{Namespace: fmt.Sprintf("ns%d", s%10), Name: fmt.Sprintf("svc%d", s), Port: "dns", Protocol: proto}})
+			ports = append(ports, &ServicePort{Name: ServicePortName{Namespace: fmt.Sprintf("ns%d", s%10), Name: fmt.Sprintf("svc%d", s), Port: "dns", Protocol: proto}})
 		}
 	}
 	return sortPorts(ports)
@@ -93,7 +95,7 @@ func TestMergePortsAsSorted(t *testing.T) {
 	prev := generatedPorts(300)
 	for round := range 200 {
 		changed := map[objKey]struct{}{}
-		var fresh []ServicePort
+		var fresh []*ServicePort
 		for range rng.IntN(12) {
 			s := rng.IntN(400) // some past the list's end: added Services
 			ns, name := fmt.Sprintf("ns%d", s%10), fmt.Sprintf("svc%d", s)
@@ -102,13 +104,13 @@ func TestMergePortsAsSorted(t *testing.T) {
 			}
 			changed[keyOf(ns, name)] = struct{}{}
 			for _, proto := range []string{"TCP", "UDP", "SCTP"}[:rng.IntN(4)] { // 0 ports: removed
-				fresh = append(fresh, ServicePort{Name: ServicePortName{Namespace: ns, Name: name, Port: "dns", Protocol: proto}})
+				fresh = append(fresh, &ServicePort{Name: ServicePortName{Namespace: ns, Name: name, Port: "dns", Protocol: proto}})
 			}
 		}
 		want := naiveMerge(prev, changed, slices.Clone(fresh))
 		got := mergePorts(prev, changed, fresh)
-		if !slices.EqualFunc(got, want, func(a, b ServicePort) bool { return a.Name == b.Name }) {
-			t.Fatalf("round %d: mergePorts and a whole sort differ:\n%v\n%v", round, got, want)
+		if !slices.EqualFunc(got, want, func(a, b *ServicePort) bool { return a.Name == b.Name }) {
+			t.Fatalf("round %d: mergePorts and a whole sort differ:\n%v\n%v", round, render(got), render(want))
 		}
 		prev = got
 	}
@@ -124,17 +126,17 @@ func TestMergePortsPrefixNames(t *testing.T) {
 		{"", "TCP"}, {"", "UDP"}, {"dns", "TCP"}, {"dns", "UDP"}, {"dns-tcp", "TCP"}, {"http", "TCP"}, {"h", "SCTP"},
 	}
 	rng := rand.New(rand.NewPCG(3, 4))
-	servicePorts := func(ns, name string) []ServicePort {
-		var out []ServicePort
+	servicePorts := func(ns, name string) []*ServicePort {
+		var out []*ServicePort
 		for _, p := range ports {
 			if rng.IntN(3) == 0 {
 				ep := []netip.AddrPort{netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(rng.IntN(256))}), 80)}
-				out = append(out, ServicePort{Name: ServicePortName{Namespace: ns, Name: name, Port: p.name, Protocol: p.protocol}, ClusterEndpoints: ep})
+				out = append(out, &ServicePort{Name: ServicePortName{Namespace: ns, Name: name, Port: p.name, Protocol: p.protocol}, ClusterEndpoints: ep})
 			}
 		}
 		return out
 	}
-	var prev []ServicePort
+	var prev []*ServicePort
 	for _, ns := range namespaces {
 		for _, name := range names {
 			prev = append(prev, servicePorts(ns, name)...)
@@ -143,7 +145,7 @@ func TestMergePortsPrefixNames(t *testing.T) {
 	sortPorts(prev)
 	for round := range 300 {
 		changed := map[objKey]struct{}{}
-		var fresh []ServicePort
+		var fresh []*ServicePort
 		for range 1 + rng.IntN(4) {
 			ns, name := namespaces[rng.IntN(len(namespaces))], names[rng.IntN(len(names))]
 			if _, dup := changed[keyOf(ns, name)]; dup {
@@ -154,20 +156,56 @@ func TestMergePortsPrefixNames(t *testing.T) {
 		}
 		want := naiveMerge(prev, changed, slices.Clone(fresh))
 		got := mergePorts(prev, changed, fresh)
-		if !slices.EqualFunc(got, want, func(a, b ServicePort) bool { return a.Name == b.Name }) {
-			t.Fatalf("round %d, changed %v: mergePorts and a whole sort differ:\n%v\n%v", round, slices.Collect(maps.Keys(changed)), got, want)
+		if !slices.EqualFunc(got, want, func(a, b *ServicePort) bool { return a.Name == b.Name }) {
+			t.Fatalf("round %d, changed %v: mergePorts and a whole sort differ:\n%v\n%v", round, slices.Collect(maps.Keys(changed)), render(got), render(want))
 		}
-		// The ports kept are prev's, endpoint lists shared rather than copied.
+		// The ports kept are prev's own, shared rather than copied.
 		for _, p := range got {
 			if _, ok := changed[keyOf(p.Name.Namespace, p.Name.Name)]; ok {
 				continue
 			}
 			i, found := slices.BinarySearchFunc(prev, p, comparePorts)
-			if !found || &prev[i].ClusterEndpoints[0] != &p.ClusterEndpoints[0] {
-				t.Fatalf("round %d: kept port %s/%s does not share its endpoints with the previous list", round, p.Name, p.Name.Protocol)
+			if !found || prev[i] != p {
+				t.Fatalf("round %d: kept port %s/%s is not the previous list's", round, p.Name, p.Name.Protocol)
 			}
 		}
 		prev = got
+	}
+}
+
+// A recompute after one Service's endpoints changed publishes a new ServicePort for it and the
+// previous snapshot's own ServicePorts for the others, leaving the previous snapshot as it was.
+func TestRecomputeSharesUnchangedPorts(t *testing.T) {
+	svcs, sls := scaleObjects(3, 2)
+	c := syncView(t, svcs, sls)
+	before := c.Snapshot()
+	if len(before.Ports) != 3 {
+		t.Fatalf("%d ports, want 3", len(before.Ports))
+	}
+	old := render(before.Ports)
+
+	_, sls = scaleObjects(3, 2) // the store converted the listed ones in place
+	moved := sls[1].(*discoveryv1.EndpointSlice)
+	moved.Endpoints[0].Addresses = []string{"10.200.0.1"}
+	if err := (kindStore{c.st, kindSlice}).Update(moved); err != nil {
+		t.Fatal(err)
+	}
+	c.recompute()
+	after := c.Snapshot()
+	if after.Generation != before.Generation+1 || len(after.Ports) != 3 {
+		t.Fatalf("generation %d, %d ports; want %d, 3", after.Generation, len(after.Ports), before.Generation+1)
+	}
+	for i, p := range after.Ports {
+		changed := p.Name.Name == moved.Labels[discoveryv1.LabelServiceName]
+		if shared := p == before.Ports[i]; shared == changed {
+			t.Errorf("port %s/%s: shared with the previous snapshot %v, want %v", p.Name, p.Name.Protocol, shared, !changed)
+		}
+		if changed && !slices.Contains(p.ClusterEndpoints, netip.MustParseAddrPort("10.200.0.1:8080")) {
+			t.Errorf("port %s: cluster endpoints %v, want the moved endpoint", p.Name, p.ClusterEndpoints)
+		}
+	}
+	if got := render(before.Ports); !slices.Equal(got, old) {
+		t.Errorf("the previous snapshot changed:\n%v\nwas\n%v", got, old)
 	}
 }
 
@@ -176,20 +214,20 @@ func TestMergePortsPrefixNames(t *testing.T) {
 // are prefixes of others' (svc1, svc10, svc100...), which sort between their ports.
 func BenchmarkMergePorts(b *testing.B) {
 	prev := generatedPorts(10000)
-	changes := func(n int) (map[objKey]struct{}, []ServicePort) {
+	changes := func(n int) (map[objKey]struct{}, []*ServicePort) {
 		changed := map[objKey]struct{}{}
-		var fresh []ServicePort
+		var fresh []*ServicePort
 		for s := 0; s < 10000; s += 10000 / n {
 			ns, name := fmt.Sprintf("ns%d", (s+1)%10), fmt.Sprintf("svc%d", s+1)
 			changed[keyOf(ns, name)] = struct{}{}
-			fresh = append(fresh, ServicePort{Name: ServicePortName{Namespace: ns, Name: name, Port: "dns", Protocol: "UDP"}})
+			fresh = append(fresh, &ServicePort{Name: ServicePortName{Namespace: ns, Name: name, Port: "dns", Protocol: "UDP"}})
 		}
 		return changed, fresh
 	}
 	for _, bc := range []struct {
 		name    string
 		changed int
-		merge   func([]ServicePort, map[objKey]struct{}, []ServicePort) []ServicePort
+		merge   func([]*ServicePort, map[objKey]struct{}, []*ServicePort) []*ServicePort
 	}{{"merge-1", 1, mergePorts}, {"merge-10", 10, mergePorts}, {"merge-100", 100, mergePorts}, {"whole-sort-10", 10, naiveMerge}} {
 		changed, fresh := changes(bc.changed)
 		b.Run(bc.name, func(b *testing.B) {

@@ -56,9 +56,14 @@ type ServicePort struct {
 	LocalEndpoints   []netip.AddrPort
 }
 
-// Snapshot is the view at one moment. Ports is sorted by Name.String() then Protocol.
+// Snapshot is the view at one moment.
 type Snapshot struct {
-	Ports []ServicePort
+	// Ports is sorted by Name.String() then Protocol. Neither the slice nor the ServicePorts
+	// it points to are modified once published: a new snapshot shares the ServicePorts of
+	// the Services that did not change with the previous one (copying only the pointers), so
+	// a consumer may keep a *ServicePort across snapshots, and the same pointer in a later
+	// snapshot is the same, unchanged, port.
+	Ports []*ServicePort
 	// Synced is true once every resource (Services, EndpointSlices, this node) has been listed.
 	Synced bool
 	// LastHeard is when the exporter last had proof its connection to the API server works
@@ -74,7 +79,8 @@ type Snapshot struct {
 
 // View is what the rules collector and the conntrack collector read.
 type View interface {
-	// Snapshot returns the current view; callers must not modify it.
+	// Snapshot returns the current view; callers must not modify it, nor the ServicePorts
+	// it points to.
 	Snapshot() *Snapshot
 }
 
