@@ -93,11 +93,13 @@ type watchListSupport bool
 func (s watchListSupport) IsWatchListSemanticsUnSupported() bool { return !bool(s) }
 
 // pagedList lists in pages of listPageSize at the most recent resource version and returns
-// the objects in compact form. Continuing a list whose version has been compacted away fails
+// the objects in compact form, with the garbage collector's target lowered meanwhile
+// (lowerGCForList). Continuing a list whose version has been compacted away fails
 // with "expired"; the reflector then lists again from the start.
 func pagedList(ctx context.Context, rc resourceClient, convert cache.TransformFunc, opts metav1.ListOptions) (runtime.Object, error) {
 	opts.ResourceVersion, opts.ResourceVersionMatch = "", ""
 	opts.Limit, opts.Continue = listPageSize, ""
+	defer lowerGCForList()()
 	out := &compactList{}
 	for {
 		page, err := rc.list(ctx, opts)

@@ -3,6 +3,8 @@ package cluster
 import (
 	"context"
 	"errors"
+	"runtime/debug"
+	"runtime/metrics"
 	"strings"
 	"testing"
 
@@ -22,8 +24,11 @@ func TestPagedListConvertsPageByPage(t *testing.T) {
 		{*epSlice("a-1", "a", ipv4, httpPort, apiEP("10.0.0.1", "")), *epSlice("b-1", "b", ipv4, httpPort)},
 		{*epSlice("c-1", "c", ipv4, httpPort, apiEP("10.0.0.3", ""))},
 	}
+	var gcDuring []int64
+	gcBefore := gcPercent(t)
 	rc := resourceClient{
 		list: func(_ context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			gcDuring = append(gcDuring, gcPercent(t))
 			seen = append(seen, o)
 			i := len(seen) - 1
 			l := &discoveryv1.EndpointSliceList{Items: pages[i]}
@@ -59,12 +64,53 @@ func TestPagedListConvertsPageByPage(t *testing.T) {
 	if seen[0].Continue != "" || seen[1].Continue != "page-1" {
 		t.Errorf("continue tokens %q, %q; want none, then the first page's", seen[0].Continue, seen[1].Continue)
 	}
+	// The collector's target is lowered while the pages are read, and restored after.
+	for i, p := range gcDuring {
+		if p != min(gcBefore, listGCPercent) {
+			t.Errorf("GC target %d while page %d was read, want %d", p, i, min(gcBefore, listGCPercent))
+		}
+	}
+	if p := gcPercent(t); p != gcBefore {
+		t.Errorf("GC target %d after the list, want %d back", p, gcBefore)
+	}
 
 	failing := resourceClient{list: func(context.Context, metav1.ListOptions) (runtime.Object, error) {
 		return nil, errors.New("refused")
 	}}
 	if _, err := pagedList(context.Background(), failing, kindStore{newState("node-a"), kindSlice}.Transformer(), metav1.ListOptions{}); err == nil || !strings.Contains(err.Error(), "refused") {
 		t.Errorf("a failed page: %v, want its error", err)
+	}
+}
+
+// gcPercent reads the garbage collector's current target.
+func gcPercent(t *testing.T) int64 {
+	t.Helper()
+	s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindUint64 {
+		t.Fatalf("/gc/gogc:percent is not supported")
+	}
+	return int64(s[0].Value.Uint64())
+}
+
+// Lists of several kinds at once: the target is restored when the last one ends, and a lower
+// one is left alone.
+func TestLowerGCForListNests(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	first := lowerGCForList()
+	second := lowerGCForList()
+	first()
+	if p := gcPercent(t); p != listGCPercent {
+		t.Errorf("GC target %d with one list still read, want %d", p, listGCPercent)
+	}
+	second()
+	if p := gcPercent(t); p != 100 {
+		t.Errorf("GC target %d after both lists, want 100", p)
+	}
+	defer debug.SetGCPercent(debug.SetGCPercent(20))
+	lowerGCForList()()
+	if p := gcPercent(t); p != 20 {
+		t.Errorf("GC target %d after a list with GOGC=20, want 20 kept", p)
 	}
 }
 
