@@ -85,7 +85,12 @@ func (b *systemBackends) nft(changes []nftChange) (nftRead, error) {
 		}
 		b.follower, changes = f, nil
 	}
-	gen, genErr := b.follower.Generation(ctx)
+	// The generation matters to polls only: with a watch, the changes say what to read again.
+	var gen uint32
+	var genErr error
+	if changes == nil {
+		gen, genErr = b.follower.Generation(ctx)
+	}
 	forward := true
 	if changes == nil {
 		// No watch to say what changed: everything, unless nothing did.

@@ -193,6 +193,15 @@ func mergeDetail(acc, d *TableChange) *TableChange {
 	acc.Chains = append(acc.Chains, d.Chains...)
 	acc.ChainEvents = append(acc.ChainEvents, d.ChainEvents...)
 	acc.Sets = append(acc.Sets, d.Sets...)
+	// A chain deleted by one change may be created again by a later one: the last says.
+	for _, c := range d.ChainEvents {
+		gone := slices.Contains(d.DeletedChains, c)
+		if i := slices.Index(acc.DeletedChains, c); i >= 0 && !gone {
+			acc.DeletedChains = slices.Delete(acc.DeletedChains, i, i+1)
+		} else if i < 0 && gone {
+			acc.DeletedChains = append(acc.DeletedChains, c)
+		}
+	}
 	return acc
 }
 
@@ -392,9 +401,9 @@ func (f *Follower) partial(ctx context.Context, ft *followed, d *TableChange, u 
 
 func (f *Follower) partialNAT(ctx context.Context, ft *followed, d *TableChange, u *dispatchUpdate, affected map[string]struct{}) (bool, error) {
 	family := ft.table.Family
-	if slices.Contains(d.ChainEvents, "KUBE-SERVICES") {
-		// Created again each sync (an update of the chain); deleted, the table is not
-		// kube-proxy's any more.
+	if slices.Contains(d.DeletedChains, "KUBE-SERVICES") {
+		// Declared again at each sync (an update of the chain); deleted, the table is not
+		// kube-proxy's any more, unless it was created again since.
 		ok, err := exists(ctx, f.q, family, "nat", "KUBE-SERVICES")
 		if err != nil {
 			return false, err
@@ -414,10 +423,12 @@ func (f *Follower) partialNAT(ctx context.Context, ft *followed, d *TableChange,
 		if !svc && !sep {
 			continue
 		}
-		var nr *natReader
-		err := f.dumpChain(ctx, family, "nat", chain, func() { nr = newNATReader(family) }, func(r *ruleMsg) error { return nr.rule(r) })
-		if err != nil {
-			return false, err
+		nr := newNATReader(family)
+		if !slices.Contains(d.DeletedChains, chain) { // a deleted chain has no rules to read
+			err := f.dumpChain(ctx, family, "nat", chain, func() { nr = newNATReader(family) }, func(r *ruleMsg) error { return nr.rule(r) })
+			if err != nil {
+				return false, err
+			}
 		}
 		switch {
 		case svc:
@@ -463,8 +474,11 @@ func (f *Follower) partialNFT(ctx context.Context, ft *followed, d *TableChange,
 		case strings.HasPrefix(chain, "endpoint-"):
 			var kr *kpReader
 			reset := func() { kr = &kpReader{in: interp{family: family}, endpoints: map[string]netip.AddrPort{}} }
-			if err := f.dumpChain(ctx, family, kubeProxyTable, chain, reset, func(r *ruleMsg) error { return kr.rule(r) }); err != nil {
-				return false, err
+			reset()
+			if !slices.Contains(d.DeletedChains, chain) { // a deleted chain has no rules to read
+				if err := f.dumpChain(ctx, family, kubeProxyTable, chain, reset, func(r *ruleMsg) error { return kr.rule(r) }); err != nil {
+					return false, err
+				}
 			}
 			if ap, ok := kr.endpoints[chain]; ok {
 				ft.endpoints[chain] = ap
@@ -501,6 +515,9 @@ func (f *Follower) partialNFT(ctx context.Context, ft *followed, d *TableChange,
 	}
 	reset()
 	for _, chain := range svcChains {
+		if slices.Contains(d.DeletedChains, chain) {
+			continue // no rules to read
+		}
 		// One reader for all: a retried dump must not leave the chain's earlier rules.
 		forget := func() { delete(kr.chains, chain) }
 		if err := f.dumpChain(ctx, family, kubeProxyTable, chain, forget, func(r *ruleMsg) error { return kr.rule(r) }); err != nil {

@@ -49,6 +49,9 @@ type TableChange struct {
 	Chains []string
 	// ChainEvents are the chains of Chains that were created, deleted or updated themselves.
 	ChainEvents []string
+	// DeletedChains are the chains of ChainEvents whose last event in the commit deleted
+	// them: gone, nothing of them is left to read.
+	DeletedChains []string
 	// Sets (and maps, anonymous ones too) whose elements were added or deleted (NEWSETELEM,
 	// DELSETELEM), or that were created or deleted (NEWSET, DELSET).
 	Sets []string
@@ -289,6 +292,17 @@ type detailAcc struct {
 	// RuleEvents; keptHint is the accumulator's.
 	keptChain string
 	keptHint  int
+	// chainGone says, per chain of ChainEvents, whether its last event deleted it.
+	chainGone map[string]bool
+}
+
+// finish completes the TableChange at the commit's end.
+func (d *detailAcc) finish() {
+	for _, c := range d.tc.ChainEvents {
+		if d.chainGone[c] {
+			d.tc.DeletedChains = append(d.tc.DeletedChains, c)
+		}
+	}
 }
 
 // keep records rule message m of chain if the watch keeps the chain's rules.
@@ -388,6 +402,12 @@ func (d *detailAcc) note(m message) {
 	case unix.NFT_MSG_NEWCHAIN, unix.NFT_MSG_DELCHAIN:
 		if name, ok := strAttr(m.attrs, unix.NFTA_CHAIN_NAME); ok {
 			d.add('e', name)
+			if !d.tc.Overflow {
+				if d.chainGone == nil {
+					d.chainGone = map[string]bool{}
+				}
+				d.chainGone[string(name)] = m.typ == unix.NFT_MSG_DELCHAIN
+			}
 		}
 		if _, ok := strAttr(m.attrs, unix.NFTA_CHAIN_HOOK); ok {
 			d.tc.BaseChainEvent = true
@@ -455,6 +475,7 @@ func (a *changeAccumulator) event(m message) (Change, bool) {
 			chg.Details = make([]TableChange, len(a.details))
 			kept := 0
 			for i, d := range a.details {
+				d.finish()
 				chg.Details[i] = d.tc
 				kept = max(kept, len(d.tc.Rules))
 			}
