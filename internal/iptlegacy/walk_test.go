@@ -127,3 +127,29 @@ func TestMappingRelease(t *testing.T) {
 	h.release(100)
 	h.free()
 }
+
+// A table large enough to matter is mapped only after the process's garbage is collected.
+func TestMappingCollectsBeforeLargeTables(t *testing.T) {
+	collected := 0
+	defer func(old func()) { collectGarbage = old }(collectGarbage)
+	collectGarbage = func() { collected++ }
+	for _, tc := range []struct {
+		n       int
+		heap    bool
+		collect int
+	}{
+		{collectBeforeBytes - 1, false, 0},
+		{collectBeforeBytes, false, 1},
+		{collectBeforeBytes, true, 0}, // the comparison's heap buffer: no mapping
+	} {
+		collected = 0
+		m, err := newMapping(tc.n, tc.heap)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.free()
+		if collected != tc.collect {
+			t.Errorf("a %d byte mapping (heap %v) collected %d times, want %d", tc.n, tc.heap, collected, tc.collect)
+		}
+	}
+}
