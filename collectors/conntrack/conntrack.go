@@ -357,6 +357,7 @@ func (c *Collector) refreshViewLoop(ctx context.Context) {
 		fromRules  ServiceMap = emptyServiceMap{}
 		lastGen    uint64
 		fromAPI    ServiceMap
+		fromPorts  []*cluster.ServicePort // the ports fromAPI was built from
 		usingAPI   bool
 		dirty      = true // the view must be stored anew
 	)
@@ -384,10 +385,10 @@ func (c *Collector) refreshViewLoop(ctx context.Context) {
 		if c.cfg.View != nil {
 			if snap := c.cfg.View.Snapshot(); snap.Synced {
 				if fromAPI == nil || snap.Generation != lastGen {
-					if m, ok := fromAPI.(serviceMap); !ok || !m.matches(snap) {
+					if fromAPI == nil || !sameServices(fromPorts, snap.Ports) {
 						fromAPI, dirty = apiServiceMap(snap), true
 					}
-					lastGen = snap.Generation
+					fromPorts, lastGen = snap.Ports, snap.Generation
 				}
 				services, api = fromAPI, true
 			}

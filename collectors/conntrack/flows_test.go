@@ -284,15 +284,20 @@ func TestAPIServiceMap(t *testing.T) {
 
 	// An endpoint change leaves the map as it is; a changed, added or removed cluster IP,
 	// port or name does not.
-	if !m.matches(snap) {
-		t.Error("the map does not match the view it was built from")
+	other := &cluster.ServicePort{
+		Name:       cluster.ServicePortName{Namespace: "lab", Name: "web", Protocol: "TCP"},
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.52")},
+		Port:       80,
 	}
-	// A new view's changed port is a new ServicePort: published ones are never modified.
+	ports := []*cluster.ServicePort{snap.Ports[0], other}
+	if !sameServices(ports, ports) {
+		t.Error("a view is not the same as itself")
+	}
+	// A new view's changed port is a new ServicePort (published ones are never modified);
+	// the others are shared.
 	movedPort := *snap.Ports[0]
 	movedPort.ClusterEndpoints = []netip.AddrPort{netip.MustParseAddrPort("10.244.1.5:53")}
-	moved := *snap
-	moved.Ports = []*cluster.ServicePort{&movedPort}
-	if !m.matches(&moved) {
+	if !sameServices(ports, []*cluster.ServicePort{&movedPort, other}) {
 		t.Error("an endpoint change made the map stale")
 	}
 	for what, change := range map[string]func(sp *cluster.ServicePort){
@@ -303,13 +308,14 @@ func TestAPIServiceMap(t *testing.T) {
 	} {
 		changedPort := *snap.Ports[0]
 		change(&changedPort)
-		changed := *snap
-		changed.Ports = []*cluster.ServicePort{&changedPort}
-		if m.matches(&changed) {
-			t.Errorf("a changed %s still matches the old map", what)
+		if sameServices(ports, []*cluster.ServicePort{&changedPort, other}) {
+			t.Errorf("a changed %s still counts as the same Services", what)
 		}
 	}
-	if m.matches(&cluster.Snapshot{Synced: true}) {
-		t.Error("an empty view matches a map with entries")
+	if sameServices(ports, ports[:1]) || sameServices(ports, nil) {
+		t.Error("a view with a port removed counts as the same Services")
+	}
+	if sameServices(ports, []*cluster.ServicePort{snap.Ports[0], &movedPort}) {
+		t.Error("a port replaced by another counts as the same Services")
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
@@ -30,38 +31,34 @@ func (m serviceMap) Len() int { return len(m) }
 // apiServiceMap maps each cluster IP, port and protocol of the API view to its Service.
 func apiServiceMap(snap *cluster.Snapshot) serviceMap {
 	m := make(serviceMap, len(snap.Ports))
-	eachAPIService(snap, func(k serviceKey, s Service) bool {
-		m[k] = s
-		return true
-	})
-	return m
-}
-
-// matches reports whether m is what apiServiceMap(snap) builds. Endpoint changes, most of a
-// busy cluster's, leave the map as it is, and checking costs no allocation where building
-// costs thousands.
-func (m serviceMap) matches(snap *cluster.Snapshot) bool {
-	n := 0
-	same := eachAPIService(snap, func(k serviceKey, s Service) bool {
-		n++
-		got, ok := m[k]
-		return ok && got == s
-	})
-	return same && n == len(m)
-}
-
-// eachAPIService calls fn with each cluster IP, port and protocol of the API view and its
-// Service, until fn returns false; it reports whether fn always returned true.
-func eachAPIService(snap *cluster.Snapshot, fn func(serviceKey, Service) bool) bool {
 	for _, sp := range snap.Ports {
 		proto, ok := protocolNumber(sp.Name.Protocol)
 		if !ok {
 			continue
 		}
 		for _, ip := range sp.ClusterIPs {
-			if !fn(serviceKey{ip.Unmap(), sp.Port, proto}, Service{Namespace: sp.Name.Namespace, Name: sp.Name.Name, Port: sp.Port}) {
-				return false
-			}
+			m[serviceKey{ip.Unmap(), sp.Port, proto}] = Service{Namespace: sp.Name.Namespace, Name: sp.Name.Name, Port: sp.Port}
+		}
+	}
+	return m
+}
+
+// sameServices reports whether two snapshots' ports map the same cluster IPs, ports and
+// protocols to the same Services, so that the map built from the first serves the second.
+// Endpoint changes, most of a busy cluster's, leave them so. The view shares the ports a
+// change did not touch between snapshots, and both lists are sorted: a walk comparing
+// pointers settles most ports, and the others are compared by what the map holds.
+func sameServices(a, b []*cluster.ServicePort) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i, p := range a {
+		q := b[i]
+		if p == q {
+			continue
+		}
+		if p.Name != q.Name || p.Port != q.Port || !slices.Equal(p.ClusterIPs, q.ClusterIPs) {
+			return false
 		}
 	}
 	return true
