@@ -32,7 +32,7 @@ func (m serviceMap) Len() int { return len(m) }
 func apiServiceMap(snap *cluster.Snapshot) serviceMap {
 	m := make(serviceMap, len(snap.Ports))
 	for _, sp := range snap.Ports {
-		proto, ok := protocolNumber(sp.Name.Protocol)
+		proto, ok := protocolNumbers[strings.ToLower(sp.Name.Protocol)]
 		if !ok {
 			continue
 		}
@@ -62,21 +62,6 @@ func sameServices(a, b []*cluster.ServicePort) bool {
 		}
 	}
 	return true
-}
-
-// protocolNumber is the IP protocol number of a Service port's protocol ("TCP", "UDP",
-// "SCTP"; the API's spelling is checked first, to spare lowering it).
-func protocolNumber(p string) (uint8, bool) {
-	switch p {
-	case "TCP":
-		return ruleset.ProtoTCP, true
-	case "UDP":
-		return ruleset.ProtoUDP, true
-	case "SCTP":
-		return ruleset.ProtoSCTP, true
-	}
-	n, ok := protocolNumbers[strings.ToLower(p)]
-	return n, ok
 }
 
 type emptyServiceMap struct{}
