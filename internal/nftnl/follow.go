@@ -194,13 +194,24 @@ func mergeDetail(acc, d *TableChange) *TableChange {
 	acc.ChainEvents = append(acc.ChainEvents, d.ChainEvents...)
 	acc.Sets = append(acc.Sets, d.Sets...)
 	// A chain deleted by one change may be created again by a later one: the last says.
-	for _, c := range d.ChainEvents {
-		gone := slices.Contains(d.DeletedChains, c)
-		if i := slices.Index(acc.DeletedChains, c); i >= 0 && !gone {
-			acc.DeletedChains = slices.Delete(acc.DeletedChains, i, i+1)
-		} else if i < 0 && gone {
-			acc.DeletedChains = append(acc.DeletedChains, c)
+	if len(d.ChainEvents) > 0 {
+		deleted := make(map[string]bool, len(acc.DeletedChains)+len(d.ChainEvents))
+		for _, c := range acc.DeletedChains {
+			deleted[c] = true
 		}
+		for _, c := range d.ChainEvents {
+			deleted[c] = false
+		}
+		for _, c := range d.DeletedChains {
+			deleted[c] = true
+		}
+		acc.DeletedChains = nil
+		for c, gone := range deleted {
+			if gone {
+				acc.DeletedChains = append(acc.DeletedChains, c)
+			}
+		}
+		slices.Sort(acc.DeletedChains)
 	}
 	return acc
 }
@@ -382,13 +393,18 @@ func (ft *followed) build(old *ruleset.ProxyTable, affected map[string]struct{})
 // (iptables-nft).
 func (f *Follower) partial(ctx context.Context, ft *followed, d *TableChange, u *dispatchUpdate) error {
 	affected := map[string]struct{}{}
+	// Chains the changes deleted have no rules to read.
+	gone := make(map[string]bool, len(d.DeletedChains))
+	for _, c := range d.DeletedChains {
+		gone[c] = true
+	}
 	servicesChanged := false
 	var err error
 	switch ft.kind {
 	case kindNAT:
-		servicesChanged, err = f.partialNAT(ctx, ft, d, u, affected)
+		servicesChanged, err = f.partialNAT(ctx, ft, d, gone, u, affected)
 	case kindNFT:
-		servicesChanged, err = f.partialNFT(ctx, ft, d, affected)
+		servicesChanged, err = f.partialNFT(ctx, ft, d, gone, affected)
 	}
 	if err != nil {
 		return err
@@ -399,9 +415,9 @@ func (f *Follower) partial(ctx context.Context, ft *followed, d *TableChange, u 
 	return nil
 }
 
-func (f *Follower) partialNAT(ctx context.Context, ft *followed, d *TableChange, u *dispatchUpdate, affected map[string]struct{}) (bool, error) {
+func (f *Follower) partialNAT(ctx context.Context, ft *followed, d *TableChange, gone map[string]bool, u *dispatchUpdate, affected map[string]struct{}) (bool, error) {
 	family := ft.table.Family
-	if slices.Contains(d.DeletedChains, "KUBE-SERVICES") {
+	if gone[chainKubeServices] {
 		// Declared again at each sync (an update of the chain); deleted, the table is not
 		// kube-proxy's any more, unless it was created again since.
 		ok, err := exists(ctx, f.q, family, "nat", "KUBE-SERVICES")
@@ -424,7 +440,7 @@ func (f *Follower) partialNAT(ctx context.Context, ft *followed, d *TableChange,
 			continue
 		}
 		nr := newNATReader(family)
-		if !slices.Contains(d.DeletedChains, chain) { // a deleted chain has no rules to read
+		if !gone[chain] {
 			err := f.dumpChain(ctx, family, "nat", chain, func() { nr = newNATReader(family) }, func(r *ruleMsg) error { return nr.rule(r) })
 			if err != nil {
 				return false, err
@@ -463,7 +479,7 @@ func (f *Follower) partialNAT(ctx context.Context, ft *followed, d *TableChange,
 	return servicesChanged, nil
 }
 
-func (f *Follower) partialNFT(ctx context.Context, ft *followed, d *TableChange, affected map[string]struct{}) (bool, error) {
+func (f *Follower) partialNFT(ctx context.Context, ft *followed, d *TableChange, gone map[string]bool, affected map[string]struct{}) (bool, error) {
 	family := ft.table.Family
 	var svcChains []string
 	for _, chain := range uniq(d.Chains) {
@@ -475,7 +491,7 @@ func (f *Follower) partialNFT(ctx context.Context, ft *followed, d *TableChange,
 			var kr *kpReader
 			reset := func() { kr = &kpReader{in: interp{family: family}, endpoints: map[string]netip.AddrPort{}} }
 			reset()
-			if !slices.Contains(d.DeletedChains, chain) { // a deleted chain has no rules to read
+			if !gone[chain] {
 				if err := f.dumpChain(ctx, family, kubeProxyTable, chain, reset, func(r *ruleMsg) error { return kr.rule(r) }); err != nil {
 					return false, err
 				}
@@ -515,8 +531,8 @@ func (f *Follower) partialNFT(ctx context.Context, ft *followed, d *TableChange,
 	}
 	reset()
 	for _, chain := range svcChains {
-		if slices.Contains(d.DeletedChains, chain) {
-			continue // no rules to read
+		if gone[chain] {
+			continue
 		}
 		// One reader for all: a retried dump must not leave the chain's earlier rules.
 		forget := func() { delete(kr.chains, chain) }
