@@ -185,7 +185,7 @@ func affectsForward(c *nftnl.Change) bool {
 }
 
 func (b *systemBackends) watchNFT(ctx context.Context) (<-chan nftChange, error) {
-	w, err := nftnl.Watch(ctx, nil, nftnl.FollowDispatch())
+	w, err := nftnl.Watch(ctx, nil, nftnl.FollowNATRules())
 	if err != nil {
 		return nil, err
 	}

@@ -10,79 +10,8 @@ import (
 
 const chainKubeServices = "KUBE-SERVICES"
 
-// dispatchDecoder decodes KUBE-SERVICES's rule messages on the watch's goroutine. kube-proxy
-// writes the same rules again at every sync, so each rule body (its expressions and user
-// data, the bytes after table, chain and handle) is decoded once and remembered.
-type dispatchDecoder struct {
-	readers map[uint8]*natReader // by family
-	bodies  map[string]*decodedBody
-	commit  uint64 // commits seen
-	used    int    // bodies used in the current commit
-}
-
-type decodedBody struct {
-	svc      *ruleset.Service // nil: not a dispatch rule
-	lastUsed uint64           // the commit that last used it
-}
-
-func newDispatchDecoder() *dispatchDecoder {
-	return &dispatchDecoder{readers: map[uint8]*natReader{}, bodies: map[string]*decodedBody{}}
-}
-
-// keeps selects iptables-nft's KUBE-SERVICES, which kube-proxy rewrites whole at every sync.
-func (dd *dispatchDecoder) keeps(t Table, chain []byte) bool {
-	return t.Name == "nat" && string(chain) == chainKubeServices
-}
-
-func (dd *dispatchDecoder) decode(t Table, attrs []byte) (*ruleset.Service, error) {
-	r, err := parseRule(attrs)
-	if err != nil {
-		return nil, err
-	}
-	if b, ok := dd.bodies[string(r.body)]; ok && r.body != nil {
-		if b.lastUsed != dd.commit {
-			b.lastUsed = dd.commit
-			dd.used++
-		}
-		return b.svc, nil
-	}
-	nr := dd.readers[t.Family]
-	if nr == nil {
-		nr = newNATReader(t.Family)
-		dd.readers[t.Family] = nr
-	}
-	nr.services, nr.handles = nr.services[:0], nr.handles[:0]
-	if err := nr.rule(&r); err != nil {
-		return nil, err
-	}
-	var svc *ruleset.Service
-	if len(nr.services) == 1 {
-		s := nr.services[0]
-		svc = &s
-	}
-	if r.body != nil {
-		dd.bodies[string(r.body)] = &decodedBody{svc: svc, lastUsed: dd.commit}
-		dd.used++
-	}
-	return svc, nil
-}
-
-// commitEnd forgets the bodies of rules long gone once they outnumber the commit's own,
-// generously: a commit that rewrote the chain used every body of the rules it holds now.
-func (dd *dispatchDecoder) commitEnd() {
-	if dd.used > 0 && len(dd.bodies) > 2*dd.used+64 {
-		for k, b := range dd.bodies {
-			if b.lastUsed != dd.commit {
-				delete(dd.bodies, k)
-			}
-		}
-	}
-	dd.commit++
-	dd.used = 0
-}
-
 // dispatchRules is iptables-nft's KUBE-SERVICES: its service dispatch rules by rule handle,
-// followed from the watch's decoded rule messages (FollowDispatch) instead of dumps.
+// followed from the watch's decoded rule messages (FollowNATRules) instead of dumps.
 type dispatchRules struct {
 	// byHandle holds each rule's service. The watch's decoder hands out one pointer per rule
 	// body, so a rule deleted and written again at a sync comes back as the same pointer.
@@ -141,9 +70,9 @@ func (d *dispatchRules) apply(runs [][]RuleEvent) {
 				delete(d.byHandle, ev.Handle)
 				count(old, -1)
 			}
-			if !ev.Deleted && ev.svc != nil {
-				d.byHandle[ev.Handle] = ev.svc
-				count(ev.svc, +1)
+			if !ev.Deleted && ev.rule != nil && ev.rule.svc != nil {
+				d.byHandle[ev.Handle] = ev.rule.svc
+				count(ev.rule.svc, +1)
 			}
 		}
 	}

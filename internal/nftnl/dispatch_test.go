@@ -76,8 +76,8 @@ func delRule(attrs []byte) message {
 // added again at each sync) with the rules of a real capture, through a decoding watch's
 // accumulator, and applies what it reports.
 func TestDispatchFollowsRewrites(t *testing.T) {
-	acc := &changeAccumulator{rules: newDispatchDecoder()}
-	dd := acc.rules.(*dispatchDecoder)
+	acc := &changeAccumulator{rules: newNATRuleDecoder()}
+	dd := acc.rules.(*natRuleDecoder)
 	apply := func(d *dispatchRules, chg Change) {
 		t.Helper()
 		tc := chg.Touched(natV4)
@@ -164,7 +164,7 @@ func TestWatchKeepsRules(t *testing.T) {
 	// The same rule in another chain: not kept.
 	otherChain := appendStrAttr(appendStrAttr(nil, unix.NFTA_RULE_TABLE, "nat"), unix.NFTA_RULE_CHAIN, "KUBE-NODEPORTS")
 	otherChain = appendAttr(otherChain, unix.NFTA_RULE_HANDLE, binary.BigEndian.AppendUint64(nil, 99))
-	a := &changeAccumulator{rules: newDispatchDecoder()}
+	a := &changeAccumulator{rules: newNATRuleDecoder()}
 	chg := commit(t, a, 7, delRule(other), newRule(rules[0]), newRule(otherChain), newRule(rules[1]))
 	d := chg.Touched(natV4)
 	if d == nil {
@@ -178,7 +178,7 @@ func TestWatchKeepsRules(t *testing.T) {
 		if r.Chain != chainKubeServices {
 			t.Errorf("kept a rule of chain %s", r.Chain)
 		}
-		if r.Deleted && r.svc != nil {
+		if r.Deleted && r.rule != nil {
 			t.Errorf("deleted rule %d carries a service", r.Handle)
 		}
 		got = append(got, r.Handle)
@@ -205,10 +205,10 @@ func TestWatchKeepsRules(t *testing.T) {
 		t.Errorf("an undecodable rule: %+v, want RulesDropped and no rules", d)
 	}
 
-	// A watch without FollowDispatch keeps nothing and says so.
+	// A watch without FollowNATRules keeps nothing and says so.
 	plain := &changeAccumulator{}
 	chg = commit(t, plain, 10, newRule(rules[0]))
 	if d := chg.Touched(natV4); d == nil || len(d.KeptChains) != 0 || len(d.Rules) != 0 {
-		t.Errorf("without FollowDispatch: %+v, want no kept chains or rules", d)
+		t.Errorf("without FollowNATRules: %+v, want no kept chains or rules", d)
 	}
 }

@@ -60,6 +60,13 @@ type followed struct {
 
 	// dispatch is iptables-nft's KUBE-SERVICES dispatch rules (kindNAT), nil until read.
 	dispatch *dispatchRules
+
+	// kindNAT: gen is the generation the state is current at, the changes up to it being in
+	// it already; ruleCounts counts the rules of each service and endpoint chain that has any;
+	// chainGen is, for chains read since, the generation their read is current at.
+	gen        uint32
+	ruleCounts map[string]int32
+	chainGen   map[string]uint32
 }
 
 // Followed reports whether t is one of the tables a Follower follows.
@@ -140,6 +147,7 @@ func (f *Follower) Apply(ctx context.Context, changes ...Change) error {
 	resync := false
 	touched := map[*followed]*TableChange{}
 	dispatch := map[*followed]*dispatchUpdate{}
+	edits := map[*followed]*chainEdits{}
 	for i := range changes {
 		c := &changes[i]
 		if c.Resync {
@@ -160,6 +168,10 @@ func (f *Follower) Apply(ctx context.Context, changes ...Change) error {
 					dispatch[ft] = &dispatchUpdate{}
 				}
 				dispatch[ft].add(c.Generation, ft.dispatch.current(), d)
+				if edits[ft] == nil {
+					edits[ft] = &chainEdits{}
+				}
+				edits[ft].add(ft, c.Generation, d)
 			}
 		}
 	}
@@ -173,7 +185,7 @@ func (f *Follower) Apply(ctx context.Context, changes ...Change) error {
 		case d.TableEvent || d.Overflow || ft.snap == nil:
 			errs = append(errs, f.full(ctx, ft))
 		default:
-			if err := f.partial(ctx, ft, d, dispatch[ft]); err != nil {
+			if err := f.partial(ctx, ft, d, dispatch[ft], edits[ft]); err != nil {
 				ft.err = fmt.Errorf("read %s table: %w", ft.table, err)
 				errs = append(errs, ft.err)
 			}
@@ -225,8 +237,11 @@ func (f *Follower) full(ctx context.Context, ft *followed) error {
 	case kindNAT:
 		var gen uint32
 		gen, err = consistentlyAt(ctx, f.q, func() error { return f.fullNAT(ctx, ft) })
-		if err == nil && ft.dispatch != nil {
-			ft.dispatch.gen = gen
+		if err == nil {
+			ft.gen = gen
+			if ft.dispatch != nil {
+				ft.dispatch.gen = gen
+			}
 		}
 	case kindNFT:
 		err = consistently(ctx, f.q, func() error { return f.fullNFT(ctx, ft) })
@@ -234,6 +249,7 @@ func (f *Follower) full(ctx context.Context, ft *followed) error {
 	if err != nil {
 		ft.err = fmt.Errorf("read %s table: %w", ft.table, err)
 		ft.chains, ft.endpoints, ft.byTarget, ft.bySet, ft.services, ft.dispatch = nil, nil, nil, nil, nil, nil
+		ft.ruleCounts, ft.chainGen = nil, nil
 		return ft.err
 	}
 	ft.err = nil
@@ -244,6 +260,7 @@ func (ft *followed) reset() {
 	ft.chains, ft.endpoints = map[string]*kpChain{}, map[string]netip.AddrPort{}
 	ft.byTarget, ft.bySet = map[string]map[string]struct{}{}, map[string]map[string]struct{}{}
 	ft.services, ft.snap, ft.dispatch = nil, nil, nil
+	ft.ruleCounts, ft.chainGen = map[string]int32{}, nil
 }
 
 func (f *Follower) fullNAT(ctx context.Context, ft *followed) error {
@@ -264,13 +281,13 @@ func (f *Follower) fullNAT(ctx context.Context, ft *followed) error {
 		if ap.IsValid() {
 			ft.endpoints[names[i]] = ap
 		}
-	}
-	for chain, js := range nr.jumps {
-		c := &kpChain{targets: make([]string, len(js))}
-		for k, i := range js {
-			c.targets[k] = names[i]
+		if n := nr.sepRules[i]; n > 0 {
+			ft.ruleCounts[names[i]] = n
 		}
-		ft.setChain(chain, c)
+	}
+	for chain, j := range nr.jumps {
+		ft.setChain(chain, &kpChain{targets: sepNames(j.seps, names)})
+		ft.ruleCounts[chain] = j.rules
 	}
 	ft.dispatch = newDispatchRules(nr, 0) // the generation is set once the read proves consistent
 	ft.services = slices.Clone(nr.services)
@@ -390,8 +407,8 @@ func (ft *followed) build(old *ruleset.ProxyTable, affected map[string]struct{})
 }
 
 // partial re-reads the chains and sets d names; u is what the changes did to KUBE-SERVICES
-// (iptables-nft).
-func (f *Follower) partial(ctx context.Context, ft *followed, d *TableChange, u *dispatchUpdate) error {
+// and e to the service and endpoint chains (iptables-nft).
+func (f *Follower) partial(ctx context.Context, ft *followed, d *TableChange, u *dispatchUpdate, e *chainEdits) error {
 	affected := map[string]struct{}{}
 	// Chains the changes deleted have no rules to read.
 	gone := make(map[string]bool, len(d.DeletedChains))
@@ -402,7 +419,7 @@ func (f *Follower) partial(ctx context.Context, ft *followed, d *TableChange, u 
 	var err error
 	switch ft.kind {
 	case kindNAT:
-		servicesChanged, err = f.partialNAT(ctx, ft, d, gone, u, affected)
+		servicesChanged, err = f.partialNAT(ctx, ft, gone, u, e, affected)
 	case kindNFT:
 		servicesChanged, err = f.partialNFT(ctx, ft, d, gone, affected)
 	}
@@ -415,7 +432,7 @@ func (f *Follower) partial(ctx context.Context, ft *followed, d *TableChange, u 
 	return nil
 }
 
-func (f *Follower) partialNAT(ctx context.Context, ft *followed, d *TableChange, gone map[string]bool, u *dispatchUpdate, affected map[string]struct{}) (bool, error) {
+func (f *Follower) partialNAT(ctx context.Context, ft *followed, gone map[string]bool, u *dispatchUpdate, e *chainEdits, affected map[string]struct{}) (bool, error) {
 	family := ft.table.Family
 	if gone[chainKubeServices] {
 		// Declared again at each sync (an update of the chain); deleted, the table is not
@@ -433,50 +450,121 @@ func (f *Follower) partialNAT(ctx context.Context, ft *followed, d *TableChange,
 	if err != nil {
 		return false, err
 	}
-	for _, chain := range uniq(d.Chains) {
-		name := []byte(chain)
-		svc, sep := isSvcChain(name), strings.HasPrefix(chain, "KUBE-SEP-")
-		if !svc && !sep {
-			continue
-		}
-		nr := newNATReader(family)
-		if !gone[chain] {
-			err := f.dumpChain(ctx, family, "nat", chain, func() { nr = newNATReader(family) }, func(r *ruleMsg) error { return nr.rule(r) })
-			if err != nil {
-				return false, err
-			}
-		}
+	if e == nil {
+		return servicesChanged, nil
+	}
+	var reads []string
+	for _, chain := range e.order {
+		ed := e.edits[chain]
 		switch {
-		case svc:
-			var c *kpChain
-			if js, ok := nr.jumps[chain]; ok {
-				names := make([]string, len(nr.sepDNAT))
-				for n, i := range nr.sepIndex {
-					names[i] = n
-				}
-				c = &kpChain{targets: make([]string, len(js))}
-				for k, i := range js {
-					c.targets[k] = names[i]
-				}
-			}
-			ft.setChain(chain, c)
-			affected[chain] = struct{}{}
-		case sep:
-			ap := netip.AddrPort{}
-			if i, ok := nr.sepIndex[chain]; ok {
-				ap = nr.sepDNAT[i]
-			}
-			if ap.IsValid() {
-				ft.endpoints[chain] = ap
-			} else {
-				delete(ft.endpoints, chain)
-			}
-			for s := range ft.byTarget[chain] {
-				affected[s] = struct{}{}
-			}
+		case ed.read:
+			reads = append(reads, chain)
+		case isSvcChain([]byte(chain)):
+			ft.setServiceChain(chain, targets(ed.rules), int32(len(ed.rules)), affected)
+		default:
+			ft.setEndpointChain(chain, endpoint(ed.rules), int32(len(ed.rules)), affected)
+		}
+	}
+	if err := f.readNATChains(ctx, ft, reads, e.gen, affected); err != nil {
+		return false, err
+	}
+	if genAfter(e.gen, ft.gen) {
+		ft.gen = e.gen
+	}
+	for chain, g := range ft.chainGen {
+		if !genAfter(g, ft.gen) {
+			delete(ft.chainGen, chain) // no change to come can be older than its read
 		}
 	}
 	return servicesChanged, nil
+}
+
+// readNATChains reads service and endpoint chains whose rules the changes, up to generation
+// last, did not tell.
+func (f *Follower) readNATChains(ctx context.Context, ft *followed, chains []string, last uint32, affected map[string]struct{}) error {
+	if len(chains) == 0 {
+		return nil
+	}
+	family := ft.table.Family
+	var nr *natReader
+	gen, err := consistentlyAt(ctx, f.q, func() error {
+		nr = newNATReader(family)
+		for _, chain := range chains {
+			// One reader for all: a retried dump must not leave the chain's earlier rules.
+			forget := func() {
+				delete(nr.jumps, chain)
+				if i, ok := nr.sepIndex[chain]; ok {
+					nr.sepDNAT[i], nr.sepRules[i] = netip.AddrPort{}, 0
+				}
+			}
+			if err := f.dumpChain(ctx, family, "nat", chain, forget, func(r *ruleMsg) error { return nr.rule(r) }); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	names := make([]string, len(nr.sepDNAT))
+	for n, i := range nr.sepIndex {
+		names[i] = n
+	}
+	for _, chain := range chains {
+		if isSvcChain([]byte(chain)) {
+			j := nr.jumps[chain]
+			ft.setServiceChain(chain, sepNames(j.seps, names), j.rules, affected)
+		} else {
+			var ap netip.AddrPort
+			var n int32
+			if i, ok := nr.sepIndex[chain]; ok {
+				ap, n = nr.sepDNAT[i], nr.sepRules[i]
+			}
+			ft.setEndpointChain(chain, ap, n, affected)
+		}
+		// Changes up to gen are in the read: their messages must not be applied again.
+		if genAfter(gen, last) {
+			if ft.chainGen == nil {
+				ft.chainGen = map[string]uint32{}
+			}
+			ft.chainGen[chain] = gen
+		}
+	}
+	return nil
+}
+
+// setServiceChain records service chain name's jumps to endpoint chains and its rule count
+// (0: it has no rules, or is gone).
+func (ft *followed) setServiceChain(name string, targets []string, rules int32, affected map[string]struct{}) {
+	var c *kpChain
+	if rules > 0 {
+		c = &kpChain{targets: targets}
+	}
+	ft.setChain(name, c)
+	ft.setRuleCount(name, rules)
+	affected[name] = struct{}{}
+}
+
+// setEndpointChain records endpoint chain name's DNAT destination (invalid: none) and its rule
+// count (0: it has no rules, or is gone).
+func (ft *followed) setEndpointChain(name string, ap netip.AddrPort, rules int32, affected map[string]struct{}) {
+	if ap.IsValid() {
+		ft.endpoints[name] = ap
+	} else {
+		delete(ft.endpoints, name)
+	}
+	ft.setRuleCount(name, rules)
+	for s := range ft.byTarget[name] {
+		affected[s] = struct{}{}
+	}
+}
+
+func (ft *followed) setRuleCount(name string, rules int32) {
+	if rules > 0 {
+		ft.ruleCounts[name] = rules
+	} else {
+		delete(ft.ruleCounts, name)
+	}
 }
 
 func (f *Follower) partialNFT(ctx context.Context, ft *followed, d *TableChange, gone map[string]bool, affected map[string]struct{}) (bool, error) {

@@ -121,23 +121,25 @@ func kubeServices(t *testing.T, without string) string {
 
 // TestKernelFollowIPTablesNAT replays a kube-proxy partial sync on the real capture: one
 // endpoint of lab/web-nodeport replaced (its KUBE-SEP chain deleted, a new one added, the
-// service chain and KUBE-SERVICES written again). KUBE-SERVICES is followed from the watch's
-// rule messages; a watch that does not keep them makes the Follower dump it instead.
+// service chain, the other endpoint's chain and KUBE-SERVICES written again). The chains
+// are followed from the watch's rule messages; a watch that does not keep them makes the
+// Follower dump each chain a sync wrote instead.
 func TestKernelFollowIPTablesNAT(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		opts []WatchOption
-		// servicesDumps is the KUBE-SERVICES dumps each rewrite of that chain costs.
-		servicesDumps uint64
+		// servicesDumps is the KUBE-SERVICES dumps each rewrite of that chain costs, and
+		// chainDumps the dumps of each service or endpoint chain written whole.
+		servicesDumps, chainDumps uint64
 	}{
-		{"rule messages kept", []WatchOption{FollowDispatch()}, 0},
-		{"rule messages not kept", nil, 1},
+		{"rule messages kept", []WatchOption{FollowNATRules()}, 0, 0},
+		{"rule messages not kept", nil, 1, 1},
 	} {
-		t.Run(tc.name, func(t *testing.T) { testFollowIPTablesNAT(t, tc.opts, tc.servicesDumps) })
+		t.Run(tc.name, func(t *testing.T) { testFollowIPTablesNAT(t, tc.opts, tc.servicesDumps, tc.chainDumps) })
 	}
 }
 
-func testFollowIPTablesNAT(t *testing.T, opts []WatchOption, servicesDumps uint64) {
+func testFollowIPTablesNAT(t *testing.T, opts []WatchOption, servicesDumps, chainDumps uint64) {
 	needNetns(t)
 	nftnltest.Flush(t)
 	nftnltest.LoadIPTablesSave(t, readFile(t, natCapture), false)
@@ -148,18 +150,21 @@ func testFollowIPTablesNAT(t *testing.T, opts []WatchOption, servicesDumps uint6
 :KUBE-SERVICES - [0:0]
 :KUBE-SVC-FEK7IJ3KIWHUKSBD - [0:0]
 :KUBE-SEP-RX36DMIICQEWPEUB - [0:0]
+:KUBE-SEP-HUGL6XOLN2FXI7EB - [0:0]
 :KUBE-SEP-NEWNEWNEWNEW0001 - [0:0]
 `+kubeServices(t, "")+`-A KUBE-SVC-FEK7IJ3KIWHUKSBD ! -s 10.244.0.0/16 -d 10.96.0.52/32 -p tcp -m comment --comment "lab/web-nodeport:http cluster IP" -m tcp --dport 80 -j KUBE-MARK-MASQ
 -A KUBE-SVC-FEK7IJ3KIWHUKSBD -m comment --comment "lab/web-nodeport:http -> 10.244.1.3:8080" -m statistic --mode random --probability 0.50000000000 -j KUBE-SEP-HUGL6XOLN2FXI7EB
 -A KUBE-SVC-FEK7IJ3KIWHUKSBD -m comment --comment "lab/web-nodeport:http -> 10.244.3.51:8080" -j KUBE-SEP-NEWNEWNEWNEW0001
+-A KUBE-SEP-HUGL6XOLN2FXI7EB -s 10.244.1.3/32 -m comment --comment "lab/web-nodeport:http" -j KUBE-MARK-MASQ
+-A KUBE-SEP-HUGL6XOLN2FXI7EB -p tcp -m comment --comment "lab/web-nodeport:http" -m tcp -j DNAT --to-destination 10.244.1.3:8080
 -A KUBE-SEP-NEWNEWNEWNEW0001 -s 10.244.3.51/32 -m comment --comment "lab/web-nodeport:http" -j KUBE-MARK-MASQ
 -A KUBE-SEP-NEWNEWNEWNEW0001 -p tcp -m comment --comment "lab/web-nodeport:http" -m tcp -j DNAT --to-destination 10.244.3.51:8080
 -X KUBE-SEP-RX36DMIICQEWPEUB
 COMMIT
 `), false, "--noflush")
-	// The service chain and the new endpoint chain (the old one is gone, nothing to read),
-	// and KUBE-SERVICES unless its rule messages were kept.
-	wantReads(t, "endpoint replaced", ft.step("endpoint replaced"), 0, 2+servicesDumps, 0)
+	// The service chain and the two endpoint chains written (the old one is gone, nothing to
+	// read), and KUBE-SERVICES, unless their rule messages were kept.
+	wantReads(t, "endpoint replaced", ft.step("endpoint replaced"), 0, 3*chainDumps+servicesDumps, 0)
 	if pt, _ := ft.f.IPTablesNAT(false); !slices.Contains(pt.Chains["KUBE-SVC-FEK7IJ3KIWHUKSBD"], netip.MustParseAddrPort("10.244.3.51:8080")) {
 		t.Errorf("KUBE-SVC-FEK7IJ3KIWHUKSBD does not DNAT to the new endpoint: %v", pt.Chains["KUBE-SVC-FEK7IJ3KIWHUKSBD"])
 	}
@@ -193,6 +198,50 @@ COMMIT
 			t.Fatal(err)
 		}
 		ft.same(fmt.Sprintf("change %d of %d after a whole read", i+1, len(held)))
+	}
+
+	// A rule deleted alone, and one appended to a chain not declared: the messages do not
+	// tell the chain's other rules, so it is read.
+	nftnltest.LoadIPTablesSave(t, []byte(`*nat
+-D KUBE-SVC-FEK7IJ3KIWHUKSBD ! -s 10.244.0.0/16 -d 10.96.0.52/32 -p tcp -m comment --comment "lab/web-nodeport:http cluster IP" -m tcp --dport 80 -j KUBE-MARK-MASQ
+COMMIT
+`), false, "--noflush")
+	wantReads(t, "rule deleted alone", ft.step("rule deleted alone"), 0, 1, 0)
+	nftnltest.LoadIPTablesSave(t, []byte(`*nat
+-A KUBE-SVC-FEK7IJ3KIWHUKSBD -m comment --comment "lab/web-nodeport:http -> 10.244.3.51:8080" -j KUBE-SEP-NEWNEWNEWNEW0001
+COMMIT
+`), false, "--noflush")
+	wantReads(t, "rule appended", ft.step("rule appended"), 0, 1, 0)
+
+	// A chain read after later commits rewrote it (the first change does not tell its
+	// rules): the rewrites' messages must not be applied again. The second rewrite deletes
+	// as many rules as the third left, so applying it would bring its rules back.
+	rewriteSVC := func(seps ...string) {
+		var b strings.Builder
+		b.WriteString("*nat\n:KUBE-SVC-FEK7IJ3KIWHUKSBD - [0:0]\n")
+		for _, sep := range seps {
+			b.WriteString("-A KUBE-SVC-FEK7IJ3KIWHUKSBD -j " + sep + "\n")
+		}
+		b.WriteString("COMMIT\n")
+		nftnltest.LoadIPTablesSave(t, []byte(b.String()), false, "--noflush")
+	}
+	rewriteSVC("KUBE-SEP-HUGL6XOLN2FXI7EB", "KUBE-SEP-NEWNEWNEWNEW0001", "KUBE-MARK-MASQ")
+	wantReads(t, "service chain rewritten", ft.step("service chain rewritten"), 0, chainDumps, 0)
+	nftnltest.LoadIPTablesSave(t, []byte(`*nat
+-D KUBE-SVC-FEK7IJ3KIWHUKSBD -j KUBE-MARK-MASQ
+COMMIT
+`), false, "--noflush")
+	rewriteSVC("KUBE-SEP-HUGL6XOLN2FXI7EB", "KUBE-SEP-NEWNEWNEWNEW0001")
+	rewriteSVC("KUBE-SEP-NEWNEWNEWNEW0001", "KUBE-MARK-MASQ")
+	held = ft.changes()
+	if len(held) != 3 {
+		t.Fatalf("%d changes, want 3", len(held))
+	}
+	for i, c := range held {
+		if err := ft.f.Apply(context.Background(), c); err != nil {
+			t.Fatal(err)
+		}
+		ft.same(fmt.Sprintf("service chain: change %d of %d after a later read", i+1, len(held)))
 	}
 
 	// A service chain deleted as kube-proxy does: flushed, then removed.

@@ -78,7 +78,7 @@ func FuzzSplitConcat(f *testing.F) {
 func FuzzWatchDatagram(f *testing.F) {
 	f.Add([]byte{20, 0, 0, 0, 0x0f, 0x0a, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		a := changeAccumulator{rules: newDispatchDecoder()}
+		a := changeAccumulator{rules: newNATRuleDecoder()}
 		_ = a.datagram(b)
 		_, _ = splitMessages(b, 0, func(message) error { return nil })
 	})

@@ -56,18 +56,27 @@ func readIPTablesNAT(ctx context.Context, q querier, family uint8) (*ruleset.Pro
 // natReader keeps, while the nat table streams by, only what the ProxyTable needs: each
 // service chain's endpoint chain jumps (as indexes into one list of endpoint chain names, so a
 // name is held once however many chains jump to it), each endpoint chain's DNAT destination,
-// and the dispatch rules of KUBE-SERVICES.
+// and the dispatch rules of KUBE-SERVICES. It also counts each service and endpoint chain's
+// rules: a Follower takes a chain's new rules from the watch's messages only when the commit
+// deleted as many as the chain had.
 type natReader struct {
 	in       interp
 	sepIndex map[string]int32
 	sepDNAT  []netip.AddrPort // by sepIndex; invalid until the chain's DNAT rule is seen
-	jumps    map[string][]int32
+	sepRules []int32          // by sepIndex: the endpoint chain's rules
+	jumps    map[string]svcJumps
 	services []ruleset.Service
 	handles  []uint64 // the rule handle of each of services
 }
 
+// svcJumps is one service chain's jumps to endpoint chains (sepIndex values) and its rules.
+type svcJumps struct {
+	seps  []int32
+	rules int32
+}
+
 func newNATReader(family uint8) *natReader {
-	return &natReader{in: interp{family: family}, sepIndex: map[string]int32{}, jumps: map[string][]int32{}}
+	return &natReader{in: interp{family: family}, sepIndex: map[string]int32{}, jumps: map[string]svcJumps{}}
 }
 
 var (
@@ -91,7 +100,17 @@ func (nr *natReader) sep(name []byte) int32 {
 	i := int32(len(nr.sepDNAT))
 	nr.sepIndex[string(name)] = i
 	nr.sepDNAT = append(nr.sepDNAT, netip.AddrPort{})
+	nr.sepRules = append(nr.sepRules, 0)
 	return i
+}
+
+// sepNames names endpoint chains by their indexes; names is sepIndex inverted.
+func sepNames(seps []int32, names []string) []string {
+	out := make([]string, len(seps))
+	for k, i := range seps {
+		out[k] = names[i]
+	}
+	return out
 }
 
 func (nr *natReader) rule(r *ruleMsg) error {
@@ -110,35 +129,43 @@ func (nr *natReader) rule(r *ruleMsg) error {
 	}
 	switch {
 	case svc:
-		js, ok := nr.jumps[string(r.chain)]
-		if !ok {
-			js = []int32{} // a chain with rules is listed even when none jumps to an endpoint
+		j := nr.jumps[string(r.chain)] // a chain with rules is listed even when none jumps to an endpoint
+		if t := sepTarget(f); t != nil {
+			j.seps = append(j.seps, nr.sep(t))
 		}
-		if (f.verdict == ruleset.Jump || f.verdict == ruleset.Goto) && bytes.HasPrefix(f.target, prefixSEP) {
-			js = append(js, nr.sep(f.target))
-		}
-		nr.jumps[string(r.chain)] = js
+		j.rules++
+		nr.jumps[string(r.chain)] = j
 	case sep:
-		if f.hasDNAT {
-			i := nr.sep(r.chain)
-			if !nr.sepDNAT[i].IsValid() {
-				nr.sepDNAT[i] = f.dnat
-			}
+		i := nr.sep(r.chain)
+		nr.sepRules[i]++
+		if f.hasDNAT && !nr.sepDNAT[i].IsValid() {
+			nr.sepDNAT[i] = f.dnat
 		}
 	case services:
-		nr.service(r, f)
+		if s, ok := serviceOf(r, f); ok {
+			nr.services = append(nr.services, s)
+			nr.handles = append(nr.handles, r.handle)
+		}
 	}
 	return nil
 }
 
-// service records a KUBE-SERVICES rule that dispatches a cluster IP service port:
+// sepTarget is the endpoint chain a rule jumps to, nil when it jumps to none.
+func sepTarget(f *ruleFacts) []byte {
+	if (f.verdict == ruleset.Jump || f.verdict == ruleset.Goto) && bytes.HasPrefix(f.target, prefixSEP) {
+		return f.target
+	}
+	return nil
+}
+
+// serviceOf reads a KUBE-SERVICES rule that dispatches a cluster IP service port:
 // `-d VIP/32 -p PROTO -m PROTO --dport PORT -j KUBE-SVC-...|KUBE-SVL-...`.
-func (nr *natReader) service(r *ruleMsg, f *ruleFacts) {
+func serviceOf(r *ruleMsg, f *ruleFacts) (ruleset.Service, bool) {
 	if f.verdict != ruleset.Jump && f.verdict != ruleset.Goto || !isSvcChain(f.target) {
-		return
+		return ruleset.Service{}, false
 	}
 	if f.otherDispatch || !f.daddr.IsValid() || !f.hasProto || !f.hasDport || f.dport == 0 {
-		return
+		return ruleset.Service{}, false
 	}
 	s := ruleset.Service{ClusterIP: f.daddr, Port: f.dport, Protocol: f.proto, Chain: string(f.target)}
 	comment, ok := ruleComment(r.userdata)
@@ -148,16 +175,15 @@ func (nr *natReader) service(r *ruleMsg, f *ruleFacts) {
 	if bytes.HasSuffix(comment, serviceComment) {
 		s.Namespace, s.Name, s.PortName = parseServiceComment(string(comment))
 	}
-	nr.services = append(nr.services, s)
-	nr.handles = append(nr.handles, r.handle)
+	return s, true
 }
 
 func (nr *natReader) result() *ruleset.ProxyTable {
 	sortServices(nr.services)
 	pt := &ruleset.ProxyTable{Chains: make(map[string][]netip.AddrPort, len(nr.jumps)), Services: nr.services}
-	for chain, js := range nr.jumps {
-		eps := make([]netip.AddrPort, 0, len(js))
-		for _, i := range js {
+	for chain, j := range nr.jumps {
+		eps := make([]netip.AddrPort, 0, len(j.seps))
+		for _, i := range j.seps {
 			if ap := nr.sepDNAT[i]; ap.IsValid() {
 				eps = append(eps, ap)
 			}

@@ -10,8 +10,6 @@ import (
 
 	"github.com/mdlayher/socket"
 	"golang.org/x/sys/unix"
-
-	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
 
 // Table names one nf_tables table.
@@ -65,7 +63,7 @@ type TableChange struct {
 	// flowtables).
 	Other bool
 	// Rules are the rule messages, in commit order, of the chains the watch decodes
-	// (FollowDispatch): a Follower applies them instead of dumping a chain a commit rewrote.
+	// (FollowNATRules): a Follower applies them instead of dumping a chain a commit rewrote.
 	Rules []RuleEvent
 	// KeptChains are the chains of Chains whose rule messages Rules holds, all of them
 	// unless RulesDropped.
@@ -80,9 +78,9 @@ type RuleEvent struct {
 	Chain   string
 	Handle  uint64
 	Deleted bool
-	// svc is the service port an added rule dispatches, nil when it is deleted or is not a
-	// dispatch rule. Shared between events and never modified.
-	svc *ruleset.Service
+	// rule is what an added rule means, nil when it is deleted. Shared between events and
+	// never modified.
+	rule *natRule
 }
 
 // maxKeptRules bounds the rule messages one commit's TableChange keeps: a commit that
@@ -150,18 +148,19 @@ var watchBeforeReceive func()
 // WatchOption changes what a watch reports.
 type WatchOption func(*changeAccumulator)
 
-// FollowDispatch makes the watch decode, for a Follower, the rule messages of iptables-nft's
-// KUBE-SERVICES into TableChange.Rules: kube-proxy rewrites that chain whole at every sync,
-// and the decoded messages spare the Follower a dump of thousands of rules each time.
-func FollowDispatch() WatchOption {
-	return func(a *changeAccumulator) { a.rules = newDispatchDecoder() }
+// FollowNATRules makes the watch decode, for a Follower, the rule messages of kube-proxy's
+// iptables-nft chains into TableChange.Rules: KUBE-SERVICES, which kube-proxy rewrites whole
+// at every sync, and the service and endpoint chains it rewrites whole when their service
+// changed. The decoded messages spare the Follower a dump of each chain a sync wrote.
+func FollowNATRules() WatchOption {
+	return func(a *changeAccumulator) { a.rules = newNATRuleDecoder() }
 }
 
 // ruleDecoder decodes the rule messages of the chains a watch keeps. It runs on the watch's
 // goroutine, so it may keep what it learnt between messages without locks.
 type ruleDecoder interface {
 	keeps(t Table, chain []byte) bool
-	decode(t Table, attrs []byte) (*ruleset.Service, error)
+	decode(t Table, attrs []byte) (*natRule, error)
 	// commitEnd is called at each commit's end.
 	commitEnd()
 }
@@ -332,13 +331,13 @@ func (d *detailAcc) keep(m message, chain []byte) {
 	}
 	ev := RuleEvent{Chain: d.keptChain, Handle: handle, Deleted: m.typ == unix.NFT_MSG_DELRULE}
 	if !ev.Deleted {
-		svc, err := d.rules.decode(d.tc.Table, m.attrs)
+		rule, err := d.rules.decode(d.tc.Table, m.attrs)
 		if err != nil {
-			// The Follower dumps the chain instead, and reports what it cannot read.
+			// The Follower dumps the chains instead, and reports what it cannot read.
 			d.dropRules()
 			return
 		}
-		ev.svc = svc
+		ev.rule = rule
 	}
 	if d.tc.Rules == nil {
 		d.tc.Rules = make([]RuleEvent, 0, max(d.keptHint, 16))
