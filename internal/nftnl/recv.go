@@ -58,3 +58,71 @@ func recvNoAddr(fd int, b []byte, flags int) (int, error) {
 		return 0, e
 	}
 }
+
+// recvBatch receives several datagrams per system call (recvmmsg(2)): at each of kube-proxy's
+// syncs the kernel sends a watch hundreds of datagrams of notifications in a burst, and one
+// receive each cost more than decoding them.
+type recvBatch struct {
+	bufs [][]byte
+	iovs []unix.Iovec
+	hdrs []unix.Mmsghdr
+}
+
+// newRecvBatch makes a batch of n buffers of size bytes each.
+func newRecvBatch(n, size int) *recvBatch {
+	b := &recvBatch{bufs: make([][]byte, n), iovs: make([]unix.Iovec, n), hdrs: make([]unix.Mmsghdr, n)}
+	for i := range n {
+		b.bufs[i] = make([]byte, size)
+		b.iovs[i].Base = &b.bufs[i][0]
+		b.iovs[i].SetLen(size)
+		b.hdrs[i].Hdr.Iov = &b.iovs[i]
+		b.hdrs[i].Hdr.SetIovlen(1)
+	}
+	return b
+}
+
+// recv waits for datagrams and receives as many as are queued, up to the batch's size; it
+// returns how many. An error the kernel reports after some datagrams (an overrun) comes with
+// the next call.
+func (b *recvBatch) recv(c *socket.Conn) (int, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	for i := range b.hdrs {
+		b.hdrs[i].Len, b.hdrs[i].Hdr.Flags = 0, 0
+	}
+	var n int
+	var errno error
+	if err := rc.Read(func(fd uintptr) bool {
+		n, errno = recvmmsg(int(fd), b.hdrs)
+		return !errors.Is(errno, unix.EAGAIN)
+	}); err != nil {
+		return 0, err
+	}
+	if errno != nil {
+		return 0, os.NewSyscallError("recvmmsg", errno)
+	}
+	return n, nil
+}
+
+// datagram returns datagram i of the last recv, and whether it was cut short: longer than
+// its buffer, its end is lost.
+func (b *recvBatch) datagram(i int) ([]byte, bool) {
+	return b.bufs[i][:b.hdrs[i].Len], b.hdrs[i].Hdr.Flags&unix.MSG_TRUNC != 0
+}
+
+// recvmmsg is recvmmsg(2) without waiting (the runtime's poller waits), retried when
+// interrupted.
+func recvmmsg(fd int, hdrs []unix.Mmsghdr) (int, error) {
+	for {
+		n, _, e := unix.Syscall6(unix.SYS_RECVMMSG, uintptr(fd), uintptr(unsafe.Pointer(&hdrs[0])), uintptr(len(hdrs)), unix.MSG_DONTWAIT, 0, 0)
+		switch e {
+		case 0:
+			return int(n), nil
+		case unix.EINTR:
+			continue
+		}
+		return 0, e
+	}
+}

@@ -31,7 +31,7 @@ type Change struct {
 	// Resync is set when events were lost: the socket overran (ENOBUFS) or a generation was
 	// skipped. The caller must re-read every table it follows.
 	Resync bool
-	Reason string // "overrun" or "generation gap" with Resync
+	Reason string // "overrun", "truncated datagram" or "generation gap" with Resync
 	// Details says, per table of Tables (same order), what the commit touched inside it.
 	Details []TableChange
 }
@@ -119,7 +119,7 @@ type Watcher struct {
 	err            error
 }
 
-// Overruns counts receive buffer overruns (ENOBUFS): events the kernel dropped.
+// Overruns counts receive buffer overruns (ENOBUFS) and datagrams cut short: events lost.
 func (w *Watcher) Overruns() uint64 { return w.overruns.Load() }
 
 // Gaps counts generations that arrived out of sequence: a commit whose events were lost.
@@ -139,6 +139,14 @@ func (w *Watcher) Err() error {
 // kernel memory (that overruns, and the caller re-reads once).
 // It is a variable so the tests can provoke an overrun.
 var watchRecvBuffer = 8 << 20
+
+// watchBatch datagrams of up to watchDatagramBytes each are received per system call. The
+// kernel fills a notification datagram up to a page (NLMSG_GOODSIZE), or sends one larger
+// message alone; a longer one is cut short, and the watch asks for a resync.
+// watchDatagramBytes is a variable so the tests can cut datagrams short.
+const watchBatch = 16
+
+var watchDatagramBytes = 16 << 10
 
 // watchBeforeReceive, when set, runs before each receive: the overrun test holds the reader
 // back with it while a burst of events fills the buffer, so the overrun is certain however
@@ -212,7 +220,7 @@ func Watch(ctx context.Context, interest func(Table) bool, opts ...WatchOption) 
 // run reads events until ctx is cancelled; a receive blocked in the kernel returns then, as
 // the socket is in the runtime's poller.
 func (w *Watcher) run(ctx context.Context, c *socket.Conn, ch chan<- Change, acc *changeAccumulator) error {
-	buf := make([]byte, recvBufBytes)
+	batch := newRecvBatch(watchBatch, watchDatagramBytes)
 	send := func(chg Change) bool {
 		select {
 		case ch <- chg:
@@ -220,6 +228,11 @@ func (w *Watcher) run(ctx context.Context, c *socket.Conn, ch chan<- Change, acc
 		case <-ctx.Done():
 			return false
 		}
+	}
+	lost := func(reason string) bool {
+		w.overruns.Add(1)
+		acc.reset()
+		return send(Change{Resync: true, Reason: reason})
 	}
 	// One goroutine cancels the receives by a deadline, rather than one per receive.
 	stop := make(chan struct{})
@@ -235,26 +248,34 @@ func (w *Watcher) run(ctx context.Context, c *socket.Conn, ch chan<- Change, acc
 		if watchBeforeReceive != nil {
 			watchBeforeReceive()
 		}
-		n, err := recv(context.Background(), c, buf, 0)
+		n, err := batch.recv(c)
 		switch {
 		case ctx.Err() != nil:
 			return nil
 		case errors.Is(err, unix.ENOBUFS):
-			w.overruns.Add(1)
-			acc.reset()
-			if !send(Change{Resync: true, Reason: "overrun"}) {
+			if !lost("overrun") {
 				return nil
 			}
 			continue
 		case err != nil:
 			return fmt.Errorf("receive nf_tables events: %w", err)
 		}
-		for _, chg := range acc.datagram(buf[:n]) {
-			if chg.Reason == "generation gap" {
-				w.gaps.Add(1)
+		for i := range n {
+			b, truncated := batch.datagram(i)
+			if truncated {
+				// The end of the datagram, and the events in it, are lost.
+				if !lost("truncated datagram") {
+					return nil
+				}
+				continue
 			}
-			if !send(chg) {
-				return nil
+			for _, chg := range acc.datagram(b) {
+				if chg.Reason == "generation gap" {
+					w.gaps.Add(1)
+				}
+				if !send(chg) {
+					return nil
+				}
 			}
 		}
 	}

@@ -116,6 +116,29 @@ func TestKernelWatchOverrun(t *testing.T) {
 	t.Error("no change after the overrun")
 }
 
+// A datagram longer than the watch's buffer loses its end: the watch asks for a resync.
+func TestKernelWatchTruncated(t *testing.T) {
+	needNetns(t)
+	nftnltest.Flush(t)
+	saved := watchDatagramBytes
+	watchDatagramBytes = 64 // shorter than any rule message
+	defer func() { watchDatagramBytes = saved }()
+	ctx, cancel := context.WithCancel(context.Background())
+	w, err := Watch(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopped(t, cancel, w)
+	iptablesNFT(t, "-t", "nat", "-A", "POSTROUTING", "-j", "ACCEPT")
+	c, ok := next(t, w)
+	if !ok {
+		t.Fatalf("watch ended: %v", w.Err())
+	}
+	if !c.Resync || c.Reason != "truncated datagram" || w.Overruns() == 0 {
+		t.Errorf("change %+v (overruns %d), want a resync for a truncated datagram", c, w.Overruns())
+	}
+}
+
 // Each Change says which chains and sets of its tables the commit touched.
 func TestKernelWatchDetail(t *testing.T) {
 	needNetns(t)
