@@ -418,7 +418,7 @@ func newDiagnosis(cfg diagnoseConfig, regs []registration, api *apiView, host *h
 		if err != nil {
 			return nil, err
 		}
-		rc, err := rules.New(rules.Config{View: view, Rules: source, CheckInterval: time.Second, GracePeriod: cfg.Window, MaxSeries: 1}, logger.With("collector", rules.Name))
+		rc, err := rules.New(rules.Config{View: view, Rules: source, CheckInterval: driftCheckInterval, GracePeriod: cfg.Window, MaxSeries: 1}, logger.With("collector", rules.Name))
 		if err != nil {
 			return nil, err
 		}
@@ -452,8 +452,9 @@ func newDiagnosis(cfg diagnoseConfig, regs []registration, api *apiView, host *h
 			}
 			return time.Time{}
 		}
+		settle := min(maxDriftSettle, api.view.ProbeCycle()+driftCheckInterval)
 		d.driftSettled = func(ctx context.Context, from time.Time) error {
-			return waitDriftSettled(ctx, rc, from.Add(cfg.Window))
+			return waitDriftSettled(ctx, rc, from.Add(cfg.Window), settle)
 		}
 		d.service = func(namespace, name string) ([]rules.PortEndpoints, error) {
 			if api.view == nil || !api.view.Snapshot().Synced {
@@ -493,11 +494,19 @@ func waitReady(ctx context.Context, timeout time.Duration, src *factSources) {
 	}
 }
 
+// driftCheckInterval is how often diagnose's drift check compares at least.
+const driftCheckInterval = time.Second
+
+// maxDriftSettle bounds the wait for the drift check at the window's end: with the default
+// --api.probe-interval (15s), the next probe of the API view and its timeout take longer.
+const maxDriftSettle = 15 * time.Second
+
 // waitDriftSettled waits until the drift check ran at or after until with its API view
 // confirmed current, so that every difference it counts lasted the whole window; at most
-// 15 seconds more (a probe of the API's timeout).
-func waitDriftSettled(ctx context.Context, rc *rules.Collector, until time.Time) error {
-	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+// within more: the time the view takes to prove itself current, or fail to (the next probe
+// of the API and its timeout, then a check), no more than maxDriftSettle.
+func waitDriftSettled(ctx context.Context, rc *rules.Collector, until time.Time, within time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, within)
 	defer cancel()
 	for {
 		lc := rc.LastCheck()

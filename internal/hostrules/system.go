@@ -17,8 +17,10 @@ import (
 type systemBackends struct {
 	procPath string
 
+	// newFollower opens the follower (nftnl.NewFollower; tests give theirs).
+	newFollower func() (nftFollower, error)
 	// follower keeps kube-proxy's nf_tables tables, re-reading what each change names.
-	follower *nftnl.Follower
+	follower nftFollower
 	// nf_tables' generation at the last read, and that read: without a watch, a poll whose
 	// generation has not moved reuses it (one round trip instead of a read); with one, a
 	// change that cannot have touched the forward path reuses its graphs.
@@ -26,11 +28,46 @@ type systemBackends struct {
 	lastRead *nftRead
 	// forward keeps the forward path's graphs, re-reading the tables each change touched;
 	// forwardReads counts its reads.
-	forward      nftnl.ForwardReader
+	forward      forwardReader
 	forwardReads int
 }
 
-func newSystemBackends(procPath string) *systemBackends { return &systemBackends{procPath: procPath} }
+// nftFollower is what systemBackends asks of nftnl.Follower.
+type nftFollower interface {
+	Generation(ctx context.Context) (uint32, error)
+	Resync(ctx context.Context) error
+	Apply(ctx context.Context, changes ...nftnl.Change) error
+	IPTablesNAT(ipv6 bool) (*ruleset.ProxyTable, error)
+	KubeProxyNFT(ipv6 bool) (*ruleset.ProxyTable, error)
+}
+
+// forwardReader is what systemBackends asks of nftnl.ForwardReader.
+type forwardReader interface {
+	Read(ctx context.Context, changes []nftnl.Change) ([]*ruleset.Graph, error)
+}
+
+func newSystemBackends(procPath string) *systemBackends {
+	return &systemBackends{
+		procPath: procPath,
+		newFollower: func() (nftFollower, error) {
+			f, err := nftnl.NewFollower()
+			if err != nil {
+				return nil, err
+			}
+			return f, nil
+		},
+		forward: &nftnl.ForwardReader{},
+	}
+}
+
+// inUse is err, or nil when it says the kernel has no nf_tables: its backends are then not in
+// use on this node, which is no error (State.Forward), and there is nothing of them to read.
+func inUse(err error) error {
+	if errors.Is(err, nftnl.ErrNotSupported) {
+		return nil
+	}
+	return err
+}
 
 // ipvs: kube-proxy's IPVS mode binds service addresses to a dummy interface named kube-ipvs0
 // (pkg/proxy/ipvs: defaultDummyDevice).
@@ -79,17 +116,19 @@ func (b *systemBackends) legacyFingerprint() (string, error) {
 func (b *systemBackends) nft(changes []nftChange) (nftRead, error) {
 	ctx := context.Background()
 	if b.follower == nil {
-		f, err := nftnl.NewFollower()
+		f, err := b.newFollower()
 		if err != nil {
-			return nftRead{}, err
+			return nftRead{}, inUse(err)
 		}
 		b.follower, changes = f, nil
 	}
 	// The generation matters to polls only: with a watch, the changes say what to read again.
+	// Without nf_tables there is none to move: polls reuse the read that found nothing.
 	var gen uint32
 	var genErr error
 	if changes == nil {
 		gen, genErr = b.follower.Generation(ctx)
+		genErr = inUse(genErr)
 	}
 	forward := true
 	if changes == nil {
@@ -114,13 +153,13 @@ func (b *systemBackends) nft(changes []nftChange) (nftRead, error) {
 	r.iptablesNAT, r.kubeProxy = map[bool]*ruleset.ProxyTable{}, map[bool]*ruleset.ProxyTable{}
 	for _, ipv6 := range []bool{false, true} {
 		t, err := b.follower.IPTablesNAT(ipv6)
-		if err != nil {
+		if err := inUse(err); err != nil {
 			errs = append(errs, err)
 		} else if t != nil {
 			r.iptablesNAT[ipv6] = t
 		}
 		t, err = b.follower.KubeProxyNFT(ipv6)
-		if err != nil {
+		if err := inUse(err); err != nil {
 			errs = append(errs, err)
 		} else if t != nil {
 			r.kubeProxy[ipv6] = t
@@ -132,7 +171,7 @@ func (b *systemBackends) nft(changes []nftChange) (nftRead, error) {
 	} else {
 		b.forwardReads++
 		graphs, err := b.forward.Read(ctx, cs)
-		if err != nil {
+		if err := inUse(err); err != nil {
 			r.iptablesErr, r.nativeFwdErr = err, err
 		}
 		for _, g := range graphs {

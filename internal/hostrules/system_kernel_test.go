@@ -186,8 +186,8 @@ func TestSourceLegacy(t *testing.T) {
 // followStats reads the system backends' Follower counters (safe while the Source runs).
 func followStats(t *testing.T, s *Source) nftnl.FollowStats {
 	t.Helper()
-	f := s.b.(*systemBackends).follower
-	if f == nil {
+	f, ok := s.b.(*systemBackends).follower.(*nftnl.Follower)
+	if !ok {
 		t.Fatal("no follower")
 	}
 	return f.Stats()

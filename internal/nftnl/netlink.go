@@ -16,6 +16,12 @@ import (
 // CAP_NET_ADMIN in the network namespace's user namespace.
 var ErrPermission = errors.New("nf_tables netlink needs CAP_NET_ADMIN")
 
+// ErrNotSupported is returned (wrapped) when the kernel has no nf_tables: nfnetlink answers
+// every nf_tables request with EINVAL when no nf_tables subsystem is registered and its module
+// could not be loaded, and socket(2) refuses NETLINK_NETFILTER with EPROTONOSUPPORT when
+// nfnetlink itself is missing.
+var ErrNotSupported = errors.New("the kernel has no nf_tables")
+
 // DefaultMaxDumpBytes bounds what one nf_tables reply may carry. kube-proxy's iptables-mode nat
 // table written through iptables-nft, at 10,000 Services of 10 endpoints with its comments,
 // dumps to about 190 MiB of rule messages (19,837 bytes a Service, TestKernelDumpLimit); a
@@ -91,13 +97,22 @@ type nlSocket struct {
 func dial() (*nlSocket, error) {
 	c, err := socket.Socket(unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_NETFILTER, "nftnl", nil)
 	if err != nil {
-		return nil, fmt.Errorf("open netfilter netlink socket: %w", err)
+		return nil, socketError(err)
 	}
 	if err := c.Bind(&unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		_ = c.Close()
 		return nil, fmt.Errorf("bind netfilter netlink socket: %w", err)
 	}
 	return &nlSocket{c: c, buf: make([]byte, recvBufBytes)}, nil
+}
+
+// socketError is a failure to open a netfilter netlink socket.
+func socketError(err error) error {
+	if errors.Is(err, unix.EPROTONOSUPPORT) {
+		// No nfnetlink, so no nf_tables either.
+		return fmt.Errorf("open netfilter netlink socket: %w: %w", ErrNotSupported, err)
+	}
+	return fmt.Errorf("open netfilter netlink socket: %w", err)
 }
 
 func (s *nlSocket) Close() error { return s.c.Close() }

@@ -82,6 +82,11 @@ func generation(ctx context.Context, q querier) (uint32, error) {
 		}
 		return nil
 	})
+	if errors.Is(err, unix.EINVAL) {
+		// The request has no attributes to be wrong: nfnetlink found no nf_tables subsystem
+		// to hand it to.
+		err = fmt.Errorf("%w: %w", ErrNotSupported, err)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("read nf_tables generation: %w", err)
 	}

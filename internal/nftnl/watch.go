@@ -179,7 +179,7 @@ type ruleDecoder interface {
 func Watch(ctx context.Context, interest func(Table) bool, opts ...WatchOption) (*Watcher, error) {
 	c, err := socket.Socket(unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_NETFILTER, "nftnl-watch", nil)
 	if err != nil {
-		return nil, fmt.Errorf("open netfilter netlink socket: %w", err)
+		return nil, socketError(err)
 	}
 	setup := func() error {
 		if err := c.Bind(&unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
