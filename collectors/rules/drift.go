@@ -139,6 +139,7 @@ func (e *driftEngine) checkBehind(snap *cluster.Snapshot, rules map[bool]program
 		}
 	}
 	tables := [2]programmedRules{rules[false], rules[true]} // by familyIndex
+	ids := [2]any{rulesIdentity(tables[0]), rulesIdentity(tables[1])}
 	// Per family, the chains in the rules that an API service port accounts for: the others
 	// are orphans.
 	var accounted [2]int
@@ -152,6 +153,17 @@ func (e *driftEngine) checkBehind(snap *cluster.Snapshot, rules map[bool]program
 		}
 		res.checked++
 		st, first := e.ports.meet(sp.Name)
+		if !first {
+			st.seen = nil
+		} else if acc, ok := st.reusable(sp, ids); ok {
+			// The same entry against the same rules, with no difference: under EndpointSlice
+			// churn most checks change a few ports only.
+			accounted[0] += int(acc[0])
+			accounted[1] += int(acc[1])
+			continue
+		}
+		differs := false
+		var portAccounted [2]uint8
 		// The port's chains in the mode of each family compared: on a node, one mode, and so
 		// two names. A chain of that name in any family's rules is the port's.
 		var names [4]string
@@ -184,6 +196,7 @@ func (e *driftEngine) checkBehind(snap *cluster.Snapshot, rules map[bool]program
 				eps, ok := r.chain(c)
 				if ok && first {
 					accounted[fam]++
+					portAccounted[fam]++
 				}
 				switch c {
 				case clusterChain:
@@ -206,11 +219,18 @@ func (e *driftEngine) checkBehind(snap *cluster.Snapshot, rules map[bool]program
 			programmed := append(slices.Clip(clusterEps), localEps...)
 			expected := append(slices.Clip(sp.ClusterEndpoints), sp.LocalEndpoints...)
 			stale, missing := diffEndpoints(programmed, expected, ipv6)
+			differs = differs || len(stale)+len(missing) > 0
 			for _, ep := range stale {
 				note(diffKey{sp.Name, ipv6, ep, true}, sp.Port)
 			}
 			for _, ep := range missing {
 				note(diffKey{sp.Name, ipv6, ep, false}, sp.Port)
+			}
+		}
+		if first {
+			st.seen, st.seenRules, st.accounted = nil, ids, portAccounted
+			if !differs {
+				st.seen = sp
 			}
 		}
 		if d := drifts[sp.Name]; d != nil {

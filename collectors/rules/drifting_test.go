@@ -91,6 +91,7 @@ func (f fakeProgrammed) chain(name string) ([]netip.AddrPort, bool) {
 	return eps, ok
 }
 func (f fakeProgrammed) chainCount() int { return len(f.chains) }
+func (f fakeProgrammed) identity() any   { return nil } // modified in place by some tests
 
 // LastCheck and Drifting tell what the metrics tell, with the addresses; nothing while the
 // view is stale. The metrics are unchanged.

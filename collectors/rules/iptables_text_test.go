@@ -133,6 +133,7 @@ func (r *iptablesRules) chain(name string) ([]netip.AddrPort, bool) {
 }
 
 func (r *iptablesRules) chainCount() int { return len(r.chains) }
+func (r *iptablesRules) identity() any   { return nil } // modified in place by some tests
 
 // serviceChains lists the KUBE-SVC-*/KUBE-SVL-* chains, to find those no API service port
 // accounts for.

@@ -38,6 +38,7 @@ func (r *nftRules) chain(name string) ([]netip.AddrPort, bool) {
 }
 
 func (r *nftRules) chainCount() int { return len(r.chains) }
+func (r *nftRules) identity() any   { return nil } // modified in place by some tests
 
 // serviceChains lists the service-*/local-* chains that have rules, to find those no API
 // service port accounts for.

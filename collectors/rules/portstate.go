@@ -27,6 +27,13 @@ type portState struct {
 	nftables bool
 	index    int    // in the last check's order; -1 when it did not meet the port
 	met      uint64 // the last check that met the port
+
+	// What the last check found comparing the port: the API entry and the rules of each
+	// family it compared (rulesIdentity), how many chains of each it accounts for, and
+	// that it found no difference. seen is nil when there is nothing to reuse.
+	seen      *cluster.ServicePort
+	seenRules [2]any
+	accounted [2]uint8
 }
 
 func newPortStates() *portStates {
@@ -83,4 +90,24 @@ func (st *portState) chainsFor(nftables bool) (clusterChain, localChain string) 
 		st.nftables = nftables
 	}
 	return st.chains[0], st.chains[1]
+}
+
+// noRules stands for a family without rules in rulesIdentity.
+type noRules struct{}
+
+// rulesIdentity is r's identity, noRules{} without rules, nil when r cannot tell.
+func rulesIdentity(r programmedRules) any {
+	if r == nil {
+		return noRules{}
+	}
+	return r.identity()
+}
+
+// reusable reports whether the last check's finding of no difference holds for the port's
+// entry sp against rules of these identities, telling how many chains it accounts for.
+func (st *portState) reusable(sp *cluster.ServicePort, rules [2]any) (accounted [2]uint8, ok bool) {
+	if st.seen != sp || rules[0] == nil || rules[1] == nil || st.seenRules != rules {
+		return accounted, false
+	}
+	return st.accounted, true
 }

@@ -20,6 +20,10 @@ type programmedRules interface {
 	// chainCount is how many service port chains the rules have: those no API service port
 	// accounts for are rules of service ports the API does not have.
 	chainCount() int
+	// identity is a comparable value equal for two reads of the same rules, never for rules
+	// that differ; nil when the rules cannot tell. A check reuses what the previous one found
+	// of a port whose API entry and rules are the same again.
+	identity() any
 }
 
 // programmed is kube-proxy's rules of one family as hostrules read them, with the chain names
@@ -48,6 +52,10 @@ func (p programmed) chain(name string) ([]netip.AddrPort, bool) {
 }
 
 func (p programmed) chainCount() int { return len(p.table.Chains) }
+
+// identity is the table's: hostrules publishes a new ProxyTable for each change and never
+// modifies one.
+func (p programmed) identity() any { return p }
 
 // chainsFor names a service port's cluster and local chains, as kube-proxy's nftables mode
 // names them or as its iptables mode does.
