@@ -98,8 +98,6 @@ type hostRules struct {
 	cfg    hostrules.Config
 	logger *slog.Logger
 	source *hostrules.Source
-	// Read limits of internal/nftnl and internal/iptlegacy, which are process-wide.
-	maxDumpBytes, maxLegacyTableBytes int64
 }
 
 func (h *hostRules) addFlags(app *kingpin.Application) {
@@ -110,22 +108,21 @@ func (h *hostRules) addFlags(app *kingpin.Application) {
 	app.Flag("netfilter.resync-interval", "How often the iptables-legacy tables are read again whatever their size said (nf_tables is followed through its notifications, and read whole only when some were lost).").
 		Default("5m").DurationVar(&h.cfg.ResyncInterval)
 	app.Flag("netfilter.max-dump-bytes", "Largest nf_tables netlink reply read (bytes); a larger one is abandoned and its read reported as failed. kube-proxy's nat table at 10,000 Services x 10 endpoints dumps to about 190 MiB.").
-		Default(strconv.FormatInt(nftnl.DefaultMaxDumpBytes, 10)).Int64Var(&h.maxDumpBytes)
+		Default(strconv.FormatInt(nftnl.DefaultMaxDumpBytes, 10)).Int64Var(&h.cfg.MaxDumpBytes)
 	app.Flag("netfilter.legacy-max-table-bytes", "Largest iptables-legacy table read (bytes, as the kernel gives its size); a larger one is not read and its read reported as failed. The table is held whole while read: kube-proxy's nat table at 10,000 Services x 10 endpoints is about 183 MiB.").
-		Default(strconv.FormatInt(iptlegacy.DefaultMaxTableBytes, 10)).Int64Var(&h.maxLegacyTableBytes)
+		Default(strconv.FormatInt(iptlegacy.DefaultMaxTableBytes, 10)).Int64Var(&h.cfg.LegacyMaxTableBytes)
 	h.cfg.Debounce = 100 * time.Millisecond
 }
 
 func (h *hostRules) get(procPath string) (*hostrules.Source, error) {
 	if h.source == nil {
+		// hostrules.Config takes 0 for its default; a flag of 0 is a mistake.
 		switch {
-		case h.maxDumpBytes <= 0:
-			return nil, fmt.Errorf("--netfilter.max-dump-bytes must be positive, got %d", h.maxDumpBytes)
-		case h.maxLegacyTableBytes <= 0:
-			return nil, fmt.Errorf("--netfilter.legacy-max-table-bytes must be positive, got %d", h.maxLegacyTableBytes)
+		case h.cfg.MaxDumpBytes <= 0:
+			return nil, fmt.Errorf("--netfilter.max-dump-bytes must be positive, got %d", h.cfg.MaxDumpBytes)
+		case h.cfg.LegacyMaxTableBytes <= 0:
+			return nil, fmt.Errorf("--netfilter.legacy-max-table-bytes must be positive, got %d", h.cfg.LegacyMaxTableBytes)
 		}
-		nftnl.SetMaxDumpBytes(h.maxDumpBytes)
-		iptlegacy.SetMaxTableBytes(h.maxLegacyTableBytes)
 		h.cfg.ProcPath = procPath
 		s, err := hostrules.New(h.cfg, h.logger.With("component", "netfilter"))
 		if err != nil {

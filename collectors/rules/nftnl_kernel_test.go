@@ -31,7 +31,7 @@ func TestNFTNLMatchesIPTablesTextReader(t *testing.T) {
 	}
 	nftnltest.Flush(t)
 	nftnltest.LoadIPTablesSave(t, text, false)
-	got, err := nftnl.ReadIPTablesNAT(context.Background(), false)
+	got, err := nftnl.ReadIPTablesNAT(context.Background(), false, nftnl.Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func TestNFTNLMatchesNFTablesTextReader(t *testing.T) {
 	want := newNFTRules(rs.Table("ip", "kube-proxy"))
 	nftnltest.Flush(t)
 	nftnltest.LoadNFTJSON(t, doc)
-	got, err := nftnl.ReadKubeProxyNFT(context.Background(), false)
+	got, err := nftnl.ReadKubeProxyNFT(context.Background(), false, nftnl.Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,6 +33,12 @@ type Config struct {
 	// Debounce is how long nf_tables must be quiet after a change before it is read: a
 	// kube-proxy sync is one transaction, but several may follow each other closely.
 	Debounce time.Duration
+	// MaxDumpBytes is the most bytes one nf_tables reply may carry (0: nftnl's default); a
+	// larger one fails the read of what it was for.
+	MaxDumpBytes int64
+	// LegacyMaxTableBytes is the largest iptables-legacy table read, as the kernel gives its
+	// size (0: iptlegacy's default); a larger one is not read, and its read fails.
+	LegacyMaxTableBytes int64
 }
 
 func (c *Config) validate() error {
@@ -45,6 +51,10 @@ func (c *Config) validate() error {
 		return errors.New("--netfilter.resync-interval must be positive")
 	case c.Debounce < 0:
 		return errors.New("netfilter debounce must not be negative")
+	case c.MaxDumpBytes < 0:
+		return errors.New("--netfilter.max-dump-bytes must not be negative")
+	case c.LegacyMaxTableBytes < 0:
+		return errors.New("--netfilter.legacy-max-table-bytes must not be negative")
 	}
 	return nil
 }
@@ -136,7 +146,7 @@ func New(cfg Config, logger *slog.Logger) (*Source, error) {
 	if cfg.ProcPath == "" {
 		cfg.ProcPath = "/proc"
 	}
-	return newSource(cfg, logger, newSystemBackends(cfg.ProcPath)), nil
+	return newSource(cfg, logger, newSystemBackends(cfg)), nil
 }
 
 func newSource(cfg Config, logger *slog.Logger, b backends) *Source {

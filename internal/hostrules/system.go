@@ -16,8 +16,11 @@ import (
 // internal/iptlegacy, nf_tables through internal/nftnl.
 type systemBackends struct {
 	procPath string
+	// The read limits every reader is given.
+	nftLimits    nftnl.Limits
+	legacyLimits iptlegacy.Limits
 
-	// newFollower opens the follower (nftnl.NewFollower; tests give theirs).
+	// newFollower opens the follower (nftnl.NewFollower with nftLimits; tests give theirs).
 	newFollower func() (nftFollower, error)
 	// follower keeps kube-proxy's nf_tables tables, re-reading what each change names.
 	follower nftFollower
@@ -46,18 +49,22 @@ type forwardReader interface {
 	Read(ctx context.Context, changes []nftnl.Change) ([]*ruleset.Graph, error)
 }
 
-func newSystemBackends(procPath string) *systemBackends {
-	return &systemBackends{
-		procPath: procPath,
-		newFollower: func() (nftFollower, error) {
-			f, err := nftnl.NewFollower()
-			if err != nil {
-				return nil, err
-			}
-			return f, nil
-		},
-		forward: &nftnl.ForwardReader{},
+// newSystemBackends reads through cfg.ProcPath with cfg's read limits.
+func newSystemBackends(cfg Config) *systemBackends {
+	b := &systemBackends{
+		procPath:     cfg.ProcPath,
+		nftLimits:    nftnl.Limits{MaxDumpBytes: cfg.MaxDumpBytes},
+		legacyLimits: iptlegacy.Limits{MaxTableBytes: cfg.LegacyMaxTableBytes},
 	}
+	b.newFollower = func() (nftFollower, error) {
+		f, err := nftnl.NewFollower(b.nftLimits)
+		if err != nil {
+			return nil, err
+		}
+		return f, nil
+	}
+	b.forward = &nftnl.ForwardReader{Limits: b.nftLimits}
+	return b
 }
 
 // inUse is err, or nil when it says the kernel has no nf_tables: its backends are then not in
@@ -80,7 +87,7 @@ func (b *systemBackends) legacy() (map[bool]*ruleset.ProxyTable, *ruleset.Graph,
 	proxy := map[bool]*ruleset.ProxyTable{}
 	var proxyErrs []error
 	for _, ipv6 := range []bool{false, true} {
-		t, err := iptlegacy.ReadNAT(b.procPath, ipv6)
+		t, err := iptlegacy.ReadNAT(b.procPath, ipv6, b.legacyLimits)
 		if err != nil {
 			proxyErrs = append(proxyErrs, err)
 			continue
@@ -91,7 +98,7 @@ func (b *systemBackends) legacy() (map[bool]*ruleset.ProxyTable, *ruleset.Graph,
 	}
 	// kube-proxy's INVALID drop is in the IPv4 filter table; IPv6 forwarding has its own
 	// (ip6tables) and is not asked about, as before.
-	filter, filterErr := iptlegacy.ReadFilter(b.procPath, false)
+	filter, filterErr := iptlegacy.ReadFilter(b.procPath, false, b.legacyLimits)
 	return proxy, filter, errors.Join(proxyErrs...), filterErr
 }
 

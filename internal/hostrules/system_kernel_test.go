@@ -2,6 +2,7 @@ package hostrules
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/prometheus/common/promslog"
+	"github.com/proxyhealth/proxyhealth/internal/iptlegacy"
 	"github.com/proxyhealth/proxyhealth/internal/nftnl"
 	"github.com/proxyhealth/proxyhealth/internal/nftnl/nftnltest"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
@@ -233,7 +235,7 @@ COMMIT
 	st := waitState(t, s, sub, "the new endpoint", func(st *State) bool {
 		return slices.Contains(st.ProxyRules(false).Chains["KUBE-SVC-FEK7IJ3KIWHUKSBD"], newEP)
 	})
-	fresh, err := nftnl.ReadIPTablesNAT(context.Background(), false)
+	fresh, err := nftnl.ReadIPTablesNAT(context.Background(), false, nftnl.Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,7 +272,7 @@ func TestSourceNFTablesFollowsOneService(t *testing.T) {
 		t.Helper()
 		before := followStats(t, s)
 		st := waitState(t, s, sub, what, ok)
-		fresh, err := nftnl.ReadKubeProxyNFT(context.Background(), false)
+		fresh, err := nftnl.ReadKubeProxyNFT(context.Background(), false, nftnl.Limits{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -303,4 +305,48 @@ func TestSourceNFTablesFollowsOneService(t *testing.T) {
 		t.Errorf("service-ips element changed: reads %+v, want 1 element dump", d)
 	}
 	check("the moved service port", func(*State) bool { return true }, 0, 0)
+}
+
+// The read limits of a Config reach every reader its Source makes: the nf_tables Follower
+// (kube-proxy's rules) and ForwardReader (the forward paths) fail with nftnl.ErrDumpTooLarge,
+// the legacy nat read with iptlegacy.ErrTableTooLarge. They are the Source's own: another
+// Source beside it, with the default limits, reads the same tables.
+func TestSourceReadLimits(t *testing.T) {
+	requireNetns(t, "iptables-nft-restore", "nft", "iptables-legacy-restore", "iptables-legacy")
+	t.Cleanup(func() { flush(t) })
+	capture := readFile(t, iptablesCapture)
+	nftnltest.LoadIPTablesSave(t, capture, false)
+	// The nfacct object kube-proxy's NodePort rule names is not needed here: leave the match out.
+	restore := exec.Command("iptables-legacy-restore")
+	restore.Stdin = strings.NewReader(regexp.MustCompile(`-m nfacct --nfacct-name +\S+ `).ReplaceAllString(string(capture), ""))
+	if out, err := restore.CombinedOutput(); err != nil {
+		t.Fatalf("iptables-legacy-restore: %v\n%s", err, out)
+	}
+
+	// The nat table's rule dump and the listing of its chains are each over 1 KiB, and a
+	// legacy table is over 256 bytes with its built-in chains alone.
+	limited, sub := startSource(t, Config{MaxDumpBytes: 1 << 10, LegacyMaxTableBytes: 256})
+	tooLarge := func(st *State) bool {
+		return errors.Is(st.ProxyErr, nftnl.ErrDumpTooLarge) && errors.Is(st.ProxyErr, iptlegacy.ErrTableTooLarge)
+	}
+	st := waitState(t, limited, sub, "both limits passed", tooLarge)
+	for _, f := range st.Forward {
+		if f.Backend != BackendLegacy && !errors.Is(f.Err, nftnl.ErrDumpTooLarge) {
+			t.Errorf("limited source: forward %s: %v, want ErrDumpTooLarge", f.Backend, f.Err)
+		}
+	}
+
+	unlimited, sub := startSource(t, Config{})
+	st = waitState(t, unlimited, sub, "iptables mode", func(st *State) bool { return st.Mode == ModeIPTables })
+	if st.ProxyErr != nil || len(st.ProxyRules(false).Services) == 0 {
+		t.Errorf("source with the default limits: %d services, error %v; want the capture's, no error", len(st.ProxyRules(false).Services), st.ProxyErr)
+	}
+	for _, f := range st.Forward {
+		if f.Err != nil {
+			t.Errorf("source with the default limits: forward %s: %v", f.Backend, f.Err)
+		}
+	}
+	if st := limited.State(); !tooLarge(st) {
+		t.Errorf("limited source beside one with the default limits: proxy error %v, want both limits passed", st.ProxyErr)
+	}
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -47,7 +49,7 @@ func systemSource(t *testing.T, dialErr, readErr error) (*Source, *refusingForwa
 	t.Helper()
 	dials := 0
 	fwd := &refusingForward{err: readErr}
-	b := newSystemBackends(t.TempDir())
+	b := newSystemBackends(Config{ProcPath: t.TempDir()})
 	b.forward = fwd
 	b.newFollower = func() (nftFollower, error) {
 		dials++
@@ -111,6 +113,27 @@ func TestSystemBackendsNFTablesRefused(t *testing.T) {
 	for _, f := range st.Forward {
 		if wantErr := f.Backend != BackendLegacy; errors.Is(f.Err, nftnl.ErrPermission) != wantErr {
 			t.Errorf("forward %s: error %v, want the refusal: %v", f.Backend, f.Err, wantErr)
+		}
+	}
+}
+
+// A read limit of 0 is the reader's default; a negative one is refused, naming its flag.
+func TestConfigReadLimits(t *testing.T) {
+	base := Config{LegacyPollInterval: time.Second, ResyncInterval: time.Minute, ProcPath: t.TempDir()}
+	if _, err := New(base, nil); err != nil {
+		t.Errorf("zero limits: %v", err)
+	}
+	for _, tc := range []struct {
+		flag string
+		set  func(*Config)
+	}{
+		{"--netfilter.max-dump-bytes", func(c *Config) { c.MaxDumpBytes = -1 }},
+		{"--netfilter.legacy-max-table-bytes", func(c *Config) { c.LegacyMaxTableBytes = -1 }},
+	} {
+		cfg := base
+		tc.set(&cfg)
+		if _, err := New(cfg, nil); err == nil || !strings.Contains(err.Error(), tc.flag) {
+			t.Errorf("negative %s: %v, want an error naming it", tc.flag, err)
 		}
 	}
 }

@@ -45,7 +45,7 @@ func checkKernelTable(t *testing.T, f *fixture, table, src string) {
 	}
 	switch table {
 	case "nat":
-		got, err := ReadNAT(threadProc, f.ipv6)
+		got, err := ReadNAT(threadProc, f.ipv6, Limits{})
 		if err != nil {
 			t.Errorf("ReadNAT: %v", err)
 			return
@@ -57,7 +57,7 @@ func checkKernelTable(t *testing.T, f *fixture, table, src string) {
 			}
 		}
 	case "filter":
-		g, err := ReadFilter(threadProc, f.ipv6)
+		g, err := ReadFilter(threadProc, f.ipv6, Limits{})
 		if err != nil {
 			t.Errorf("ReadFilter: %v", err)
 			return

@@ -1,9 +1,6 @@
 package iptlegacy
 
-import (
-	"errors"
-	"sync/atomic"
-)
+import "errors"
 
 // DefaultMaxTableBytes bounds the entries blob of one table that is read. The kernel hands a
 // table's rules over in one copy of the size its info gives, so the blob is held whole at the
@@ -14,22 +11,21 @@ import (
 // it is refused with an error instead.
 const DefaultMaxTableBytes = 384 << 20
 
-// ErrTableTooLarge is returned (wrapped) when a table's info gives a blob larger than the bound
-// SetMaxTableBytes set; nothing of it is read.
+// ErrTableTooLarge is returned (wrapped) when a table's info gives a blob larger than the
+// read's Limits.MaxTableBytes; nothing of it is read.
 var ErrTableTooLarge = errors.New("iptables-legacy table larger than the read limit")
 
-var maxTableBytes atomic.Int64
-
-func init() { maxTableBytes.Store(DefaultMaxTableBytes) }
-
-// SetMaxTableBytes sets the largest table blob read, for every read the process makes from now
-// on; n <= 0 restores DefaultMaxTableBytes.
-func SetMaxTableBytes(n int64) {
-	if n <= 0 {
-		n = DefaultMaxTableBytes
-	}
-	maxTableBytes.Store(n)
+// Limits bounds what one read of this package accepts; the zero value is the defaults.
+type Limits struct {
+	// MaxTableBytes is the largest table blob read, as the table's info gives its size; 0 (or
+	// less) means DefaultMaxTableBytes.
+	MaxTableBytes int64
 }
 
-// MaxTableBytes returns the bound SetMaxTableBytes set.
-func MaxTableBytes() int64 { return maxTableBytes.Load() }
+// maxTableBytes is l.MaxTableBytes, or the default in its absence.
+func (l Limits) maxTableBytes() int64 {
+	if l.MaxTableBytes <= 0 {
+		return DefaultMaxTableBytes
+	}
+	return l.MaxTableBytes
+}

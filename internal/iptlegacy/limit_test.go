@@ -34,12 +34,13 @@ func kubeProxyNAT(services int) string {
 	return chains.String() + rules.String() + "COMMIT\n"
 }
 
-// A table whose info gives a blob above the read limit is refused with ErrTableTooLarge before
-// any of it is copied; under the limit it reads as before.
+// A table whose info gives a blob above the read's limit is refused with ErrTableTooLarge
+// before any of it is copied; under the limit, or with the default, it reads as before.
 func TestKernelTableLimit(t *testing.T) {
 	const services = 300
 	inFreshNetns(t, func() {
-		if !restore(t, false, kubeProxyNAT(services)) {
+		filter := "*filter\n:FORWARD ACCEPT [0:0]\n-A FORWARD -m conntrack --ctstate INVALID -j DROP\nCOMMIT\n"
+		if !restore(t, false, kubeProxyNAT(services)+filter) {
 			return
 		}
 		info, err := ReadInfo(threadProc, false, "nat")
@@ -50,18 +51,27 @@ func TestKernelTableLimit(t *testing.T) {
 		t.Logf("nat table of %d services x 10 endpoints (commented): %d bytes (%.0f bytes a service)",
 			services, info.Size, float64(info.Size)/services)
 
-		SetMaxTableBytes(int64(info.Size) - 1)
-		defer SetMaxTableBytes(0)
-		pt, err := ReadNAT(threadProc, false)
+		below := Limits{MaxTableBytes: int64(info.Size) - 1}
+		pt, err := ReadNAT(threadProc, false, below)
 		if !errors.Is(err, ErrTableTooLarge) || pt != nil {
 			t.Errorf("ReadNAT with a limit one byte below the table: %v, %v; want nil and ErrTableTooLarge", pt, err)
 		}
 		t.Logf("limited: %v", err)
+		if g, err := ReadFilter(threadProc, false, Limits{MaxTableBytes: 1}); !errors.Is(err, ErrTableTooLarge) || g != nil {
+			t.Errorf("ReadFilter with a one byte limit: %v, %v; want nil and ErrTableTooLarge", g, err)
+		}
+		if g, err := ReadFilter(threadProc, false, Limits{}); err != nil || g == nil || g.InvalidDropPath() == nil {
+			t.Errorf("ReadFilter under the default limit: %v, %v; want the INVALID drop", g, err)
+		}
 
-		SetMaxTableBytes(int64(info.Size))
-		pt, err = ReadNAT(threadProc, false)
+		pt, err = ReadNAT(threadProc, false, Limits{MaxTableBytes: int64(info.Size)})
 		if err != nil || pt == nil || len(pt.Services) != services {
 			t.Errorf("ReadNAT with a limit of the table's size: %+v, %v; want %d services", pt, err, services)
+		}
+		// The limit is the read's own: the next read, without one, has the default.
+		pt, err = ReadNAT(threadProc, false, Limits{})
+		if err != nil || pt == nil || len(pt.Services) != services {
+			t.Errorf("ReadNAT under the default limit after a limited one: %+v, %v; want %d services", pt, err, services)
 		}
 	})
 }

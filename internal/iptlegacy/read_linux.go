@@ -38,9 +38,10 @@ func ReadInfo(procPath string, ipv6 bool, table string) (*Info, error) {
 // ReadNAT reads kube-proxy's service view from the legacy nat table of one IP family. It
 // returns nil when the table does not exist or has no KUBE-SERVICES chain (kube-proxy does not
 // program this backend or family); it never creates a table. The read keeps only what the
-// ProxyTable holds and gives the blob's memory back as it goes.
-func ReadNAT(procPath string, ipv6 bool) (*ruleset.ProxyTable, error) {
-	return readNAT(procPath, ipv6, readOptions{})
+// ProxyTable holds and gives the blob's memory back as it goes. A table larger than lim allows
+// is not read: the error wraps ErrTableTooLarge.
+func ReadNAT(procPath string, ipv6 bool, lim Limits) (*ruleset.ProxyTable, error) {
+	return readNAT(procPath, ipv6, readOptions{limits: lim})
 }
 
 func readNAT(procPath string, ipv6 bool, opts readOptions) (*ruleset.ProxyTable, error) {
@@ -64,10 +65,10 @@ func readNAT(procPath string, ipv6 bool, opts readOptions) (*ruleset.ProxyTable,
 
 // ReadFilter reads the legacy filter table of one IP family as the graph the INVALID-drop
 // search walks from FORWARD. It returns nil when the table does not exist; it never creates
-// one.
-func ReadFilter(procPath string, ipv6 bool) (*ruleset.Graph, error) {
+// one. A table larger than lim allows is not read: the error wraps ErrTableTooLarge.
+func ReadFilter(procPath string, ipv6 bool, lim Limits) (*ruleset.Graph, error) {
 	var g *ruleset.Graph
-	found, err := readTable(procPath, ipv6, "filter", readOptions{}, func(info *Info, m *mapping) error {
+	found, err := readTable(procPath, ipv6, "filter", readOptions{limits: lim}, func(info *Info, m *mapping) error {
 		var err error
 		g, err = decodeFilter(info, m.b[getEntriesHeader:])
 		return err
@@ -78,8 +79,10 @@ func ReadFilter(procPath string, ipv6 bool) (*ruleset.Graph, error) {
 	return g, nil
 }
 
-// readOptions are the alternatives the scale benchmark compares with the default.
+// readOptions are a read's limits, and the alternatives the scale benchmark compares with the
+// default.
 type readOptions struct {
+	limits   Limits
 	heapBlob bool // the blob in a Go byte slice instead of a mapping of its own
 	keepBlob bool // no release of the decoded part while the rest is decoded
 }
@@ -133,7 +136,7 @@ func readStable(s *socket, table string, opts readOptions) (Info, *mapping, erro
 	if beforeEntries != nil {
 		beforeEntries()
 	}
-	m, err := s.entries(&info, opts.heapBlob)
+	m, err := s.entries(&info, opts.limits.maxTableBytes(), opts.heapBlob)
 	if errors.Is(err, unix.EAGAIN) {
 		return Info{}, nil, errChanged
 	}

@@ -34,7 +34,7 @@ func TestKernelNeverCreatesTable(t *testing.T) {
 	inFreshNetns(t, func() {
 		check := func(stage string) {
 			for _, ipv6 := range []bool{false, true} {
-				if pt, err := ReadNAT(threadProc, ipv6); pt != nil || err != nil {
+				if pt, err := ReadNAT(threadProc, ipv6, Limits{}); pt != nil || err != nil {
 					t.Errorf("%s: ReadNAT(ipv6 %v) = %v, %v; want nil, nil", stage, ipv6, pt, err)
 				}
 				if info, err := ReadInfo(threadProc, ipv6, "nat"); info != nil || err != nil {
@@ -44,12 +44,12 @@ func TestKernelNeverCreatesTable(t *testing.T) {
 					t.Errorf("%s: ReadInfo(ipv6 %v, mangle) = %v, %v; want nil, nil", stage, ipv6, info, err)
 				}
 			}
-			if g, err := ReadFilter(threadProc, true); g != nil || err != nil {
+			if g, err := ReadFilter(threadProc, true, Limits{}); g != nil || err != nil {
 				t.Errorf("%s: ReadFilter(ipv6) = %v, %v; want nil, nil", stage, g, err)
 			}
 		}
 		check("empty namespace")
-		if g, err := ReadFilter(threadProc, false); g != nil || err != nil {
+		if g, err := ReadFilter(threadProc, false, Limits{}); g != nil || err != nil {
 			t.Errorf("empty namespace: ReadFilter = %v, %v; want nil, nil", g, err)
 		}
 		if v4, v6 := tableNames(t, false), tableNames(t, true); v4 != "" || v6 != "" {
@@ -59,7 +59,7 @@ func TestKernelNeverCreatesTable(t *testing.T) {
 			return
 		}
 		check("filter table only")
-		if g, err := ReadFilter(threadProc, false); err != nil || g == nil || g.InvalidDropPath() == nil {
+		if g, err := ReadFilter(threadProc, false, Limits{}); err != nil || g == nil || g.InvalidDropPath() == nil {
 			t.Errorf("ReadFilter = %v, %v; want the drop", g, err)
 		}
 		if v4, v6 := tableNames(t, false), tableNames(t, true); v4 != "filter" || v6 != "" {
@@ -69,7 +69,7 @@ func TestKernelNeverCreatesTable(t *testing.T) {
 		if !restore(t, false, "*nat\n:PREROUTING ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n-A POSTROUTING -j MASQUERADE\nCOMMIT\n") {
 			return
 		}
-		if pt, err := ReadNAT(threadProc, false); pt != nil || err != nil {
+		if pt, err := ReadNAT(threadProc, false, Limits{}); pt != nil || err != nil {
 			t.Errorf("nat without KUBE-SERVICES: %v, %v; want nil, nil", pt, err)
 		}
 		// The control: asking the kernel directly for a missing table creates it, which is
@@ -95,17 +95,17 @@ func TestReadUnreadableTableList(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(dir, "net", "ip_tables_names"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ReadNAT(dir, false); err == nil || !strings.Contains(err.Error(), "without creating") {
+	if _, err := ReadNAT(dir, false, Limits{}); err == nil || !strings.Contains(err.Error(), "without creating") {
 		t.Errorf("ReadNAT: %v, want the table list's error", err)
 	}
-	if _, err := ReadFilter(dir, false); err == nil {
+	if _, err := ReadFilter(dir, false, Limits{}); err == nil {
 		t.Error("ReadFilter: no error")
 	}
 	if _, err := ReadInfo(dir, false, "nat"); err == nil {
 		t.Error("ReadInfo: no error")
 	}
 	// No list at all: x_tables is not loaded, so no legacy table exists.
-	if pt, err := ReadNAT(t.TempDir(), false); pt != nil || err != nil {
+	if pt, err := ReadNAT(t.TempDir(), false, Limits{}); pt != nil || err != nil {
 		t.Errorf("no list: %v, %v; want nil, nil", pt, err)
 	}
 }
@@ -125,8 +125,8 @@ func TestKernelMissingCapability(t *testing.T) {
 				t.Errorf("drop %s: %v", tc.name, err)
 				return
 			}
-			_, natErr := ReadNAT(threadProc, false)
-			_, filterErr := ReadFilter(threadProc, false)
+			_, natErr := ReadNAT(threadProc, false, Limits{})
+			_, filterErr := ReadFilter(threadProc, false, Limits{})
 			_, infoErr := ReadInfo(threadProc, false, "nat")
 			if err := restoreCaps(); err != nil {
 				t.Errorf("restore capabilities: %v", err)
@@ -138,7 +138,7 @@ func TestKernelMissingCapability(t *testing.T) {
 				}
 			}
 		}
-		if pt, err := ReadNAT(threadProc, false); err != nil || len(pt.Chains) != 1 {
+		if pt, err := ReadNAT(threadProc, false, Limits{}); err != nil || len(pt.Chains) != 1 {
 			t.Errorf("capabilities back: %v, %v", pt, err)
 		}
 	})
@@ -185,7 +185,7 @@ func TestKernelInfo(t *testing.T) {
 		if err != nil || *c == *a || c.NumEntries <= a.NumEntries || c.Size <= a.Size {
 			t.Errorf("an endpoint added: %+v, %v; was %+v", c, err, a)
 		}
-		before, err := ReadNAT(threadProc, false)
+		before, err := ReadNAT(threadProc, false, Limits{})
 		if err != nil {
 			t.Errorf("ReadNAT: %v", err)
 			return
@@ -194,7 +194,7 @@ func TestKernelInfo(t *testing.T) {
 			return
 		}
 		d, err := ReadInfo(threadProc, false, "nat")
-		after, err2 := ReadNAT(threadProc, false)
+		after, err2 := ReadNAT(threadProc, false, Limits{})
 		if err != nil || err2 != nil || *d != *c {
 			t.Errorf("endpoints swapped: info %+v, %v, %v; want it unchanged, %+v", d, err, err2, c)
 		}
@@ -219,7 +219,7 @@ func TestKernelReadRetriesOnReplace(t *testing.T) {
 				restore(t, false, smallNAT(5, 1))
 			}
 		}
-		pt, err := ReadNAT(threadProc, false)
+		pt, err := ReadNAT(threadProc, false, Limits{})
 		if err != nil || calls != 2 || len(pt.Chains["KUBE-SVC-AAAAAAAAAAAAAAAA"]) != 5 {
 			t.Errorf("replaced once: %v, %v after %d reads; want the 5 endpoints of the new table after 2", pt, err, calls)
 		}
@@ -228,7 +228,7 @@ func TestKernelReadRetriesOnReplace(t *testing.T) {
 			calls++
 			restore(t, false, smallNAT(2+calls%2, 1))
 		}
-		if _, err := ReadNAT(threadProc, false); err == nil || calls != maxAttempts || !strings.Contains(err.Error(), "changed") {
+		if _, err := ReadNAT(threadProc, false, Limits{}); err == nil || calls != maxAttempts || !strings.Contains(err.Error(), "changed") {
 			t.Errorf("replaced at every read: %v after %d reads; want an error after %d", err, calls, maxAttempts)
 		}
 	})

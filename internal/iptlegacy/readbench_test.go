@@ -62,7 +62,7 @@ func BenchmarkKernelReadNAT(b *testing.B) {
 		b.ReportAllocs()
 		b.ResetTimer()
 		for b.Loop() {
-			pt, err := ReadNAT(threadProc, false)
+			pt, err := ReadNAT(threadProc, false, Limits{})
 			if err != nil || pt == nil {
 				b.Errorf("ReadNAT: %v", err)
 				return

@@ -86,9 +86,10 @@ func (s *socket) info(table string) (Info, error) {
 
 // entries asks IPT_SO_GET_ENTRIES for the table info describes, into a fresh mapping. The
 // kernel copies the whole table in one call and only when the size asked for is the table's
-// current size; EAGAIN means it was replaced by one of another size in between.
-func (s *socket) entries(info *Info, heap bool) (*mapping, error) {
-	if limit := MaxTableBytes(); int64(info.Size) > limit {
+// current size; EAGAIN means it was replaced by one of another size in between. A table larger
+// than limit bytes is refused before anything is allocated.
+func (s *socket) entries(info *Info, limit int64, heap bool) (*mapping, error) {
+	if int64(info.Size) > limit {
 		return nil, fmt.Errorf("%w: table %s is %d bytes, the limit %d", ErrTableTooLarge, info.Table, info.Size, limit)
 	}
 	m, err := newMapping(getEntriesHeader+int(info.Size), heap)

@@ -74,9 +74,10 @@ func Followed(t Table) bool {
 	return (t.Family == unix.NFPROTO_IPV4 || t.Family == unix.NFPROTO_IPV6) && (t.Name == "nat" || t.Name == kubeProxyTable)
 }
 
-// NewFollower opens the Follower's socket; it reads nothing until Resync or Apply.
-func NewFollower() (*Follower, error) {
-	s, err := dial()
+// NewFollower opens the Follower's socket, whose replies lim bounds (a reply past it fails the
+// read of its table with ErrDumpTooLarge); it reads nothing until Resync or Apply.
+func NewFollower(lim Limits) (*Follower, error) {
+	s, err := dial(lim)
 	if err != nil {
 		return nil, err
 	}

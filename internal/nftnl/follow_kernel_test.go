@@ -29,7 +29,7 @@ func newFollowTest(t *testing.T, opts ...WatchOption) *followTest {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { stopped(t, cancel, w) })
-	f, err := NewFollower()
+	f, err := NewFollower(Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,9 +84,9 @@ func (ft *followTest) same(what string) {
 	t := ft.t
 	t.Helper()
 	for _, ipv6 := range []bool{false, true} {
-		check := func(kind string, got *ruleset.ProxyTable, gotErr error, read func(context.Context, bool) (*ruleset.ProxyTable, error)) {
+		check := func(kind string, got *ruleset.ProxyTable, gotErr error, read func(context.Context, bool, Limits) (*ruleset.ProxyTable, error)) {
 			t.Helper()
-			want, err := read(context.Background(), ipv6)
+			want, err := read(context.Background(), ipv6, Limits{})
 			if err != nil || gotErr != nil {
 				t.Fatalf("%s: %s ipv6=%v: read %v, follower %v", what, kind, ipv6, err, gotErr)
 			}

@@ -30,6 +30,11 @@ import (
 // It keeps one socket open between reads (closing a netfilter netlink socket costs the kernel
 // more than the small reads it serves); Close closes it.
 type ForwardReader struct {
+	// Limits bounds the replies the reader accepts (the zero value: the defaults); a reply past
+	// them fails the Read with ErrDumpTooLarge. It takes effect when the reader opens its
+	// socket: at the first Read, and at the first after Close.
+	Limits Limits
+
 	tables []tableChains // the tables with forward base chains, from the last listing
 	graphs []*ruleset.Graph
 	listed bool
@@ -40,7 +45,7 @@ type ForwardReader struct {
 // changes, or a Resync among them, read everything again.
 func (r *ForwardReader) Read(ctx context.Context, changes []Change) ([]*ruleset.Graph, error) {
 	if r.sock == nil {
-		s, err := dial()
+		s, err := dial(r.Limits)
 		if err != nil {
 			return nil, err
 		}

@@ -21,10 +21,10 @@ func nfproto(ipv6 bool) uint8 {
 
 // ReadIPTablesNAT reads kube-proxy's iptables-mode rules that iptables-nft wrote into table
 // `ip nat` (`ip6 nat` with ipv6). It returns nil, nil when the table or its KUBE-SERVICES
-// chain (kube-proxy's mark on it) does not exist.
-func ReadIPTablesNAT(ctx context.Context, ipv6 bool) (*ruleset.ProxyTable, error) {
+// chain (kube-proxy's mark on it) does not exist. lim bounds each reply.
+func ReadIPTablesNAT(ctx context.Context, ipv6 bool, lim Limits) (*ruleset.ProxyTable, error) {
 	var pt *ruleset.ProxyTable
-	err := withSocket(func(q querier) error {
+	err := withSocket(lim, func(q querier) error {
 		var err error
 		pt, err = readIPTablesNAT(ctx, q, nfproto(ipv6))
 		return err

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"sync/atomic"
 
 	"github.com/mdlayher/socket"
 	"golang.org/x/sys/unix"
@@ -30,25 +29,25 @@ var ErrNotSupported = errors.New("the kernel has no nf_tables")
 // read may spend.
 const DefaultMaxDumpBytes = 1 << 30
 
-// ErrDumpTooLarge is returned (wrapped) when a reply passed the bound SetMaxDumpBytes set: the
-// read stops there, and what was read so far is discarded.
+// ErrDumpTooLarge is returned (wrapped) when a reply passed the reader's Limits.MaxDumpBytes:
+// the read stops there, and what was read so far is discarded.
 var ErrDumpTooLarge = errors.New("nf_tables reply larger than the read limit")
 
-var maxDumpBytes atomic.Int64
-
-func init() { maxDumpBytes.Store(DefaultMaxDumpBytes) }
-
-// SetMaxDumpBytes sets the most bytes one nf_tables reply may carry for every read the process
-// makes from now on; n <= 0 restores DefaultMaxDumpBytes.
-func SetMaxDumpBytes(n int64) {
-	if n <= 0 {
-		n = DefaultMaxDumpBytes
-	}
-	maxDumpBytes.Store(n)
+// Limits bounds what a reader of this package accepts. Each reader is given its own (the
+// Follower, the ForwardReader, the Read functions); the zero value is the defaults.
+type Limits struct {
+	// MaxDumpBytes is the most bytes one nf_tables reply may carry; 0 (or less) means
+	// DefaultMaxDumpBytes.
+	MaxDumpBytes int64
 }
 
-// MaxDumpBytes returns the bound SetMaxDumpBytes set.
-func MaxDumpBytes() int64 { return maxDumpBytes.Load() }
+// maxDumpBytes is l.MaxDumpBytes, or the default in its absence.
+func (l Limits) maxDumpBytes() int64 {
+	if l.MaxDumpBytes <= 0 {
+		return DefaultMaxDumpBytes
+	}
+	return l.MaxDumpBytes
+}
 
 // message is one nf_tables netlink message of a reply: its nf_tables message type
 // (NFT_MSG_NEWRULE, ...), the nfgenmsg family, and its attributes.
@@ -85,7 +84,7 @@ type nlSocket struct {
 	c   *socket.Conn
 	seq uint32
 	buf []byte
-	// limit is the most bytes one reply may carry (0: MaxDumpBytes at each request).
+	// limit is the most bytes one reply may carry.
 	limit int64
 	// abandoned is set when a reply was given up midway: the kernel refuses a new dump on a
 	// socket whose dump has not ended (EBUSY), so the next request opens a new socket.
@@ -93,8 +92,9 @@ type nlSocket struct {
 	received  int64 // bytes of the last reply so far
 }
 
-// dial opens a netfilter netlink socket in the calling process's network namespace.
-func dial() (*nlSocket, error) {
+// dial opens a netfilter netlink socket in the calling process's network namespace, whose
+// replies are bounded by lim.
+func dial(lim Limits) (*nlSocket, error) {
 	c, err := socket.Socket(unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_NETFILTER, "nftnl", nil)
 	if err != nil {
 		return nil, socketError(err)
@@ -103,7 +103,7 @@ func dial() (*nlSocket, error) {
 		_ = c.Close()
 		return nil, fmt.Errorf("bind netfilter netlink socket: %w", err)
 	}
-	return &nlSocket{c: c, buf: make([]byte, recvBufBytes)}, nil
+	return &nlSocket{c: c, buf: make([]byte, recvBufBytes), limit: lim.maxDumpBytes()}, nil
 }
 
 // socketError is a failure to open a netfilter netlink socket.
@@ -142,10 +142,6 @@ func (s *nlSocket) query(ctx context.Context, req request, fn func(m message) er
 			return err
 		}
 	}
-	limit := s.limit
-	if limit <= 0 {
-		limit = MaxDumpBytes()
-	}
 	s.seq++
 	if err := s.c.Sendto(ctx, encodeRequest(req, s.seq), 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		return fmt.Errorf("send nf_tables request: %w", err)
@@ -164,9 +160,9 @@ func (s *nlSocket) query(ctx context.Context, req request, fn func(m message) er
 		}
 		total += int64(n)
 		s.received = total
-		if total > limit {
+		if total > s.limit {
 			s.abandoned = true
-			return fmt.Errorf("%w: more than %d bytes, the limit, in one reply; the read was abandoned", ErrDumpTooLarge, limit)
+			return fmt.Errorf("%w: more than %d bytes, the limit, in one reply; the read was abandoned", ErrDumpTooLarge, s.limit)
 		}
 		done, err := splitMessages(s.buf[:n], s.seq, fn)
 		var errno unix.Errno
@@ -181,9 +177,9 @@ func (s *nlSocket) query(ctx context.Context, req request, fn func(m message) er
 }
 
 // reopen replaces the socket with a new one in the same network namespace (the calling
-// thread's, as dial's).
+// thread's, as dial's); the limit stays.
 func (s *nlSocket) reopen() error {
-	fresh, err := dial()
+	fresh, err := dial(Limits{})
 	if err != nil {
 		return err
 	}
@@ -249,9 +245,9 @@ func errnoError(errno unix.Errno) error {
 	return fmt.Errorf("nf_tables: %w", errno)
 }
 
-// withSocket runs fn with a new socket and closes it.
-func withSocket(fn func(q querier) error) error {
-	s, err := dial()
+// withSocket runs fn with a new socket bounded by lim and closes it.
+func withSocket(lim Limits, fn func(q querier) error) error {
+	s, err := dial(lim)
 	if err != nil {
 		return err
 	}

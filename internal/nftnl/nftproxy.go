@@ -23,10 +23,10 @@ const kubeProxyTable = "kube-proxy"
 
 // ReadKubeProxyNFT reads kube-proxy's nftables-mode table (`ip kube-proxy`, or `ip6
 // kube-proxy` with ipv6). It returns nil, nil when the table does not exist. A service chain
-// kube-proxy flushed (no rules) is left out.
-func ReadKubeProxyNFT(ctx context.Context, ipv6 bool) (*ruleset.ProxyTable, error) {
+// kube-proxy flushed (no rules) is left out. lim bounds each reply.
+func ReadKubeProxyNFT(ctx context.Context, ipv6 bool, lim Limits) (*ruleset.ProxyTable, error) {
 	var pt *ruleset.ProxyTable
-	err := withSocket(func(q querier) error {
+	err := withSocket(lim, func(q querier) error {
 		var err error
 		pt, err = readKubeProxyNFT(ctx, q, nfproto(ipv6))
 		return err

@@ -20,10 +20,10 @@ func TestKernelNoCapability(t *testing.T) {
 		if _, err := Generation(ctx); !errors.Is(err, ErrPermission) {
 			t.Errorf("Generation: %v, want ErrPermission", err)
 		}
-		if _, err := ReadIPTablesNAT(ctx, false); !errors.Is(err, ErrPermission) {
+		if _, err := ReadIPTablesNAT(ctx, false, Limits{}); !errors.Is(err, ErrPermission) {
 			t.Errorf("ReadIPTablesNAT: %v, want ErrPermission", err)
 		}
-		if _, err := ReadKubeProxyNFT(ctx, false); !errors.Is(err, ErrPermission) {
+		if _, err := ReadKubeProxyNFT(ctx, false, Limits{}); !errors.Is(err, ErrPermission) {
 			t.Errorf("ReadKubeProxyNFT: %v, want ErrPermission", err)
 		} else {
 			t.Logf("error text: %v", err)

@@ -101,7 +101,7 @@ func (r *replayer) query(_ context.Context, req request, fn func(m message) erro
 // kernelQuerier returns a socket querier that records into rec when -update is set.
 func kernelQuerier(t *testing.T) (querier, func(path string)) {
 	t.Helper()
-	s, err := dial()
+	s, err := dial(Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -98,10 +98,11 @@ func generation(ctx context.Context, q querier) (uint32, error) {
 
 // Generation returns the current nf_tables ruleset generation of this network namespace. Every
 // committed change to any nf_tables table (iptables-nft's included) moves it, so while it holds
-// the last read still holds. It costs one netlink round trip.
+// the last read still holds. It costs one netlink round trip, whose one short reply is read
+// under the default Limits.
 func Generation(ctx context.Context) (uint32, error) {
 	var gen uint32
-	err := withSocket(func(q querier) error {
+	err := withSocket(Limits{}, func(q querier) error {
 		var err error
 		gen, err = generation(ctx, q)
 		return err

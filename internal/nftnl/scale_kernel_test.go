@@ -169,7 +169,7 @@ func TestScaleKubeProxyNFT(t *testing.T) {
 			start := time.Now()
 			nftnltest.LoadNFT(t, genNFT(n))
 			t.Logf("loaded %d services x 10 endpoints in %v", n, time.Since(start).Round(time.Millisecond))
-			pt := measure(t, "ReadKubeProxyNFT", func() (*ruleset.ProxyTable, error) { return ReadKubeProxyNFT(context.Background(), false) })
+			pt := measure(t, "ReadKubeProxyNFT", func() (*ruleset.ProxyTable, error) { return ReadKubeProxyNFT(context.Background(), false, Limits{}) })
 			if len(pt.Chains) != n || len(pt.Services) != n || len(pt.Chains[fmt.Sprintf("service-%08d-ns/svc0/tcp/http", 0)]) != 10 {
 				t.Fatalf("read %d chains, %d services", len(pt.Chains), len(pt.Services))
 			}
@@ -188,7 +188,7 @@ func TestScaleIPTablesNAT(t *testing.T) {
 				nftnltest.LoadIPTablesSave(t, genIPTables(from, min(from+500, n), from == 0), false, "--noflush")
 			}
 			t.Logf("loaded %d services x 10 endpoints in %v", n, time.Since(start).Round(time.Millisecond))
-			pt := measure(t, "ReadIPTablesNAT", func() (*ruleset.ProxyTable, error) { return ReadIPTablesNAT(context.Background(), false) })
+			pt := measure(t, "ReadIPTablesNAT", func() (*ruleset.ProxyTable, error) { return ReadIPTablesNAT(context.Background(), false, Limits{}) })
 			if len(pt.Chains) != n || len(pt.Services) != n || len(pt.Chains[fmt.Sprintf("KUBE-SVC-%016d", 0)]) != 10 {
 				t.Fatalf("read %d chains, %d services", len(pt.Chains), len(pt.Services))
 			}
