@@ -15,29 +15,11 @@ var natV4 = Table{Family: unix.NFPROTO_IPV4, Name: "nat"}
 // with its handle set to handle(i), as a watch receives them.
 func kubeServicesRules(t *testing.T, handle func(i int) uint64) [][]byte {
 	t.Helper()
-	rec := loadReplay(t, "testdata/kube-proxy-v1.36.3-nat.replay.json")
-	var out [][]byte
-	for _, reply := range rec.rec {
-		for _, m := range reply.Msgs {
-			if m.Type != unix.NFT_MSG_NEWRULE || m.Family != unix.NFPROTO_IPV4 {
-				continue
-			}
-			r, err := parseRule(m.Attrs)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if string(r.chain) == chainKubeServices {
-				out = append(out, withHandle(t, m.Attrs, handle(len(out))))
-			}
-		}
-		if len(out) > 0 {
-			break // one reply holds the whole table
-		}
+	rules := recordedChainRules(t, chainKubeServices)
+	for i, r := range rules {
+		rules[i] = withHandle(t, r, handle(i))
 	}
-	if len(out) == 0 {
-		t.Fatal("no KUBE-SERVICES rule in the recording")
-	}
-	return out
+	return rules
 }
 
 // withHandle returns a copy of rule attributes with NFTA_RULE_HANDLE set to h.

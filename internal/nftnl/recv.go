@@ -2,7 +2,6 @@ package nftnl
 
 import (
 	"context"
-	"errors"
 	"os"
 	"unsafe"
 
@@ -23,40 +22,38 @@ func recv(ctx context.Context, c *socket.Conn, b []byte, flags int) (int, error)
 		n, _, err := c.Recvfrom(ctx, b, flags)
 		return n, err
 	}
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return 0, err
-	}
-	var n int
-	var errno error
-	if err := rc.Read(func(fd uintptr) bool {
-		n, errno = recvNoAddr(int(fd), b, flags)
-		return !errors.Is(errno, unix.EAGAIN)
-	}); err != nil {
-		return 0, err
-	}
-	if errno != nil {
-		return 0, os.NewSyscallError("recvfrom", errno)
-	}
-	return n, nil
-}
-
-// recvNoAddr is recvfrom(2) without the sender's address, retried when interrupted.
-func recvNoAddr(fd int, b []byte, flags int) (int, error) {
 	var p unsafe.Pointer
 	if len(b) > 0 {
 		p = unsafe.Pointer(&b[0])
 	}
-	for {
-		n, _, e := unix.Syscall6(unix.SYS_RECVFROM, uintptr(fd), uintptr(p), uintptr(len(b)), uintptr(flags), 0, 0)
-		switch e {
-		case 0:
-			return int(n), nil
-		case unix.EINTR:
-			continue
-		}
-		return 0, e
+	return pollRead(c, "recvfrom", func(fd uintptr) (uintptr, unix.Errno) {
+		n, _, e := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(p), uintptr(len(b)), uintptr(flags), 0, 0)
+		return n, e
+	})
+}
+
+// pollRead makes a non-blocking receive call through the runtime's poller, which waits while
+// it would block; the call is made again when interrupted.
+func pollRead(c *socket.Conn, name string, call func(fd uintptr) (uintptr, unix.Errno)) (int, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
 	}
+	var n uintptr
+	var errno unix.Errno
+	if err := rc.Read(func(fd uintptr) bool {
+		for {
+			if n, errno = call(fd); errno != unix.EINTR {
+				return errno != unix.EAGAIN
+			}
+		}
+	}); err != nil {
+		return 0, err
+	}
+	if errno != 0 {
+		return 0, os.NewSyscallError(name, errno)
+	}
+	return int(n), nil
 }
 
 // recvBatch receives several datagrams per system call (recvmmsg(2)): at each of kube-proxy's
@@ -85,44 +82,17 @@ func newRecvBatch(n, size int) *recvBatch {
 // returns how many. An error the kernel reports after some datagrams (an overrun) comes with
 // the next call.
 func (b *recvBatch) recv(c *socket.Conn) (int, error) {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return 0, err
-	}
 	for i := range b.hdrs {
 		b.hdrs[i].Len, b.hdrs[i].Hdr.Flags = 0, 0
 	}
-	var n int
-	var errno error
-	if err := rc.Read(func(fd uintptr) bool {
-		n, errno = recvmmsg(int(fd), b.hdrs)
-		return !errors.Is(errno, unix.EAGAIN)
-	}); err != nil {
-		return 0, err
-	}
-	if errno != nil {
-		return 0, os.NewSyscallError("recvmmsg", errno)
-	}
-	return n, nil
+	return pollRead(c, "recvmmsg", func(fd uintptr) (uintptr, unix.Errno) {
+		n, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&b.hdrs[0])), uintptr(len(b.hdrs)), unix.MSG_DONTWAIT, 0, 0)
+		return n, e
+	})
 }
 
 // datagram returns datagram i of the last recv, and whether it was cut short: longer than
 // its buffer, its end is lost.
 func (b *recvBatch) datagram(i int) ([]byte, bool) {
 	return b.bufs[i][:b.hdrs[i].Len], b.hdrs[i].Hdr.Flags&unix.MSG_TRUNC != 0
-}
-
-// recvmmsg is recvmmsg(2) without waiting (the runtime's poller waits), retried when
-// interrupted.
-func recvmmsg(fd int, hdrs []unix.Mmsghdr) (int, error) {
-	for {
-		n, _, e := unix.Syscall6(unix.SYS_RECVMMSG, uintptr(fd), uintptr(unsafe.Pointer(&hdrs[0])), uintptr(len(hdrs)), unix.MSG_DONTWAIT, 0, 0)
-		switch e {
-		case 0:
-			return int(n), nil
-		case unix.EINTR:
-			continue
-		}
-		return 0, e
-	}
 }
