@@ -68,6 +68,7 @@ type ncConfig struct {
 	smoke           bool
 	workers         int
 	idle, churn     time.Duration
+	settle          time.Duration
 	rates           []int
 	grace           time.Duration // 0: the exporter's default
 	exporterArgs    []string
@@ -94,6 +95,7 @@ func runNodeCost(args []string) int {
 	cfg.Register(fs, "process logs")
 	fs.IntVar(&cfg.workers, "workers", 16, "parallel API clients creating Services and EndpointSlices")
 	fs.DurationVar(&cfg.idle, "idle", 60*time.Second, "idle phase")
+	fs.DurationVar(&cfg.settle, "settle", 35*time.Second, "start-up lasts until the exporter's netfilter reads have been still this long (more than its --netfilter.legacy-min-read-interval, 30 s)")
 	fs.DurationVar(&cfg.churn, "churn", 120*time.Second, "each churn phase")
 	fs.StringVar(&rates, "rates", "1,10", "churn phases: endpoint changes a second, comma-separated")
 	fs.DurationVar(&cfg.grace, "grace-period", 0, "pass --rules.grace-period to the exporter (0: its default, read from its --help)")
@@ -125,7 +127,7 @@ func runNodeCost(args []string) int {
 	}
 	if cfg.smoke {
 		cfg.services, cfg.endpoints = 200, 3
-		cfg.idle, cfg.churn = 5*time.Second, 5*time.Second
+		cfg.idle, cfg.churn, cfg.settle = 5*time.Second, 5*time.Second, 3*time.Second
 		if cfg.grace == 0 {
 			cfg.grace = 5 * time.Second
 		}
@@ -172,6 +174,7 @@ type ncMode struct {
 	KubeProxySynced     time.Duration // from the start of both
 	KubeProxyChains     int
 	ExporterChecked     time.Duration
+	LastStartupRead     time.Duration // the exporter's last read of start-up, from the start of both
 	Phases              []*ncPhase
 	Latency             *ncLatency
 	KubeProxyArgs       string
@@ -529,8 +532,8 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	}
 	meter.end(startup)
 	m.Phases = append(m.Phases, startup)
-	benchrun.Logf("start-up: kube-proxy synced %d service chains after %s, exporter checked after %s",
-		m.KubeProxyChains, m.KubeProxySynced.Round(time.Millisecond), m.ExporterChecked.Round(time.Millisecond))
+	benchrun.Logf("start-up: kube-proxy synced %d service chains after %s, exporter checked after %s, its last read of start-up after %s",
+		m.KubeProxyChains, m.KubeProxySynced.Round(time.Millisecond), m.ExporterChecked.Round(time.Millisecond), m.LastStartupRead.Round(time.Millisecond))
 
 	// Phase 2: idle.
 	idle := &ncPhase{Name: "idle"}
@@ -681,7 +684,51 @@ func (r *ncRun) startup(ctx context.Context, t0 time.Time, kpLog string, ph *ncP
 		return err
 	}
 	m.ExporterChecked = time.Since(t0)
-	return nil
+
+	// Start-up's aftermath: kube-proxy writes more after its first sync (its IPv6 rules,
+	// a second sync), and the exporter reads them, a legacy read held back for
+	// --netfilter.legacy-min-read-interval. Start-up lasts until its reads have been still
+	// for longer than that, so that idle is the cost of nothing changing.
+	var reads float64
+	var still time.Time
+	err = benchrun.WaitFor(ctx, 5*time.Minute, "the exporter's netfilter reads to be still", func() (bool, string, error) {
+		if err := r.checkAlive(); err != nil {
+			return false, "", err
+		}
+		body, err := r.scrapeExporter()
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		ph.Scrapes++
+		n := sumMetric(body, "proxyhealth_netfilter_reads_total")
+		if n != reads || still.IsZero() {
+			reads, still = n, time.Now()
+		}
+		quiet := time.Since(still)
+		return quiet >= r.cfg.settle, fmt.Sprintf("%v reads, still for %s", n, quiet.Round(time.Second)), nil
+	})
+	if err != nil {
+		r.m.Notes = append(r.m.Notes, fmt.Sprintf("start-up ended with the exporter's reads not still for %s: %v", r.cfg.settle, err))
+	}
+	m.LastStartupRead = still.Sub(t0)
+	return ctx.Err()
+}
+
+// sumMetric is the sum of the samples of name (every label set).
+func sumMetric(body, name string) float64 {
+	var sum float64
+	for _, line := range strings.Split(body, "\n") {
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok || rest == "" || (rest[0] != ' ' && rest[0] != '{') {
+			continue
+		}
+		if i := strings.LastIndexByte(rest, ' '); i >= 0 {
+			if v, err := strconv.ParseFloat(rest[i+1:], 64); err == nil {
+				sum += v
+			}
+		}
+	}
+	return sum
 }
 
 // watchDrift runs f while scraping the exporter every interval for

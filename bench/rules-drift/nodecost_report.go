@@ -35,7 +35,7 @@ func (r *ncReport) render() string {
 		for _, ph := range m.Phases {
 			name := ph.Name
 			if ph.Name == "start-up" {
-				name = fmt.Sprintf("start-up (kube-proxy synced %.0f s, exporter checked %.0f s)", m.KubeProxySynced.Seconds(), m.ExporterChecked.Seconds())
+				name = fmt.Sprintf("start-up (kube-proxy synced %.0f s, exporter checked %.0f s, last read %.0f s)", m.KubeProxySynced.Seconds(), m.ExporterChecked.Seconds(), m.LastStartupRead.Seconds())
 			}
 			if ph.AllPhases {
 				fmt.Fprintf(&b, "| %s | **%s** | %.0f | | **%.1f** | %s | | %.1f | | %s | | %d | | | %d |\n",
