@@ -130,6 +130,9 @@ func (k *kpMetrics) apply(res *probeResult) {
 		if !last.IsZero() && (!res.hasLastSync || last.Before(res.lastSync)) {
 			res.lastSync, res.hasLastSync = last, true
 		}
+		if last.After(res.newestSync) {
+			res.newestSync = last
+		}
 		// A queued change is pending while kube-proxy queued a sync after its last applied one.
 		if queued.After(last) && (res.pendingSince.IsZero() || queued.Before(res.pendingSince)) {
 			res.pendingSince = queued

@@ -175,7 +175,8 @@ func (c *Collector) pollOnce(ctx context.Context) {
 	prev := c.probe
 	c.probe = &res
 	c.mu.Unlock()
-	newSync := res.hasLastSync && prev != nil && prev.hasLastSync && !res.lastSync.Equal(prev.lastSync)
+	// A sync of any IP family: each family's proxier syncs only for its own changes.
+	newSync := !res.newestSync.IsZero() && prev != nil && !prev.newestSync.IsZero() && !res.newestSync.Equal(prev.newestSync)
 	if c.syncs.observe(&res, newSync) && c.cfg.OnSync != nil {
 		c.cfg.OnSync()
 	}

@@ -41,8 +41,12 @@ type probeResult struct {
 
 	// From the metrics, per IP family folded to the worst one; the has* fields say whether
 	// kube-proxy exported the metric at all.
-	lastSync            time.Time // the oldest family's last applied sync
-	hasLastSync         bool
+	lastSync    time.Time // the oldest family's last applied sync
+	hasLastSync bool
+	// newestSync is the newest family's last applied sync: it moves at every sync of any
+	// family, where lastSync stays with a family that has not synced (a dual-stack
+	// kube-proxy applies an IPv4 EndpointSlice change in its IPv4 proxier alone).
+	newestSync          time.Time
 	pendingSince        time.Time // the oldest queued change not yet applied; zero when none
 	endpointsPending    float64
 	servicesPending     float64

@@ -144,3 +144,46 @@ func TestOnSyncOnlyForSyncsThatChangedRules(t *testing.T) {
 		t.Errorf("OnSync called %d times after a further periodic sync, want still 1", syncs)
 	}
 }
+
+// A dual-stack kube-proxy applies an IPv4 EndpointSlice change in its IPv4 proxier alone: the
+// IPv6 family's last sync stays where it was, and the change is still told to OnSync.
+func TestOnSyncForOneFamilysSync(t *testing.T) {
+	var mu sync.Mutex
+	lastV4, endpointChanges := 1700000000.0, 7.0
+	mux := http.NewServeMux()
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		fmt.Fprintf(w, "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"} %v\n", lastV4)
+		fmt.Fprint(w, "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv6\"} 1699999000\n")
+		fmt.Fprintf(w, "kubeproxy_sync_proxy_rules_endpoint_changes_total %v\n", endpointChanges)
+		fmt.Fprint(w, "kubeproxy_sync_proxy_rules_service_changes_total 3\n")
+		fmt.Fprint(w, "kubeproxy_sync_proxy_rules_endpoint_changes_pending 0\n")
+		fmt.Fprint(w, "kubeproxy_sync_proxy_rules_service_changes_pending 0\n")
+		fmt.Fprint(w, "kubeproxy_sync_full_proxy_rules_duration_seconds_bucket{le=\"+Inf\"} 2\n")
+		fmt.Fprint(w, "kubeproxy_sync_full_proxy_rules_duration_seconds_count 2\n")
+	})
+	mux.HandleFunc("/livez", func(http.ResponseWriter, *http.Request) {})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	c := newTestCollector(t, srv.URL, time.Unix(1700000100, 0))
+	syncs := 0
+	c.cfg.OnSync = func() { syncs++ }
+	c.pollOnce(context.Background())
+	mu.Lock()
+	lastV4++
+	endpointChanges++
+	mu.Unlock()
+	c.pollOnce(context.Background())
+	if syncs != 1 {
+		t.Errorf("OnSync called %d times after an IPv4 sync that applied a change, want 1", syncs)
+	}
+	// The age of the last sync is still the oldest family's.
+	c.mu.Lock()
+	res := c.probe
+	c.mu.Unlock()
+	if res == nil || !res.lastSync.Equal(time.Unix(1699999000, 0)) {
+		t.Errorf("last sync %+v, want the IPv6 family's (1699999000)", res)
+	}
+}
