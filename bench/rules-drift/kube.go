@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"iter"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -67,24 +68,43 @@ type kubeResult struct {
 // label sets (kube-proxy labels its sync metrics by ip_family).
 func metric(body, name string) (float64, bool) {
 	best, found := 0.0, false
-	for _, line := range strings.Split(body, "\n") {
-		rest, ok := strings.CutPrefix(line, name)
-		if !ok || rest == "" || (rest[0] != ' ' && rest[0] != '{') {
-			continue
-		}
-		if rest[0] == '{' {
-			i := strings.Index(rest, "} ")
-			if i < 0 {
-				continue
-			}
-			rest = rest[i+1:]
-		}
-		v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
-		if err == nil && (!found || v > best) {
+	for v := range samples(body, name) {
+		if !found || v > best {
 			best, found = v, true
 		}
 	}
 	return best, found
+}
+
+// sumMetric is the sum of the samples of name over its label sets.
+func sumMetric(body, name string) float64 {
+	var sum float64
+	for v := range samples(body, name) {
+		sum += v
+	}
+	return sum
+}
+
+// samples yields the values of name's samples in a Prometheus text exposition.
+func samples(body, name string) iter.Seq[float64] {
+	return func(yield func(float64) bool) {
+		for line := range strings.SplitSeq(body, "\n") {
+			rest, ok := strings.CutPrefix(line, name)
+			if !ok || rest == "" || (rest[0] != ' ' && rest[0] != '{') {
+				continue
+			}
+			if rest[0] == '{' {
+				i := strings.Index(rest, "} ")
+				if i < 0 {
+					continue
+				}
+				rest = rest[i+1:]
+			}
+			if v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64); err == nil && !yield(v) {
+				return
+			}
+		}
+	}
 }
 
 // runKube starts etcd and kube-apiserver in a namespace of its own, loads the services, and

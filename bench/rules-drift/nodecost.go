@@ -714,23 +714,6 @@ func (r *ncRun) startup(ctx context.Context, t0 time.Time, kpLog string, ph *ncP
 	return ctx.Err()
 }
 
-// sumMetric is the sum of the samples of name (every label set).
-func sumMetric(body, name string) float64 {
-	var sum float64
-	for _, line := range strings.Split(body, "\n") {
-		rest, ok := strings.CutPrefix(line, name)
-		if !ok || rest == "" || (rest[0] != ' ' && rest[0] != '{') {
-			continue
-		}
-		if i := strings.LastIndexByte(rest, ' '); i >= 0 {
-			if v, err := strconv.ParseFloat(rest[i+1:], 64); err == nil {
-				sum += v
-			}
-		}
-	}
-	return sum
-}
-
 // watchDrift runs f while scraping the exporter every interval for
 // proxyhealth_rules_services_drifted, keeping the largest value in ph.
 func (r *ncRun) watchDrift(ctx context.Context, interval time.Duration, ph *ncPhase, f func(context.Context) error) error {

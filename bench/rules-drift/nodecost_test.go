@@ -189,3 +189,27 @@ func TestNodeCostReportRenders(t *testing.T) {
 		}
 	}
 }
+
+// metric takes the largest sample of a name over its label sets, sumMetric their sum; other
+// names, prefixes of them included, and unparsable values are left out.
+func TestMetricSamples(t *testing.T) {
+	body := `# HELP proxyhealth_netfilter_reads_total Reads.
+proxyhealth_netfilter_reads_total{source="iptables-legacy"} 4
+proxyhealth_netfilter_reads_total{source="nftables"} 7
+proxyhealth_netfilter_reads_total_other 100
+kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"} 1.7e+09
+kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv6"} NaN-ish
+`
+	if got := sumMetric(body, "proxyhealth_netfilter_reads_total"); got != 11 {
+		t.Errorf("sumMetric = %v, want 11", got)
+	}
+	if got, ok := metric(body, "proxyhealth_netfilter_reads_total"); !ok || got != 7 {
+		t.Errorf("metric = %v, %v; want 7, true", got, ok)
+	}
+	if got, ok := metric(body, "kubeproxy_sync_proxy_rules_last_timestamp_seconds"); !ok || got != 1.7e9 {
+		t.Errorf("metric = %v, %v; want 1.7e9, true", got, ok)
+	}
+	if _, ok := metric(body, "absent"); ok {
+		t.Error("metric found an absent name")
+	}
+}

@@ -3,6 +3,7 @@ package kubeproxy
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -349,30 +350,20 @@ func waitFor(t *testing.T, cond func() bool) {
 func TestOnSyncFollowsKubeProxysSyncs(t *testing.T) {
 	var mu sync.Mutex
 	last := 1700000000.0
-	mux := http.NewServeMux()
-	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
-		mu.Lock()
-		defer mu.Unlock()
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+	c, syncs := kubeProxyServer(t, &mu, func(w io.Writer) {
 		fmt.Fprintf(w, "# TYPE kubeproxy_sync_proxy_rules_last_timestamp_seconds gauge\nkubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"} %v\n", last)
 	})
-	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) {})
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	c := newTestCollector(t, srv.URL, time.Unix(1700000100, 0))
-	syncs := 0
-	c.cfg.OnSync = func() { syncs++ }
 	c.pollOnce(context.Background())
 	c.pollOnce(context.Background())
-	if syncs != 0 {
-		t.Errorf("OnSync called %d times without a new sync", syncs)
+	if *syncs != 0 {
+		t.Errorf("OnSync called %d times without a new sync", *syncs)
 	}
 	mu.Lock()
 	last++
 	mu.Unlock()
 	c.pollOnce(context.Background())
 	c.pollOnce(context.Background())
-	if syncs != 1 {
-		t.Errorf("OnSync called %d times for one new sync, want 1", syncs)
+	if *syncs != 1 {
+		t.Errorf("OnSync called %d times for one new sync, want 1", *syncs)
 	}
 }

@@ -3,6 +3,7 @@ package kubeproxy
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -103,25 +104,11 @@ func TestSyncWatch(t *testing.T) {
 func TestOnSyncOnlyForSyncsThatChangedRules(t *testing.T) {
 	var mu sync.Mutex
 	last, endpointChanges := 1700000000.0, 7.0
-	mux := http.NewServeMux()
-	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
-		mu.Lock()
-		defer mu.Unlock()
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+	c, syncs := kubeProxyServer(t, &mu, func(w io.Writer) {
 		fmt.Fprintf(w, "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"} %v\n", last)
 		fmt.Fprintf(w, "kubeproxy_sync_proxy_rules_endpoint_changes_total %v\n", endpointChanges)
-		fmt.Fprint(w, "kubeproxy_sync_proxy_rules_service_changes_total 3\n")
-		fmt.Fprint(w, "kubeproxy_sync_proxy_rules_endpoint_changes_pending 0\n")
-		fmt.Fprint(w, "kubeproxy_sync_proxy_rules_service_changes_pending 0\n")
-		fmt.Fprint(w, "kubeproxy_sync_full_proxy_rules_duration_seconds_bucket{le=\"+Inf\"} 1\n")
-		fmt.Fprint(w, "kubeproxy_sync_full_proxy_rules_duration_seconds_count 1\n")
+		fmt.Fprint(w, changeCountersRest)
 	})
-	mux.HandleFunc("/livez", func(http.ResponseWriter, *http.Request) {})
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	c := newTestCollector(t, srv.URL, time.Unix(1700000100, 0))
-	syncs := 0
-	c.cfg.OnSync = func() { syncs++ }
 	step := func(changes float64) {
 		mu.Lock()
 		last++
@@ -132,16 +119,16 @@ func TestOnSyncOnlyForSyncsThatChangedRules(t *testing.T) {
 	c.pollOnce(context.Background())
 	step(0)
 	step(0)
-	if syncs != 0 {
-		t.Errorf("OnSync called %d times for periodic syncs that received nothing", syncs)
+	if *syncs != 0 {
+		t.Errorf("OnSync called %d times for periodic syncs that received nothing", *syncs)
 	}
 	step(1)
-	if syncs != 1 {
-		t.Errorf("OnSync called %d times after a sync that applied a change, want 1", syncs)
+	if *syncs != 1 {
+		t.Errorf("OnSync called %d times after a sync that applied a change, want 1", *syncs)
 	}
 	step(0)
-	if syncs != 1 {
-		t.Errorf("OnSync called %d times after a further periodic sync, want still 1", syncs)
+	if *syncs != 1 {
+		t.Errorf("OnSync called %d times after a further periodic sync, want still 1", *syncs)
 	}
 }
 
@@ -150,34 +137,20 @@ func TestOnSyncOnlyForSyncsThatChangedRules(t *testing.T) {
 func TestOnSyncForOneFamilysSync(t *testing.T) {
 	var mu sync.Mutex
 	lastV4, endpointChanges := 1700000000.0, 7.0
-	mux := http.NewServeMux()
-	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
-		mu.Lock()
-		defer mu.Unlock()
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+	c, syncs := kubeProxyServer(t, &mu, func(w io.Writer) {
 		fmt.Fprintf(w, "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"} %v\n", lastV4)
 		fmt.Fprint(w, "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv6\"} 1699999000\n")
 		fmt.Fprintf(w, "kubeproxy_sync_proxy_rules_endpoint_changes_total %v\n", endpointChanges)
-		fmt.Fprint(w, "kubeproxy_sync_proxy_rules_service_changes_total 3\n")
-		fmt.Fprint(w, "kubeproxy_sync_proxy_rules_endpoint_changes_pending 0\n")
-		fmt.Fprint(w, "kubeproxy_sync_proxy_rules_service_changes_pending 0\n")
-		fmt.Fprint(w, "kubeproxy_sync_full_proxy_rules_duration_seconds_bucket{le=\"+Inf\"} 2\n")
-		fmt.Fprint(w, "kubeproxy_sync_full_proxy_rules_duration_seconds_count 2\n")
+		fmt.Fprint(w, changeCountersRest)
 	})
-	mux.HandleFunc("/livez", func(http.ResponseWriter, *http.Request) {})
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	c := newTestCollector(t, srv.URL, time.Unix(1700000100, 0))
-	syncs := 0
-	c.cfg.OnSync = func() { syncs++ }
 	c.pollOnce(context.Background())
 	mu.Lock()
 	lastV4++
 	endpointChanges++
 	mu.Unlock()
 	c.pollOnce(context.Background())
-	if syncs != 1 {
-		t.Errorf("OnSync called %d times after an IPv4 sync that applied a change, want 1", syncs)
+	if *syncs != 1 {
+		t.Errorf("OnSync called %d times after an IPv4 sync that applied a change, want 1", *syncs)
 	}
 	// The age of the last sync is still the oldest family's.
 	c.mu.Lock()
@@ -187,3 +160,32 @@ func TestOnSyncForOneFamilysSync(t *testing.T) {
 		t.Errorf("last sync %+v, want the IPv6 family's (1699999000)", res)
 	}
 }
+
+// kubeProxyServer serves kube-proxy's /livez, and /metrics as write writes it (under a lock
+// the test shares through mu), to a collector polled by hand that counts its OnSync calls.
+func kubeProxyServer(t *testing.T, mu *sync.Mutex, write func(w io.Writer)) (c *Collector, syncs *int) {
+	t.Helper()
+	mux := http.NewServeMux()
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		write(w)
+	})
+	mux.HandleFunc("/livez", func(http.ResponseWriter, *http.Request) {})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	c = newTestCollector(t, srv.URL, time.Unix(1700000100, 0))
+	syncs = new(int)
+	c.cfg.OnSync = func() { *syncs++ }
+	return c, syncs
+}
+
+// changeCountersRest is kube-proxy's change counters other than its endpoint changes, none
+// moving.
+const changeCountersRest = `kubeproxy_sync_proxy_rules_service_changes_total 3
+kubeproxy_sync_proxy_rules_endpoint_changes_pending 0
+kubeproxy_sync_proxy_rules_service_changes_pending 0
+kubeproxy_sync_full_proxy_rules_duration_seconds_bucket{le="+Inf"} 1
+kubeproxy_sync_full_proxy_rules_duration_seconds_count 1
+`
