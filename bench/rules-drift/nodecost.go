@@ -663,14 +663,10 @@ func (r *ncRun) startup(ctx context.Context, t0 time.Time, kpLog string, ph *ncP
 	}
 	m.KubeProxySynced = time.Unix(0, int64(syncedAt*1e9)).Sub(t0)
 	err = benchrun.WaitFor(ctx, 10*time.Minute, "an exporter check of every Service after kube-proxy's sync", func() (bool, string, error) {
-		if err := r.checkAlive(); err != nil {
-			return false, "", err
+		body, failed, err := r.scrapeAlive(ph)
+		if body == "" {
+			return false, failed, err
 		}
-		body, err := r.scrapeExporter()
-		if err != nil {
-			return false, err.Error(), nil
-		}
-		ph.Scrapes++
 		d, _ := metric(body, "proxyhealth_rules_services_drifted")
 		ph.MaxDrifted = max(ph.MaxDrifted, d)
 		checked, _ := metric(body, "proxyhealth_rules_services_checked")
@@ -692,14 +688,10 @@ func (r *ncRun) startup(ctx context.Context, t0 time.Time, kpLog string, ph *ncP
 	var reads float64
 	var still time.Time
 	err = benchrun.WaitFor(ctx, 5*time.Minute, "the exporter's netfilter reads to be still", func() (bool, string, error) {
-		if err := r.checkAlive(); err != nil {
-			return false, "", err
+		body, failed, err := r.scrapeAlive(ph)
+		if body == "" {
+			return false, failed, err
 		}
-		body, err := r.scrapeExporter()
-		if err != nil {
-			return false, err.Error(), nil
-		}
-		ph.Scrapes++
 		n := sumMetric(body, "proxyhealth_netfilter_reads_total")
 		if n != reads || still.IsZero() {
 			reads, still = n, time.Now()
@@ -712,6 +704,20 @@ func (r *ncRun) startup(ctx context.Context, t0 time.Time, kpLog string, ph *ncP
 	}
 	m.LastStartupRead = still.Sub(t0)
 	return ctx.Err()
+}
+
+// scrapeAlive scrapes the exporter for a wait, counting the scrape in ph. It returns the
+// exposition, or "" with why: a failed scrape is waited past, a dead process is an error.
+func (r *ncRun) scrapeAlive(ph *ncPhase) (body, failed string, err error) {
+	if err := r.checkAlive(); err != nil {
+		return "", "", err
+	}
+	body, err = r.scrapeExporter()
+	if err != nil {
+		return "", err.Error(), nil
+	}
+	ph.Scrapes++
+	return body, "", nil
 }
 
 // watchDrift runs f while scraping the exporter every interval for

@@ -1,7 +1,6 @@
 package nftnl
 
 import (
-	"bytes"
 	"net/netip"
 	"slices"
 )
@@ -38,11 +37,6 @@ func (ed *chainEdit) count() int {
 	return int(ed.base)
 }
 
-// isNATChainFollowed reports whether chain is a service or endpoint chain.
-func isNATChainFollowed(chain string) bool {
-	return isSvcChain([]byte(chain)) || bytes.HasPrefix([]byte(chain), prefixSEP)
-}
-
 // add notes change d, whose commit produced generation gen, to table ft.
 func (e *chainEdits) add(ft *followed, gen uint32, d *TableChange) {
 	if !genAfter(gen, ft.gen) {
@@ -69,7 +63,7 @@ func (e *chainEdits) add(ft *followed, gen uint32, d *TableChange) {
 		gone[c] = true
 	}
 	for _, chain := range d.Chains {
-		if !isNATChainFollowed(chain) {
+		if name := []byte(chain); !isSvcChain(name) && !isSepChain(name) {
 			continue
 		}
 		if g, ok := ft.chainGen[chain]; ok && !genAfter(gen, g) {

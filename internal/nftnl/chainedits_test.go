@@ -139,17 +139,10 @@ func TestRewrite(t *testing.T) {
 // long as the one it replaces.
 func withChain(t *testing.T, attrs []byte, chain string) []byte {
 	t.Helper()
-	out := slices.Clone(attrs)
-	a := newAttrs(out)
-	for a.next() {
-		if a.typ == unix.NFTA_RULE_CHAIN {
-			if len(a.str()) != len(chain) {
-				t.Fatalf("chain %q in place of %q: not as long", chain, a.str())
-			}
-			copy(a.val, chain)
-			return out
+	return withAttr(t, attrs, unix.NFTA_RULE_CHAIN, func(val []byte) {
+		if old := cstr(val); len(old) != len(chain) {
+			t.Fatalf("chain %q in place of %q: not as long", chain, old)
 		}
-	}
-	t.Fatal("rule message without a chain")
-	return nil
+		copy(val, chain)
+	})
 }

@@ -25,15 +25,21 @@ func kubeServicesRules(t *testing.T, handle func(i int) uint64) [][]byte {
 // withHandle returns a copy of rule attributes with NFTA_RULE_HANDLE set to h.
 func withHandle(t *testing.T, attrs []byte, h uint64) []byte {
 	t.Helper()
+	return withAttr(t, attrs, unix.NFTA_RULE_HANDLE, func(val []byte) { binary.BigEndian.PutUint64(val, h) })
+}
+
+// withAttr returns a copy of rule attributes whose attribute typ set rewrote in place.
+func withAttr(t *testing.T, attrs []byte, typ uint16, set func(val []byte)) []byte {
+	t.Helper()
 	out := slices.Clone(attrs)
 	a := newAttrs(out)
 	for a.next() {
-		if a.typ == unix.NFTA_RULE_HANDLE {
-			binary.BigEndian.PutUint64(a.val, h)
+		if a.typ == typ {
+			set(a.val)
 			return out
 		}
 	}
-	t.Fatal("rule message without a handle")
+	t.Fatalf("rule message without attribute %d", typ)
 	return nil
 }
 

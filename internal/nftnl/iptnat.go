@@ -92,6 +92,8 @@ func isSvcChain(name []byte) bool {
 	return bytes.HasPrefix(name, prefixSVC) || bytes.HasPrefix(name, prefixSVL)
 }
 
+func isSepChain(name []byte) bool { return bytes.HasPrefix(name, prefixSEP) }
+
 // sep returns the index of endpoint chain name, adding it.
 func (nr *natReader) sep(name []byte) int32 {
 	if i, ok := nr.sepIndex[string(name)]; ok {
@@ -118,7 +120,7 @@ func (nr *natReader) rule(r *ruleMsg) error {
 		return nil // KUBE-MARK-MASQ, KUBE-POSTROUTING, KUBE-NODEPORTS, KUBE-EXT-*, ...
 	}
 	svc := isSvcChain(r.chain)
-	sep := bytes.HasPrefix(r.chain, prefixSEP)
+	sep := isSepChain(r.chain)
 	services := bytes.Equal(r.chain, chainServices)
 	if !svc && !sep && !services {
 		return nil
@@ -152,7 +154,7 @@ func (nr *natReader) rule(r *ruleMsg) error {
 
 // sepTarget is the endpoint chain a rule jumps to, nil when it jumps to none.
 func sepTarget(f *ruleFacts) []byte {
-	if (f.verdict == ruleset.Jump || f.verdict == ruleset.Goto) && bytes.HasPrefix(f.target, prefixSEP) {
+	if (f.verdict == ruleset.Jump || f.verdict == ruleset.Goto) && isSepChain(f.target) {
 		return f.target
 	}
 	return nil

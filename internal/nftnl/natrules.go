@@ -17,13 +17,6 @@ type natRule struct {
 	dnat netip.AddrPort   // invalid: no DNAT
 }
 
-// keepsNATChain selects the iptables-nft chains whose rule messages a Follower applies:
-// KUBE-SERVICES, which kube-proxy rewrites whole at every sync, and the service and endpoint
-// chains, which it rewrites whole when their service changed.
-func keepsNATChain(t Table, chain []byte) bool {
-	return t.Name == "nat" && (bytes.Equal(chain, chainServices) || isSvcChain(chain) || bytes.HasPrefix(chain, prefixSEP))
-}
-
 // natRuleDecoder decodes the kept chains' rule messages on the watch's goroutine. kube-proxy
 // writes the same rules again and again (KUBE-SERVICES at every sync, the endpoint chains of
 // a changed service), so each rule body (its expressions and user data, the bytes after
@@ -44,7 +37,12 @@ func newNATRuleDecoder() *natRuleDecoder {
 	return &natRuleDecoder{interps: map[uint8]*interp{}, bodies: map[string]*decodedBody{}}
 }
 
-func (dd *natRuleDecoder) keeps(t Table, chain []byte) bool { return keepsNATChain(t, chain) }
+// keeps selects the iptables-nft chains whose rule messages a Follower applies: KUBE-SERVICES,
+// which kube-proxy rewrites whole at every sync, and the service and endpoint chains, which it
+// rewrites whole when their service changed.
+func (dd *natRuleDecoder) keeps(t Table, chain []byte) bool {
+	return t.Name == "nat" && (bytes.Equal(chain, chainServices) || isSvcChain(chain) || isSepChain(chain))
+}
 
 func (dd *natRuleDecoder) decode(t Table, attrs []byte) (*natRule, error) {
 	r, err := parseRule(attrs)
