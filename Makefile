@@ -82,6 +82,7 @@ deploy-check:
 	cd test/deploy && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 vet:
+	test/tracked-size.sh
 	@unformatted="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) mod tidy -diff
