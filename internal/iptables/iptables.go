@@ -1,7 +1,9 @@
 // Package iptables parses the output of iptables-save (legacy and nft backends print the same
-// format) into tables, chains and rules, and answers the questions proxyhealth asks of them:
-// is a conntrack INVALID drop reachable from the forward path, and which service ports has
-// kube-proxy programmed.
+// format) into tables, chains and rules, and answers of that text the questions the exporter
+// asks of the kernel's own tables: is a conntrack INVALID drop reachable from the forward path,
+// and which service ports has kube-proxy programmed. The exporter does not link it (it reads
+// the kernel through internal/iptlegacy and internal/nftnl); tests, fixtures and benchmarks use
+// it to build and check kube-proxy-shaped tables from text.
 //
 // The parser is built for kube-proxy's largest tables (hundreds of thousands of rules): the
 // whole input is kept as one string, every rule keeps its line as a substring of it and its

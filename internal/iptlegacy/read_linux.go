@@ -6,7 +6,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/proxyhealth/proxyhealth/internal/iptables"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
 
@@ -17,7 +16,7 @@ const maxAttempts = 5
 // ReadInfo returns the table's info, or nil when the table does not exist in the network
 // namespace procPath (a procfs mount, normally /proc) shows. It never creates a table.
 func ReadInfo(procPath string, ipv6 bool, table string) (*Info, error) {
-	if ok, err := iptables.LegacyTableExists(procPath, ipv6, table); err != nil || !ok {
+	if ok, err := TableExists(procPath, ipv6, table); err != nil || !ok {
 		return nil, err
 	}
 	s, err := openSocket(ipv6)
@@ -90,7 +89,7 @@ type readOptions struct {
 // readTable reads table's info and entries and hands them to decode, retrying when the table
 // is replaced in between. found is false when the table does not exist.
 func readTable(procPath string, ipv6 bool, table string, opts readOptions, decode func(*Info, *mapping) error) (found bool, err error) {
-	if ok, err := iptables.LegacyTableExists(procPath, ipv6, table); err != nil || !ok {
+	if ok, err := TableExists(procPath, ipv6, table); err != nil || !ok {
 		return false, err
 	}
 	s, err := openSocket(ipv6)

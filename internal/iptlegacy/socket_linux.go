@@ -66,7 +66,7 @@ func optError(op, table string, err error) error {
 	return fmt.Errorf("iptables-legacy: %s of table %s: %w", op, table, os.NewSyscallError("getsockopt", err))
 }
 
-// info asks IPT_SO_GET_INFO. The caller must know the table exists (see LegacyTableExists):
+// info asks IPT_SO_GET_INFO. The caller must know the table exists (see TableExists):
 // naming one that does not makes the kernel create it.
 func (s *socket) info(table string) (Info, error) {
 	if len(table) >= tableNameLen {
