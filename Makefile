@@ -44,7 +44,7 @@ plugin:
 OUT ?= $(IMAGE_CONTEXT)/out
 image-binaries:
 	CGO_ENABLED=0 GOOS=$(GOOS) GOARCH=$(GOARCH) $(GO) build $(IMAGE_BUILDFLAGS) -o $(OUT)/proxyhealth .
-	CGO_ENABLED=0 GOOS= GOARCH= $(GO) build -trimpath -ldflags '-s -w' -o $(OUT)/setfcap ./internal/capability/setfcap
+	CGO_ENABLED=0 GOOS= GOARCH= $(GO) build -trimpath -ldflags '-s -w' -o $(OUT)/setfcap ./cmd/setfcap
 
 # The image (Dockerfile), from the binaries built here: nothing is pulled. The Dockerfile's
 # build stage is replaced by $(IMAGE_CONTEXT) (--build-context, podman 4.3 or docker buildx).
@@ -60,7 +60,7 @@ PLUGIN_PLATFORMS ?= darwin/arm64 windows/amd64
 cross:
 	@set -e; for p in $(CROSS_PLATFORMS); do \
 		echo "GOOS=$${p%/*} GOARCH=$${p#*/}"; \
-		CGO_ENABLED=0 GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) build $(IMAGE_BUILDFLAGS) -o /dev/null . ./internal/capability/setfcap; \
+		CGO_ENABLED=0 GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) build $(IMAGE_BUILDFLAGS) -o /dev/null . ./cmd/setfcap; \
 	done
 	@set -e; for p in $(PLUGIN_PLATFORMS); do \
 		echo "kubectl-proxyhealth GOOS=$${p%/*} GOARCH=$${p#*/}"; \
