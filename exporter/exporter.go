@@ -17,13 +17,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/alecthomas/kingpin/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/promslog"
-	promslogflag "github.com/prometheus/common/promslog/flag"
 	"github.com/prometheus/common/version"
 	"github.com/prometheus/exporter-toolkit/web"
-	webflag "github.com/prometheus/exporter-toolkit/web/kingpinflag"
 
 	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
 	"github.com/proxyhealth/proxyhealth/internal/capability"
@@ -57,23 +54,10 @@ func allocationSampling(pprof bool, rate int) int {
 }
 
 func Main(args []string) int {
-	app := kingpin.New("proxyhealth", "Prometheus exporter that tells whether Service traffic on this node is silently breaking, and why.")
-	app.Command("serve", "Run the exporter (the default command).").Default()
-	diagnoseCmd := app.Command("diagnose", diagnoseHelp)
-	diagnoseCfg := addDiagnoseFlags(diagnoseCmd)
-	var srv serverFlags
-	srv.addFlags(app)
-	var (
-		webConfig  = webflag.AddFlags(app, DefaultListenAddress)
-		paths      = addPathFlags(app)
-		statusCfg  = addStatusFlags(app)
-		conditions = addNodeConditionsFlags(app)
-	)
-	regs, api, host := registrations(app, paths)
-	promslogConfig := &promslog.Config{}
-	promslogflag.AddFlags(app, promslogConfig)
-	app.Version(version.Print("proxyhealth"))
-	app.HelpFlag.Short('h')
+	cl := newCommandLine()
+	app, diagnoseCmd, diagnoseCfg, srv := cl.app, cl.diagnoseCmd, cl.diagnoseCfg, cl.srv
+	webConfig, paths, statusCfg, conditions := cl.webConfig, cl.paths, cl.statusCfg, cl.conditions
+	regs, api, host, promslogConfig := cl.regs, cl.api, cl.host, cl.promslogConfig
 	cmd, err := app.Parse(args)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "proxyhealth: %v\n", nameBadFlag(args, err))

@@ -1,0 +1,45 @@
+package exporter
+
+import (
+	"github.com/alecthomas/kingpin/v2"
+	"github.com/prometheus/common/promslog"
+	promslogflag "github.com/prometheus/common/promslog/flag"
+	"github.com/prometheus/common/version"
+	"github.com/prometheus/exporter-toolkit/web"
+	webflag "github.com/prometheus/exporter-toolkit/web/kingpinflag"
+)
+
+// commandLine is every flag of the exporter and of `proxyhealth diagnose`, defined but not
+// parsed: Main parses it, and docs/flags.md is written from it.
+type commandLine struct {
+	app            *kingpin.Application
+	diagnoseCmd    *kingpin.CmdClause
+	diagnoseCfg    *diagnoseConfig
+	srv            *serverFlags
+	webConfig      *web.FlagConfig
+	paths          *Paths
+	statusCfg      *statusConfig
+	conditions     *nodeConditionsConfig
+	regs           []registration
+	api            *apiView
+	host           *hostRules
+	promslogConfig *promslog.Config
+}
+
+func newCommandLine() *commandLine {
+	app := kingpin.New("proxyhealth", "Prometheus exporter that tells whether Service traffic on this node is silently breaking, and why.")
+	app.Command("serve", "Run the exporter (the default command).").Default()
+	cl := &commandLine{app: app, srv: &serverFlags{}, promslogConfig: &promslog.Config{}}
+	cl.diagnoseCmd = app.Command("diagnose", diagnoseHelp)
+	cl.diagnoseCfg = addDiagnoseFlags(cl.diagnoseCmd)
+	cl.srv.addFlags(app)
+	cl.webConfig = webflag.AddFlags(app, DefaultListenAddress)
+	cl.paths = addPathFlags(app)
+	cl.statusCfg = addStatusFlags(app)
+	cl.conditions = addNodeConditionsFlags(app)
+	cl.regs, cl.api, cl.host = registrations(app, cl.paths)
+	promslogflag.AddFlags(app, cl.promslogConfig)
+	app.Version(version.Print("proxyhealth"))
+	app.HelpFlag.Short('h')
+	return cl
+}
