@@ -4,6 +4,7 @@ import (
 	"os"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -35,15 +36,32 @@ func readmeMetrics(t *testing.T) map[string]metricsref.Metric {
 }
 
 var (
-	descFields     = regexp.MustCompile(`fqName: "([^"]+)".*constLabels: \{([^}]*)\}.*variableLabels: \{([^}]*)\}`)
+	descFields     = regexp.MustCompile(`fqName: "([^"]+)", help: ("(?:[^"\\]|\\.)*")(?:, unit: "[^"]*")?, constLabels: \{([^}]*)\}, variableLabels: \{([^}]*)\}`)
 	constLabelName = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)="`)
 )
 
-// describedMetrics builds every collector with default flags (building opens nothing) and
+// describedDesc is one metric as its descriptor declares it.
+type describedDesc struct {
+	name   string
+	labels []string // sorted, constant and variable
+	help   string
+}
+
+// describedMetrics maps every described metric to its sorted label names, comma-separated.
+func describedMetrics(t *testing.T) map[string]string {
+	t.Helper()
+	got := map[string]string{}
+	for _, d := range describedDescs(t) {
+		got[d.name] = strings.Join(d.labels, ",")
+	}
+	return got
+}
+
+// describedDescs builds every collector with default flags (building opens nothing) and
 // collects the descriptors they declare, plus the exporter's own. On the way it checks that
 // each collector with background work is registered with it (registerRunner), so that the
 // exporter starts it.
-func describedMetrics(t *testing.T) map[string]string {
+func describedDescs(t *testing.T) []describedDesc {
 	t.Helper()
 	app := kingpin.New("test", "")
 	regs, api, host := registrations(app, addPathFlags(app))
@@ -78,18 +96,22 @@ func describedMetrics(t *testing.T) map[string]string {
 	ch <- collectorDurationDesc
 	versioncollector.NewCollector("proxyhealth").Describe(ch)
 	close(ch)
-	got := map[string]string{}
+	var got []describedDesc
 	for d := range ch {
 		m := descFields.FindStringSubmatch(d.String())
 		if m == nil {
 			t.Fatalf("cannot read descriptor %s", d)
 		}
-		labels := strings.Fields(strings.ReplaceAll(m[3], ",", " "))
-		for _, c := range constLabelName.FindAllStringSubmatch(m[2], -1) {
+		help, err := strconv.Unquote(m[2])
+		if err != nil {
+			t.Fatalf("cannot read the help of descriptor %s: %v", d, err)
+		}
+		labels := strings.Fields(strings.ReplaceAll(m[4], ",", " "))
+		for _, c := range constLabelName.FindAllStringSubmatch(m[3], -1) {
 			labels = append(labels, c[1])
 		}
 		sort.Strings(labels)
-		got[m[1]] = strings.Join(labels, ",")
+		got = append(got, describedDesc{name: m[1], labels: labels, help: help})
 	}
 	return got
 }
