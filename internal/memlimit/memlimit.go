@@ -33,22 +33,29 @@ type Limit struct {
 // the cgroup's and its ancestors'); on v2 the smallest memory.max from the cgroup up to the
 // mount's root. A process in no memory cgroup has no limit.
 func Read(procSelf string) (Limit, error) {
-	cgroups, err := os.ReadFile(filepath.Join(procSelf, "cgroup"))
-	if err != nil {
-		return Limit{}, fmt.Errorf("memory cgroup: %w", err)
-	}
-	mountinfo, err := os.ReadFile(filepath.Join(procSelf, "mountinfo"))
-	if err != nil {
-		return Limit{}, fmt.Errorf("memory cgroup: %w", err)
-	}
-	dir, v2, ok := cgroupDir(cgroups, mountinfo)
-	if !ok {
-		return Limit{}, nil
+	dir, v2, err := Dir(procSelf)
+	if err != nil || dir == "" {
+		return Limit{}, err
 	}
 	if v2 {
 		return readV2(dir)
 	}
 	return readV1(dir)
+}
+
+// Dir returns the directory of the process's memory cgroup as procSelf describes it, and
+// whether it is cgroup v2; "" when the process is in none.
+func Dir(procSelf string) (dir string, v2 bool, err error) {
+	cgroups, err := os.ReadFile(filepath.Join(procSelf, "cgroup"))
+	if err != nil {
+		return "", false, fmt.Errorf("memory cgroup: %w", err)
+	}
+	mountinfo, err := os.ReadFile(filepath.Join(procSelf, "mountinfo"))
+	if err != nil {
+		return "", false, fmt.Errorf("memory cgroup: %w", err)
+	}
+	dir, v2, _ = cgroupDir(cgroups, mountinfo)
+	return dir, v2, nil
 }
 
 // readV1 reads hierarchical_memory_limit from memory.stat: the cgroup's effective limit.
