@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/proxyhealth/proxyhealth/internal/memlimit"
+	"github.com/proxyhealth/proxyhealth/internal/prereq"
 )
 
 // memcgChildEnv tells a re-run test binary that it is the child TestKernelReadUnderMemoryCgroup
@@ -37,7 +38,7 @@ func TestKernelReadUnderMemoryCgroup(t *testing.T) {
 	kernelTest(t)
 	parent, v2, err := memlimit.Dir("/proc/self")
 	if err != nil || parent == "" || v2 {
-		t.Skipf("needs a cgroup v1 memory hierarchy (memory cgroup %q, v2 %v): %v", parent, v2, err)
+		prereq.Skipf(t, "needs a cgroup v1 memory hierarchy (memory cgroup %q, v2 %v): %v", parent, v2, err)
 	}
 	// kube-proxy's nat table in its two shapes, 40 MiB each: commented (about 19 KiB a Service
 	// of 10 endpoints) and its large-cluster shape (about 10 KiB).
