@@ -22,8 +22,9 @@ import (
 const memcgChildEnv = "PROXYHEALTH_TEST_MEMCG_CHILD"
 
 // childFloorBytes is the floor MaxTableBytesWithin is given in the child (the exporter gives
-// its own): the test binary's memory before a read, as its cgroup counts it, is under 2 MiB.
-const childFloorBytes = 8 << 20
+// its own): the test binary's memory before a read, as its cgroup counts it, is under 2 MiB,
+// 15 MiB with the race detector.
+const childFloorBytes = 16 << 20
 
 // A legacy table larger than a memory cgroup leaves room for is refused with ErrTableTooLarge
 // under the limit MaxTableBytesWithin derives from the cgroup's limit, and the process lives
@@ -98,8 +99,14 @@ func readUnderMemcg(t *testing.T, parent, rules string, tooLarge bool) {
 	perByte := float64(peak-before) / float64(size)
 	t.Logf("read's peak: %.1f MiB over %.1f MiB before it, %.2f bytes a table byte (ReadPeakPerTableByte %.2f)",
 		float64(peak-before)/(1<<20), float64(before)/(1<<20), perByte, ReadPeakPerTableByte)
-	if perByte > ReadPeakPerTableByte {
-		t.Errorf("a read took %.2f bytes a table byte, more than ReadPeakPerTableByte (%.2f)", perByte, ReadPeakPerTableByte)
+	// The race detector's instrumentation makes the decoding's allocations larger (1.06-1.09
+	// here, against 1.02-1.04): it gets a margin, the exporter's build does not.
+	allowed := ReadPeakPerTableByte
+	if raceEnabled {
+		allowed += 0.1
+	}
+	if perByte > allowed {
+		t.Errorf("a read took %.2f bytes a table byte, more than ReadPeakPerTableByte (%.2f; %.2f allowed in this build)", perByte, ReadPeakPerTableByte, allowed)
 	}
 }
 
