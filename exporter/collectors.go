@@ -160,7 +160,8 @@ func (h *hostRules) legacyMaxTableBytes() int64 {
 
 func (h *hostRules) get(procPath string) (*hostrules.Source, error) {
 	if h.source == nil {
-		// hostrules.Config takes 0 for its default; a flag of 0 is a mistake.
+		// hostrules.Config takes 0 for its default: --netfilter.max-dump-bytes=0 is a mistake,
+		// and a legacy table limit of 0 is the one the memory limit gives.
 		switch {
 		case h.cfg.MaxDumpBytes <= 0:
 			return nil, fmt.Errorf("--netfilter.max-dump-bytes must be positive, got %d", h.cfg.MaxDumpBytes)
