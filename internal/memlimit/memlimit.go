@@ -54,8 +54,7 @@ func Dir(procSelf string) (dir string, v2 bool, err error) {
 	if err != nil {
 		return "", false, fmt.Errorf("memory cgroup: %w", err)
 	}
-	dir, v2, _ = cgroupDir(cgroups, mountinfo)
-	return dir, v2, nil
+	return cgroupDir(cgroups, mountinfo)
 }
 
 // readV1 reads hierarchical_memory_limit from memory.stat: the cgroup's effective limit.
@@ -124,9 +123,11 @@ func parseLimit(s string) (int64, error) {
 }
 
 // cgroupDir finds the directory of the process's memory cgroup from /proc/self/cgroup and
-// /proc/self/mountinfo: the v1 memory hierarchy when one is mounted (a hybrid system keeps the
-// memory controller there), else the v2 one. ok is false when neither is.
-func cgroupDir(cgroups, mountinfo []byte) (dir string, v2, ok bool) {
+// /proc/self/mountinfo: in the v1 memory hierarchy when the process is in one (a hybrid system
+// keeps the memory controller there), else in the v2 one. dir is "" when the process is in
+// neither; a cgroup that is not mounted where the process can see it is an error, not the
+// absence of a limit.
+func cgroupDir(cgroups, mountinfo []byte) (dir string, v2 bool, err error) {
 	var v1Path, v2Path string
 	var hasV1, hasV2 bool
 	for line := range bytes.SplitSeq(cgroups, []byte("\n")) {
@@ -162,12 +163,16 @@ func cgroupDir(cgroups, mountinfo []byte) (dir string, v2, ok bool) {
 		}
 	}
 	switch {
-	case hasV1 && v1Mount != nil:
-		return v1Mount.dirOf(v1Path), false, true
-	case hasV2 && v2Mount != nil:
-		return v2Mount.dirOf(v2Path), true, true
+	case hasV1 && v1Mount == nil:
+		return "", false, fmt.Errorf("memory cgroup v1 %s: the memory hierarchy is not mounted", v1Path)
+	case hasV1:
+		return v1Mount.dirOf(v1Path), false, nil
+	case hasV2 && v2Mount == nil:
+		return "", true, fmt.Errorf("memory cgroup v2 %s: no cgroup2 mount", v2Path)
+	case hasV2:
+		return v2Mount.dirOf(v2Path), true, nil
 	}
-	return "", false, false
+	return "", false, nil
 }
 
 func hasController(list, name string) bool {

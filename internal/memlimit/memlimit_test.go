@@ -107,6 +107,22 @@ func TestReadV2Ancestors(t *testing.T) {
 	}
 }
 
+// A process in a memory cgroup whose hierarchy is not mounted in its view (a container
+// without /sys/fs/cgroup, `ip netns exec`, which mounts a /sys of its own) cannot tell its
+// limit: that is an error, not the absence of a limit.
+func TestReadUnmountedCgroup(t *testing.T) {
+	for name, tc := range map[string]struct{ cgroup, mountinfo string }{
+		"v1": {v1Cgroup, "31 23 0:28 / ROOT/fs tmpfs rw,relatime - tmpfs tmpfs rw,mode=755\n"},
+		"v2": {"0::/kubepods/pod\n", "31 23 0:28 / ROOT/fs tmpfs rw,relatime - tmpfs tmpfs rw,mode=755\n"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if got, err := Read(fakeSelf(t, tc.cgroup, tc.mountinfo, nil)); err == nil || !strings.Contains(err.Error(), "mount") {
+				t.Errorf("Read = %+v, %v; want an error saying the cgroup is not mounted", got, err)
+			}
+		})
+	}
+}
+
 func TestReadNoMemoryCgroup(t *testing.T) {
 	self := fakeSelf(t, "1:cpu:/\n", "32 31 0:29 / ROOT/cpu rw - cgroup cgroup rw,cpu\n", nil)
 	got, err := Read(self)
@@ -144,9 +160,9 @@ func TestCgroupDirEscapesAndSubtrees(t *testing.T) {
 		{"4:memory:/../..\n", "35 31 0:32 / /mnt/mem rw - cgroup cgroup rw,memory\n", "/mnt/mem"},
 		{"4:cpu,memory:/x\n", "35 31 0:32 / /c rw shared:5 master:1 - cgroup cgroup rw,cpu,memory\n", "/c/x"},
 	} {
-		dir, v2, ok := cgroupDir([]byte(tc.cgroup), []byte(tc.mountinfo))
-		if !ok || v2 || dir != tc.want {
-			t.Errorf("cgroupDir(%q, %q) = %q, %v, %v; want %q, v1", tc.cgroup, tc.mountinfo, dir, v2, ok, tc.want)
+		dir, v2, err := cgroupDir([]byte(tc.cgroup), []byte(tc.mountinfo))
+		if err != nil || v2 || dir != tc.want {
+			t.Errorf("cgroupDir(%q, %q) = %q, %v, %v; want %q, v1", tc.cgroup, tc.mountinfo, dir, v2, err, tc.want)
 		}
 	}
 }
@@ -167,8 +183,8 @@ func FuzzCgroupDir(f *testing.F) {
 	f.Add([]byte("0::/kubepods/pod\n"), []byte("29 22 0:26 / /cg rw - cgroup2 cgroup2 rw\n"))
 	f.Add([]byte("4:memory:/a/b\n"), []byte(`35 31 0:32 /a /sys/fs/cg\040mem rw - cgroup cgroup rw,memory`+"\n"))
 	f.Fuzz(func(t *testing.T, cgroup, mountinfo []byte) {
-		dir, _, ok := cgroupDir(cgroup, mountinfo)
-		if !ok {
+		dir, _, err := cgroupDir(cgroup, mountinfo)
+		if err != nil || dir == "" {
 			return
 		}
 		for line := range strings.SplitSeq(string(mountinfo), "\n") {
