@@ -1,6 +1,7 @@
 package exporter
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -16,6 +17,7 @@ import (
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
 	"github.com/proxyhealth/proxyhealth/internal/hostrules"
 	"github.com/proxyhealth/proxyhealth/internal/iptlegacy"
+	"github.com/proxyhealth/proxyhealth/internal/memlimit"
 	"github.com/proxyhealth/proxyhealth/internal/nftnl"
 )
 
@@ -98,6 +100,8 @@ type hostRules struct {
 	cfg    hostrules.Config
 	logger *slog.Logger
 	source *hostrules.Source
+	// procSelf is where the process's cgroup is read (default /proc/self; tests give theirs).
+	procSelf string
 }
 
 func (h *hostRules) addFlags(app *kingpin.Application) {
@@ -109,20 +113,62 @@ func (h *hostRules) addFlags(app *kingpin.Application) {
 		Default("5m").DurationVar(&h.cfg.ResyncInterval)
 	app.Flag("netfilter.max-dump-bytes", "Largest nf_tables netlink reply read (bytes); a larger one is abandoned and its read reported as failed. kube-proxy's nat table at 10,000 Services x 10 endpoints dumps to about 190 MiB.").
 		Default(strconv.FormatInt(nftnl.DefaultMaxDumpBytes, 10)).Int64Var(&h.cfg.MaxDumpBytes)
-	app.Flag("netfilter.legacy-max-table-bytes", "Largest iptables-legacy table read (bytes, as the kernel gives its size); a larger one is not read and its read reported as failed. The table is held whole while read: kube-proxy's nat table at 10,000 Services x 10 endpoints is about 183 MiB.").
-		Default(strconv.FormatInt(iptlegacy.DefaultMaxTableBytes, 10)).Int64Var(&h.cfg.LegacyMaxTableBytes)
+	app.Flag("netfilter.legacy-max-table-bytes", "Largest iptables-legacy table read (bytes, as the kernel gives its size); a larger one is not read and its read reported as failed. The table is held whole while read: kube-proxy's nat table at 10,000 Services x 10 endpoints is about 183 MiB. 0: what the container's memory limit leaves after the exporter's own memory (without a limit, 384 MiB).").
+		Default("0").Int64Var(&h.cfg.LegacyMaxTableBytes)
 	h.cfg.Debounce = 100 * time.Millisecond
+}
+
+// ownMemoryBytes is the exporter's memory besides a legacy table read: its peak without one is
+// 45 MiB at 10,000 Services x 10 endpoints, the API view included (BENCHMARKS.md, "Node cost"),
+// and the rest is room for the garbage the runtime has not collected yet.
+const ownMemoryBytes = 64 << 20
+
+// legacyMaxTableBytes is the legacy table read limit: the flag's value when given, else what
+// the process's cgroup memory limit leaves after ownMemoryBytes (iptlegacy.MaxTableBytesWithin),
+// so that a table too large for the container fails its read instead of getting the container
+// killed. It logs the limit and where it came from.
+func (h *hostRules) legacyMaxTableBytes() int64 {
+	if h.cfg.LegacyMaxTableBytes > 0 {
+		h.logger.Info("iptables-legacy table read limit", "bytes", h.cfg.LegacyMaxTableBytes, "from", "--netfilter.legacy-max-table-bytes")
+		return h.cfg.LegacyMaxTableBytes
+	}
+	procSelf := h.procSelf
+	if procSelf == "" {
+		procSelf = "/proc/self"
+	}
+	mem, err := memlimit.Read(procSelf)
+	if err != nil {
+		h.logger.Warn("cannot read the memory limit; the iptables-legacy table read limit is the fixed default",
+			"bytes", iptlegacy.DefaultMaxTableBytes, "err", err)
+		return iptlegacy.DefaultMaxTableBytes
+	}
+	n := iptlegacy.MaxTableBytesWithin(mem.Bytes, ownMemoryBytes)
+	if mem.Bytes == 0 {
+		h.logger.Info("iptables-legacy table read limit", "bytes", n, "from", "no memory limit: the fixed default")
+		return n
+	}
+	level := slog.LevelInfo
+	if mem.Bytes <= ownMemoryBytes {
+		// No legacy table can be read: said at the level of the failures to come.
+		level = slog.LevelWarn
+	}
+	h.logger.Log(context.Background(), level, "iptables-legacy table read limit", "bytes", n,
+		"from", fmt.Sprintf("memory limit %d bytes (%s) less the exporter's own %d, over %.2f bytes a table byte read",
+			mem.Bytes, mem.Source, int64(ownMemoryBytes), iptlegacy.ReadPeakPerTableByte))
+	return n
 }
 
 func (h *hostRules) get(procPath string) (*hostrules.Source, error) {
 	if h.source == nil {
-		// hostrules.Config takes 0 for its default; a flag of 0 is a mistake.
+		// hostrules.Config takes 0 for its default: --netfilter.max-dump-bytes=0 is a mistake,
+		// and a legacy table limit of 0 is the one the memory limit gives.
 		switch {
 		case h.cfg.MaxDumpBytes <= 0:
 			return nil, fmt.Errorf("--netfilter.max-dump-bytes must be positive, got %d", h.cfg.MaxDumpBytes)
-		case h.cfg.LegacyMaxTableBytes <= 0:
-			return nil, fmt.Errorf("--netfilter.legacy-max-table-bytes must be positive, got %d", h.cfg.LegacyMaxTableBytes)
+		case h.cfg.LegacyMaxTableBytes < 0:
+			return nil, fmt.Errorf("--netfilter.legacy-max-table-bytes must not be negative, got %d", h.cfg.LegacyMaxTableBytes)
 		}
+		h.cfg.LegacyMaxTableBytes = h.legacyMaxTableBytes()
 		h.cfg.ProcPath = procPath
 		s, err := hostrules.New(h.cfg, h.logger.With("component", "netfilter"))
 		if err != nil {

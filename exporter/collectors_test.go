@@ -1,30 +1,64 @@
 package exporter
 
 import (
+	"bytes"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/alecthomas/kingpin/v2"
-	"github.com/prometheus/common/promslog"
 
 	"github.com/proxyhealth/proxyhealth/internal/iptlegacy"
 	"github.com/proxyhealth/proxyhealth/internal/nftnl"
 )
 
-// The netfilter read limit flags are the netfilter reader's Config: their defaults are the
-// readers' own, and a value given is handed on as it is.
+// fakeProcSelf is a /proc/self whose process is in a cgroup v2 of memory.max limit ("max":
+// none).
+func fakeProcSelf(t *testing.T, limit string) string {
+	t.Helper()
+	root := t.TempDir()
+	for name, content := range map[string]string{
+		"self/cgroup":    "0::/\n",
+		"self/mountinfo": "29 22 0:26 / " + filepath.Join(root, "cg") + " rw - cgroup2 cgroup2 rw\n",
+		"cg/memory.max":  limit + "\n",
+	} {
+		if err := os.MkdirAll(filepath.Join(root, filepath.Dir(name)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return filepath.Join(root, "self")
+}
+
+// The netfilter read limit flags are the netfilter reader's Config: a value given is handed on
+// as it is. Without one, the legacy table limit is what the container's memory limit leaves
+// after the exporter's own memory (a table the limit lets through must not get the container
+// OOM-killed), and the fixed default without a memory limit; the log says which.
 func TestNetfilterLimitFlags(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
 		args        []string
+		memoryMax   string
 		dump, table int64
+		logged      string
 	}{
-		{"defaults", nil, nftnl.DefaultMaxDumpBytes, iptlegacy.DefaultMaxTableBytes},
-		{"given", []string{"--netfilter.max-dump-bytes=4096", "--netfilter.legacy-max-table-bytes=8192"}, 4096, 8192},
+		{"defaults without a memory limit", nil, "max", nftnl.DefaultMaxDumpBytes, iptlegacy.DefaultMaxTableBytes, "no memory limit"},
+		// (384 MiB - 64 MiB) / 1.1
+		{"defaults under the chart's memory limit", nil, "402653184", nftnl.DefaultMaxDumpBytes, 305040290, "memory limit 402653184 bytes"},
+		{"a memory limit below the exporter's own", nil, "33554432", nftnl.DefaultMaxDumpBytes, 1, "level=WARN"},
+		{"given", []string{"--netfilter.max-dump-bytes=4096", "--netfilter.legacy-max-table-bytes=8192"}, "402653184", 4096, 8192,
+			"from=--netfilter.legacy-max-table-bytes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			app := kingpin.New("test", "")
 			_, _, host := registrations(app, addPathFlags(app))
-			host.logger = promslog.NewNopLogger()
+			var logs bytes.Buffer
+			host.logger = slog.New(slog.NewTextHandler(&logs, nil))
+			host.procSelf = fakeProcSelf(t, tc.memoryMax)
 			if _, err := app.Parse(tc.args); err != nil {
 				t.Fatal(err)
 			}
@@ -35,6 +69,17 @@ func TestNetfilterLimitFlags(t *testing.T) {
 				t.Errorf("hostrules.Config limits: dump %d, legacy table %d; want %d, %d",
 					host.cfg.MaxDumpBytes, host.cfg.LegacyMaxTableBytes, tc.dump, tc.table)
 			}
+			if got := strings.Count(logs.String(), "iptables-legacy table read limit"); got != 1 || !strings.Contains(logs.String(), tc.logged) {
+				t.Errorf("log: %d lines of the limit, want 1 saying %q:\n%s", got, tc.logged, logs.String())
+			}
 		})
+	}
+}
+
+// The chart's memory limit leaves the largest kube-proxy table of BENCHMARKS.md's node cost
+// (10,000 Services x 10 endpoints, 183 MiB with its comments) readable.
+func TestLegacyLimitUnderTheChartFitsTheBenchmarkTable(t *testing.T) {
+	if got := iptlegacy.MaxTableBytesWithin(384<<20, ownMemoryBytes); got < 183<<20 {
+		t.Errorf("a 384 MiB memory limit leaves %d MiB for a legacy table, less than the 183 MiB table at 10,000 x 10", got>>20)
 	}
 }

@@ -9,16 +9,18 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/proxyhealth/proxyhealth/internal/prereq"
 )
 
 // The fork watch counts the processes a watched process creates, and names their programs.
 func TestForkWatchCountsChildren(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("the proc connector needs root")
+		prereq.Skip(t, "the proc connector needs root")
 	}
 	w, err := newForkWatch()
 	if err != nil {
-		t.Skipf("no proc connector: %v", err)
+		prereq.Skipf(t, "no proc connector: %v", err)
 	}
 	defer w.close()
 	// Go's first exec in a process probes clone(CLONE_PIDFD) with a child that exits at once
@@ -66,14 +68,14 @@ func TestForkWatchCountsChildren(t *testing.T) {
 // cgroups' files read.
 func TestCgroupWrap(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root")
+		prereq.Skip(t, "needs root")
 	}
 	if _, err := os.Stat(cgroupRoot + "/cpuacct/cpuacct.usage"); err != nil {
-		t.Skip("no cgroup v1 cpuacct hierarchy")
+		prereq.Skip(t, "no cgroup v1 cpuacct hierarchy")
 	}
 	cg, err := newCgroup("test")
 	if err != nil {
-		t.Skip(err)
+		prereq.Skip(t, err)
 	}
 	defer func() {
 		if err := cg.remove(); err != nil {
@@ -82,7 +84,7 @@ func TestCgroupWrap(t *testing.T) {
 	}()
 	ns := newNSName("test")
 	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-		t.Skipf("ip netns add: %v: %s", err, out)
+		prereq.Skipf(t, "ip netns add: %v: %s", err, out)
 	}
 	defer func() { _ = exec.Command("ip", "netns", "del", ns).Run() }()
 	argv := cg.wrap(ns, "sh", "-c", "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; sleep 5")

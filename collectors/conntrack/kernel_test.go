@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/common/promslog"
 	"github.com/proxyhealth/proxyhealth/collectors/collectortest"
 	"github.com/proxyhealth/proxyhealth/internal/hostrules"
+	"github.com/proxyhealth/proxyhealth/internal/prereq"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
 
@@ -46,11 +47,11 @@ func TestMain(m *testing.M) {
 func requireOwnNetns(t *testing.T, tools ...string) {
 	t.Helper()
 	if os.Getenv(inNetnsEnv) != "1" {
-		t.Skip("needs root and unshare(1) to run in a network namespace of its own")
+		prereq.Skip(t, "needs root and unshare(1) to run in a network namespace of its own")
 	}
 	for _, tool := range tools {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed", tool)
+			prereq.Skipf(t, "%s not installed", tool)
 		}
 	}
 }

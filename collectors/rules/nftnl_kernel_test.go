@@ -11,6 +11,7 @@ import (
 	"github.com/proxyhealth/proxyhealth/internal/nft"
 	"github.com/proxyhealth/proxyhealth/internal/nftnl"
 	"github.com/proxyhealth/proxyhealth/internal/nftnl/nftnltest"
+	"github.com/proxyhealth/proxyhealth/internal/prereq"
 )
 
 // The netlink readers of internal/nftnl, given the real kube-proxy v1.36.3 captures loaded into
@@ -19,7 +20,7 @@ import (
 
 func TestNFTNLMatchesIPTablesTextReader(t *testing.T) {
 	if !nftnltest.InNetns() {
-		t.Skip("needs root and unshare(1) to run in a network namespace of its own")
+		prereq.Skip(t, "needs root and unshare(1) to run in a network namespace of its own")
 	}
 	text, err := os.ReadFile("testdata/kube-proxy-v1.36.3/iptables-save-nat.txt")
 	if err != nil {
@@ -50,7 +51,7 @@ func TestNFTNLMatchesIPTablesTextReader(t *testing.T) {
 
 func TestNFTNLMatchesNFTablesTextReader(t *testing.T) {
 	if !nftnltest.InNetns() {
-		t.Skip("needs root and unshare(1) to run in a network namespace of its own")
+		prereq.Skip(t, "needs root and unshare(1) to run in a network namespace of its own")
 	}
 	doc, err := os.ReadFile("testdata/kube-proxy-v1.36.3-nftables/nft-list-table-ip-kube-proxy.json")
 	if err != nil {

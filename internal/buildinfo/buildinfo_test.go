@@ -8,6 +8,8 @@ import (
 	"runtime/debug"
 	"strings"
 	"testing"
+
+	"github.com/proxyhealth/proxyhealth/internal/prereq"
 )
 
 func TestFill(t *testing.T) {
@@ -71,7 +73,7 @@ func TestBuildsInAGitCheckout(t *testing.T) {
 	}
 	for _, tool := range []string{"go", "git"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not found", tool)
+			prereq.Skipf(t, "%s not found", tool)
 		}
 	}
 	root, err := filepath.Abs("../..")

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/proxyhealth/proxyhealth/internal/prereq"
 )
 
 func TestSetNames(t *testing.T) {
@@ -88,11 +90,11 @@ func TestFileEncoding(t *testing.T) {
 // refused.
 func TestRaiseFromFileCapabilities(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root (setting file capabilities, changing user)")
+		prereq.Skip(t, "needs root (setting file capabilities, changing user)")
 	}
 	for _, tool := range []string{"go", "setpriv"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not found (setpriv: apt-get install -y util-linux)", tool)
+			prereq.Skipf(t, "%s not found (setpriv: apt-get install -y util-linux)", tool)
 		}
 	}
 	// A directory user 65534 can enter (t.TempDir's parent is root's only).

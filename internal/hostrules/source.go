@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/proxyhealth/proxyhealth/internal/iptlegacy"
 	"github.com/proxyhealth/proxyhealth/internal/nftnl"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
@@ -120,6 +121,8 @@ type Source struct {
 	legacyPart legacyPart
 	nftPart    nftPart
 	seq        uint64
+	// tooLarge is set while the legacy reads fail on a table past the read limit.
+	tooLarge bool
 
 	stats stats
 }
@@ -331,6 +334,14 @@ func (s *Source) readLegacy() {
 	s.lag.mu.Unlock()
 	proxy, filter, proxyErr, filterErr := s.b.legacy()
 	s.legacyPart = legacyPart{proxy: proxy, filter: filter, proxyErr: proxyErr, filterErr: filterErr, at: s.now()}
+	// A table too large to read stays so for a while: said once, when it begins; the
+	// collectors report the failure at each scrape.
+	tooLarge := errors.Is(errors.Join(proxyErr, filterErr), iptlegacy.ErrTableTooLarge)
+	if tooLarge && !s.tooLarge {
+		s.logger.Warn("an iptables-legacy table is larger than the read limit and is not read; the collectors that need it fail until it fits (raise the memory limit or --netfilter.legacy-max-table-bytes)",
+			"err", errors.Join(proxyErr, filterErr))
+	}
+	s.tooLarge = tooLarge
 	s.stats.observe(BackendLegacy, s.now().Sub(start), errors.Join(proxyErr, filterErr))
 }
 

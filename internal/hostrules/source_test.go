@@ -3,12 +3,15 @@ package hostrules
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"net/netip"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/proxyhealth/proxyhealth/internal/iptlegacy"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
 
@@ -323,5 +326,30 @@ func TestStalled(t *testing.T) {
 	now = now.Add(2 * time.Minute)
 	if err := s.Stalled(); err == nil || !strings.Contains(err.Error(), "stuck") {
 		t.Errorf("three minutes after a heartbeat: %v, want stuck", err)
+	}
+}
+
+// A legacy table past the read limit fails the reads of kube-proxy's rules with the reason, and
+// is said in the log once while it lasts, again when it comes back.
+func TestSourceLogsTableTooLargeOnce(t *testing.T) {
+	var logs strings.Builder
+	fb := &fakeBackends{}
+	s := newSource(Config{}, slog.New(slog.NewTextHandler(&logs, nil)), fb)
+	tooLarge := fmt.Errorf("iptables-legacy: %w: table nat is 300 bytes, the limit 200", iptlegacy.ErrTableTooLarge)
+	for _, err := range []error{tooLarge, tooLarge, tooLarge, nil, tooLarge} {
+		fb.mu.Lock()
+		fb.legacyErr = err
+		fb.mu.Unlock()
+		s.readLegacy()
+		s.publish()
+		if got := s.State().ProxyErr; !errors.Is(got, err) || (err == nil) != (got == nil) {
+			t.Errorf("ProxyErr %v, want %v", got, err)
+		}
+	}
+	if got := strings.Count(logs.String(), "larger than the read limit and is not read"); got != 2 {
+		t.Errorf("logged %d times, want 2 (at the first failure, and when it came back):\n%s", got, logs.String())
+	}
+	if !strings.Contains(logs.String(), "table nat is 300 bytes, the limit 200") {
+		t.Errorf("the log does not give the table's size and the limit:\n%s", logs.String())
 	}
 }

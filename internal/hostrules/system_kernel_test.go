@@ -18,6 +18,7 @@ import (
 	"github.com/proxyhealth/proxyhealth/internal/iptlegacy"
 	"github.com/proxyhealth/proxyhealth/internal/nftnl"
 	"github.com/proxyhealth/proxyhealth/internal/nftnl/nftnltest"
+	"github.com/proxyhealth/proxyhealth/internal/prereq"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
 
@@ -31,11 +32,11 @@ const (
 func requireNetns(t *testing.T, bins ...string) {
 	t.Helper()
 	if !nftnltest.InNetns() {
-		t.Skip("needs root and unshare(1) to run in a network namespace of its own")
+		prereq.Skip(t, "needs root and unshare(1) to run in a network namespace of its own")
 	}
 	for _, b := range bins {
 		if _, err := exec.LookPath(b); err != nil {
-			t.Skipf("%s not installed", b)
+			prereq.Skipf(t, "%s not installed", b)
 		}
 	}
 }

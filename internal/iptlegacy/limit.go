@@ -2,14 +2,30 @@ package iptlegacy
 
 import "errors"
 
-// DefaultMaxTableBytes bounds the entries blob of one table that is read. The kernel hands a
-// table's rules over in one copy of the size its info gives, so the blob is held whole at the
-// start of a read (it is released as it is decoded): the bound is a bound on memory. kube-proxy's
-// nat table at 10,000 Services of 10 endpoints with its comments is about 183 MiB (19,174 bytes
-// a Service, TestKernelTableLimit), 100 MiB without comments. The default is the DaemonSet's
-// whole memory limit: a blob that size cannot be read without the container being killed, so
-// it is refused with an error instead.
+// DefaultMaxTableBytes bounds the entries blob of one table that is read when nothing tells
+// how much memory the process may use (no cgroup memory limit; see MaxTableBytesWithin). The
+// kernel hands a table's rules over in one copy of the size its info gives, so the blob is
+// held whole at the start of a read (it is released as it is decoded): the bound is a bound on
+// memory. kube-proxy's nat table at 10,000 Services of 10 endpoints with its comments is about
+// 183 MiB (19,174 bytes a Service, TestKernelTableLimit), 100 MiB without comments.
 const DefaultMaxTableBytes = 384 << 20
+
+// ReadPeakPerTableByte is how much a read raises the process's memory, per byte of the table
+// read: the blob's mapping (released as it is decoded) and the decoding's allocations. It is
+// measured under a memory cgroup by TestKernelReadUnderMemoryCgroup, which fails should a read
+// need more.
+const ReadPeakPerTableByte = 1.1
+
+// MaxTableBytesWithin is the largest table a process can read within a memory limit of
+// memLimit bytes when floor of them are its own without the read: what is left, divided by
+// ReadPeakPerTableByte. A memLimit of 0 (none) gives DefaultMaxTableBytes; a limit that leaves
+// nothing gives 1, which no table fits.
+func MaxTableBytesWithin(memLimit, floor int64) int64 {
+	if memLimit <= 0 {
+		return DefaultMaxTableBytes
+	}
+	return max(int64(float64(memLimit-floor)/ReadPeakPerTableByte), 1)
+}
 
 // ErrTableTooLarge is returned (wrapped) when a table's info gives a blob larger than the
 // read's Limits.MaxTableBytes; nothing of it is read.

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/proxyhealth/proxyhealth/internal/nftnl/nftnltest"
+	"github.com/proxyhealth/proxyhealth/internal/prereq"
 )
 
 // TestMain re-runs the package's tests inside a new network namespace when it can (root and
@@ -29,11 +30,11 @@ const threadProc = "/proc/thread-self"
 func kernelTest(t testing.TB) {
 	t.Helper()
 	if !nftnltest.InNetns() {
-		t.Skip("needs root and unshare(1) to run in a network namespace of its own")
+		prereq.Skip(t, "needs root and unshare(1) to run in a network namespace of its own")
 	}
 	for _, bin := range []string{"iptables-legacy-restore", "ip6tables-legacy-restore", "iptables-legacy-save", "ip6tables-legacy-save"} {
 		if _, err := exec.LookPath(bin); err != nil {
-			t.Skipf("%s not installed", bin)
+			prereq.Skipf(t, "%s not installed", bin)
 		}
 	}
 }

@@ -8,16 +8,18 @@ import (
 	"os/exec"
 	"testing"
 	"time"
+
+	"github.com/proxyhealth/proxyhealth/internal/prereq"
 )
 
 // A listener on the loopback of a namespace of the test's own is reachable through Dialer and
 // not from the test's namespace.
 func TestDialerReachesTheNamespacesLoopback(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to create a network namespace")
+		prereq.Skip(t, "needs root to create a network namespace")
 	}
 	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("ip not installed")
+		prereq.Skip(t, "ip not installed")
 	}
 	ns := fmt.Sprintf("ph-netnsdial-%d", os.Getpid())
 	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
@@ -31,7 +33,7 @@ func TestDialerReachesTheNamespacesLoopback(t *testing.T) {
 	// without it the test skips).
 	srv := exec.Command("ip", "netns", "exec", ns, "sh", "-c", "exec python3 -c 'import socket;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);s.bind((\"127.0.0.1\",19999));s.listen(1);c,_=s.accept();c.sendall(b\"hi\");c.close()'")
 	if err := srv.Start(); err != nil {
-		t.Skipf("cannot start a server in the namespace: %v", err)
+		prereq.Skipf(t, "cannot start a server in the namespace: %v", err)
 	}
 	t.Cleanup(func() { _ = srv.Process.Kill(); _ = srv.Wait() })
 
@@ -57,10 +59,10 @@ func TestDialerReachesTheNamespacesLoopback(t *testing.T) {
 // A listener opened through Listen is inside the namespace: Dialer reaches it there.
 func TestListenInsideTheNamespace(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to create a network namespace")
+		prereq.Skip(t, "needs root to create a network namespace")
 	}
 	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("ip not installed")
+		prereq.Skip(t, "ip not installed")
 	}
 	ns := fmt.Sprintf("ph-netnslisten-%d", os.Getpid())
 	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {

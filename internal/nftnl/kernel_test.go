@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/proxyhealth/proxyhealth/internal/nftnl/nftnltest"
+	"github.com/proxyhealth/proxyhealth/internal/prereq"
 )
 
 func TestMain(m *testing.M) {
@@ -16,7 +17,7 @@ func TestMain(m *testing.M) {
 func needNetns(t *testing.T) {
 	t.Helper()
 	if !nftnltest.InNetns() {
-		t.Skip("needs root and unshare(1) to run in a network namespace of its own")
+		prereq.Skip(t, "needs root and unshare(1) to run in a network namespace of its own")
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/proxyhealth/proxyhealth/internal/nftnl/nftnltest"
+	"github.com/proxyhealth/proxyhealth/internal/prereq"
 )
 
 const noCapEnv = "PROXYHEALTH_NFTNL_NOCAP"
@@ -40,7 +41,7 @@ func TestKernelNoCapability(t *testing.T) {
 	needNetns(t)
 	setpriv, err := exec.LookPath("setpriv")
 	if err != nil {
-		t.Skip("setpriv not installed")
+		prereq.Skip(t, "setpriv not installed")
 	}
 	nftnltest.Flush(t)
 	nftnltest.LoadIPTablesSave(t, readFile(t, natCapture), false)

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/proxyhealth/proxyhealth/internal/iptables"
+	"github.com/proxyhealth/proxyhealth/internal/prereq"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
 
@@ -82,7 +83,7 @@ func TestReplayForwardGraphsMatchTextReaders(t *testing.T) {
 		t.Run(fx.name, func(t *testing.T) {
 			path := "testdata/graph-" + fx.name + ".replay.json"
 			if _, err := os.Stat(path); err != nil {
-				t.Skipf("no recording: %v", err)
+				prereq.Skipf(t, "no recording: %v", err)
 			}
 			gs, err := forwardGraphs(context.Background(), loadReplay(t, path))
 			if err != nil {

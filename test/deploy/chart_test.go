@@ -351,6 +351,13 @@ func TestChartTemplate(t *testing.T) {
 			if slices.Contains(pod.Containers[0].Args, "--web.kubernetes-auth") {
 				t.Errorf("args %q: --web.kubernetes-auth by default", pod.Containers[0].Args)
 			}
+			// The exporter derives its legacy table read limit from the memory limit: a value
+			// pinned in the args would go out of step with the limit when that is changed.
+			if mem := pod.Containers[0].Resources.Limits.Memory(); mem.IsZero() || slices.ContainsFunc(pod.Containers[0].Args, func(a string) bool {
+				return strings.HasPrefix(a, "--netfilter.legacy-max-table-bytes")
+			}) {
+				t.Errorf("memory limit %v, args %q: want a memory limit and the legacy table read limit derived from it", mem, pod.Containers[0].Args)
+			}
 			var cr rbacv1.ClusterRole
 			k["ClusterRole"].decodeStrict(t, &cr)
 			for _, r := range cr.Rules {

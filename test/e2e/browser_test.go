@@ -18,6 +18,8 @@ import (
 
 	"golang.org/x/net/html"
 	"golang.org/x/net/html/atom"
+
+	"github.com/proxyhealth/proxyhealth/internal/prereq"
 )
 
 const (
@@ -41,7 +43,7 @@ func requireChromium(t *testing.T) {
 		if os.Getenv(requireKubeEnv) != "" {
 			t.Fatalf("%s (%s is set)", msg, requireKubeEnv)
 		}
-		t.Skip(msg)
+		prereq.Skip(t, msg)
 	}
 }
 

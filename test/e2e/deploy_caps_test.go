@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/proxyhealth/proxyhealth/internal/capability"
+	"github.com/proxyhealth/proxyhealth/internal/prereq"
 )
 
 // The capabilities the collectors need, found by running them without each one.
@@ -221,7 +222,7 @@ func TestDeployCapabilities(t *testing.T) {
 	requireExporter(t)
 	for _, tool := range []string{"unshare", "setpriv", "iptables-legacy-restore"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not found (apt-get install -y util-linux iptables)", tool)
+			prereq.Skipf(t, "%s not found (apt-get install -y util-linux iptables)", tool)
 		}
 	}
 	podSC, _, granted := deployedContainer(t)

@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/proxyhealth/proxyhealth/internal/capability"
+	"github.com/proxyhealth/proxyhealth/internal/prereq"
 )
 
 // requireImageEnv makes TestImage fail, not skip, when podman is missing (.ci/run sets it).
@@ -63,7 +64,7 @@ func requirePodman(t *testing.T) {
 			if os.Getenv(requireImageEnv) != "" {
 				t.Fatalf("%s; %s is set", msg, requireImageEnv)
 			}
-			t.Skip(msg)
+			prereq.Skip(t, msg)
 		}
 	}
 }
@@ -215,7 +216,7 @@ func checkBuildInfo(t *testing.T, s Scrape) {
 	cmd.Dir = root
 	head, err := cmd.Output()
 	if err != nil {
-		t.Skipf("no git revision to compare with: %v", err)
+		prereq.Skipf(t, "no git revision to compare with: %v", err)
 	}
 	fam := s["proxyhealth_build_info"]
 	if fam == nil || len(fam.Metric) != 1 {

@@ -22,6 +22,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 
 	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
+	"github.com/proxyhealth/proxyhealth/internal/prereq"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -69,7 +70,7 @@ func requireKube(t *testing.T) kubelab.Binaries {
 		if os.Getenv(requireKubeEnv) != "" {
 			t.Fatalf("control-plane lab: %v (%s is set)", err, requireKubeEnv)
 		}
-		t.Skipf("control-plane lab: %v", err)
+		prereq.Skipf(t, "control-plane lab: %v", err)
 	}
 	return b
 }

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/proxyhealth/proxyhealth/internal/prereq"
 )
 
 // nsPrefix names every namespace the lab creates; TestMain removes leftovers with it.
@@ -157,7 +159,7 @@ func removeLeftovers() {
 func requireLab(t *testing.T) {
 	t.Helper()
 	if skipReason != "" {
-		t.Skip(skipReason)
+		prereq.Skip(t, skipReason)
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/common/model"
 	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
+	"github.com/proxyhealth/proxyhealth/internal/prereq"
 )
 
 // A real Prometheus (and optionally Alertmanager) in a lab's node namespace, from Debian's
@@ -44,7 +45,7 @@ func requirePrometheus(t *testing.T) {
 			if os.Getenv(requireKubeEnv) != "" {
 				t.Fatalf("%s (%s is set)", msg, requireKubeEnv)
 			}
-			t.Skip(msg)
+			prereq.Skip(t, msg)
 		}
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"os/exec"
 	"slices"
 	"testing"
+
+	"github.com/proxyhealth/proxyhealth/internal/prereq"
 )
 
 func TestDeleteRefusesOthersNamespaces(t *testing.T) {
@@ -16,12 +18,12 @@ func TestDeleteRefusesOthersNamespaces(t *testing.T) {
 
 func TestListAndDelete(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to create a network namespace")
+		prereq.Skip(t, "needs root to create a network namespace")
 	}
 	prefix := fmt.Sprintf("ph-benchns-test-%d-", os.Getpid())
 	name := prefix + "a"
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Skipf("ip netns add: %v: %s", err, out)
+		prereq.Skipf(t, "ip netns add: %v: %s", err, out)
 	}
 	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
 	// Something running inside, as a benchmark's child would be.

@@ -15,6 +15,8 @@ import (
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/proxyhealth/proxyhealth/internal/prereq"
 )
 
 // NetnsEnv is set in the environment of a test binary that ReexecInNetns re-ran inside a new
@@ -23,7 +25,7 @@ const NetnsEnv = "PROXYHEALTH_TEST_NETNS"
 
 // ReexecInNetns re-runs the test binary under `unshare --net` when it runs as root outside
 // such a namespace, and exits with its status; otherwise it returns and the caller runs the
-// tests (kernel tests then skip, see InNetns).
+// tests (kernel tests then skip, or fail under CI: see InNetns and internal/prereq).
 func ReexecInNetns() {
 	if os.Getenv(NetnsEnv) != "" || os.Geteuid() != 0 {
 		return
@@ -82,7 +84,7 @@ func LoadIPTablesSave(t T, text []byte, ipv6 bool, restoreArgs ...string) {
 		bin = "ip6tables-nft-restore"
 	}
 	if _, err := exec.LookPath(bin); err != nil {
-		t.Skipf("%s not installed", bin)
+		prereq.Skipf(t, "%s not installed", bin)
 	}
 	for _, m := range nfacctName.FindAllSubmatch(text, -1) {
 		if err := addNFAcct(string(m[1])); err != nil {

@@ -1,0 +1,6 @@
+//go:build race
+
+package iptlegacy
+
+// raceEnabled is whether the test binary is built with the race detector.
+const raceEnabled = true
