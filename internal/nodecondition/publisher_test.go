@@ -33,14 +33,7 @@ func staleFinding(svc verdict.Service, summary string) verdict.Finding {
 }
 
 func report(findings ...verdict.Finding) verdict.Report {
-	r := verdict.Report{Node: node, Verdict: verdict.Healthy, Findings: findings}
-	switch r.Worst() {
-	case verdict.Critical:
-		r.Verdict = verdict.Broken
-	case verdict.Warning:
-		r.Verdict = verdict.Degraded
-	}
-	return r
+	return verdict.Report{Node: node, Verdict: verdict.Judge(findings, nil), Findings: findings}
 }
 
 // fakeAPI is API on client-go's fake clientset.
