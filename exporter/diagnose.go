@@ -25,15 +25,16 @@ import (
 	"github.com/proxyhealth/proxyhealth/internal/verdict"
 )
 
-// diagnose's exit codes.
+// diagnose's exit codes: the verdict's (verdict.Verdict.ExitCode), the plugin's too; it exits
+// as for an unknown verdict when it cannot diagnose at all.
 const (
-	exitNoFinding      = 0
-	exitWarnings       = 1
-	exitCritical       = 2
-	exitCannotDiagnose = 3
+	exitNoFinding      = verdict.ExitHealthy
+	exitWarnings       = verdict.ExitWarnings
+	exitCritical       = verdict.ExitCritical
+	exitCannotDiagnose = verdict.ExitUnknown
 )
 
-const diagnoseHelp = `Judge this node once, locally, without a running exporter, and print the findings: the same causes, evidence and runbooks as the exporter's /status. It reads the node's counters twice, --window apart, and counts a difference between kube-proxy's rules and the API as stale rules only when it lasted the whole window. Exit code: 0 no finding, 1 only warnings, 2 a critical finding, 3 it could not diagnose (usage, privileges, or a cause it could not check and nothing critical found; the message says why).`
+const diagnoseHelp = `Judge this node once, locally, without a running exporter, and print the findings: the same causes, evidence and runbooks as the exporter's /status. It reads the node's counters twice, --window apart, and counts a difference between kube-proxy's rules and the API as stale rules only when it lasted the whole window. Exit code, as the verdict: 0 healthy (no finding), 1 warning (only warnings), 2 critical (a critical finding), 3 unknown: it could not diagnose (usage, privileges), or a cause could not be checked and nothing critical was found (the message says why).`
 
 // diagnoseConfig is diagnose's own flags; the exporter's flags (kubeconfig, node name,
 // kube-proxy endpoints and log, collectors) apply as well.
@@ -256,19 +257,8 @@ func minus(a, b []netip.AddrPort) []netip.AddrPort {
 	return out
 }
 
-// exitCode is diagnose's verdict for scripts: a critical finding is certain whatever could not
-// be checked; otherwise anything not checked means the node is not known healthy.
-func exitCode(r verdict.Report) int {
-	switch {
-	case r.Worst() == verdict.Critical:
-		return exitCritical
-	case len(r.NotChecked) > 0:
-		return exitCannotDiagnose
-	case r.Worst() == verdict.Warning:
-		return exitWarnings
-	}
-	return exitNoFinding
-}
+// exitCode is diagnose's verdict for scripts.
+func exitCode(r verdict.Report) int { return r.Verdict.ExitCode() }
 
 // write prints res in format (text or json).
 func (res result) write(w io.Writer, format string) error {

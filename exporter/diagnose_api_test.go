@@ -257,7 +257,7 @@ func TestDiagnoseAPIServerGoesAway(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, want := range []string{
-				"node worker-3: degraded (1 warning), judged over ",
+				"node worker-3: unknown (1 warning, ", " not checked), judged over ",
 				// What it learnt on the node: kube-proxy's own list/watch failures, told with
 				// the exporter's stale view of the API as one story (kube_proxy_watch_failing
 				// explains api_view_stale).

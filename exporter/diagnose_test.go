@@ -66,7 +66,7 @@ func TestDiagnoseStaleRules(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if exitCode(res.Report) != exitCritical || res.Verdict != verdict.Broken || len(res.Findings) != 1 || res.Findings[0].Cause != verdict.StaleRules {
+	if exitCode(res.Report) != exitCritical || res.Verdict != verdict.CriticalFound || len(res.Findings) != 1 || res.Findings[0].Cause != verdict.StaleRules {
 		t.Fatalf("result %+v", res.Report)
 	}
 	if res.WindowSeconds != 15 {
@@ -83,7 +83,7 @@ func TestDiagnoseStaleRules(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		"node worker-3: broken (1 critical), judged over 15s\n",
+		"node worker-3: critical (1 critical), judged over 15s\n",
 		"CRITICAL stale_rules kube-system/kube-dns:dns-tcp (53/tcp)\n",
 		"because kube-proxy's list/watch of the API failed (endpointslices watch 1; last at 2025-03-04T02:30:00Z)",
 		"\nservice kube-system/kube-dns:dns-tcp (53/tcp), cluster IP 10.96.0.10: 3 endpoints in the API for this node, 2 programmed (now 2 missing, 1 stale)\n",
@@ -119,7 +119,7 @@ func TestDiagnoseStaleRules(t *testing.T) {
 	if err := json.Unmarshal(js.Bytes(), &doc); err != nil {
 		t.Fatal(err)
 	}
-	if doc.Node != "worker-3" || doc.Verdict != "broken" || len(doc.Findings) != 1 || doc.NotChecked == nil || len(doc.ServicePorts) != 1 {
+	if doc.Node != "worker-3" || doc.Verdict != "critical" || len(doc.Findings) != 1 || doc.NotChecked == nil || len(doc.ServicePorts) != 1 {
 		t.Fatalf("json %s", js.String())
 	}
 	sp := doc.ServicePorts[0]

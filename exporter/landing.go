@@ -33,8 +33,10 @@ var verdictTemplate = template.Must(template.New("verdict").Funcs(template.FuncM
 }).Parse(`
 <section id="verdict" class="verdict {{.Verdict}}">
 <h2>Node {{if .Node}}{{.Node}}{{else}}(unnamed){{end}}: <span class="word">{{.Verdict}}</span></h2>
-{{- if not .Findings}}
-<p>No finding: Service traffic on this node shows none of the causes proxyhealth knows{{if .NotChecked}}, as far as it could check (below){{end}}.</p>
+{{- if eq .Verdict "unknown"}}
+<p class="why">Not known to be healthy: {{range $i, $c := .UncheckedCauses}}{{if $i}}, {{end}}{{$c}}{{end}} could not be checked (why below){{if not .Findings}}, and nothing else was found{{else}}, and nothing critical was found{{end}}.</p>
+{{- else if not .Findings}}
+<p>No finding: Service traffic on this node shows none of the causes proxyhealth knows.</p>
 {{- end}}
 {{- range .Findings}}
 <div class="finding {{.Severity}}">
@@ -63,9 +65,11 @@ var verdictTemplate = template.Must(template.New("verdict").Funcs(template.FuncM
 const landingCSS = `table { border-collapse: collapse } td, th { padding: 2px 8px; text-align: left; vertical-align: top }
 .verdict { padding: 4px 12px; margin-bottom: 12px; border-left: 8px solid }
 .verdict.healthy { border-color: #2e7d32; background: #e8f5e9 }
-.verdict.degraded { border-color: #f9a825; background: #fff8e1 }
-.verdict.broken { border-color: #c62828; background: #ffebee }
-.verdict.healthy .word { color: #2e7d32 } .verdict.degraded .word { color: #a36f00 } .verdict.broken .word { color: #c62828 }
+.verdict.warning { border-color: #f9a825; background: #fff8e1 }
+.verdict.unknown { border-color: #757575; background: #f5f5f5 }
+.verdict.critical { border-color: #c62828; background: #ffebee }
+.verdict.healthy .word { color: #2e7d32 } .verdict.warning .word { color: #a36f00 } .verdict.unknown .word { color: #424242 }
+.verdict.critical .word { color: #c62828 }
 .finding { margin: 8px 0 16px } .finding.critical h3 { color: #c62828 } .finding.warning h3 { color: #a36f00 }
 .evidence th { font-weight: normal; color: #555 } .evidence td { font-family: monospace; overflow-wrap: anywhere }`
 

@@ -29,7 +29,7 @@ const (
 
 func addNodeConditionsFlags(app *kingpin.Application) *nodeConditionsConfig {
 	c := &nodeConditionsConfig{}
-	app.Flag("node-conditions", "Publish the verdict on this node's Node object: condition ProxyHealthy (False with the cause of a critical finding as its reason, True otherwise) and Events on the Node, and on the Service for stale rules. Needs RBAC to patch nodes/status and create events (deploy/components/node-conditions, or the chart's nodeConditions.enabled).").
+	app.Flag("node-conditions", "Publish the verdict on this node's Node object: condition ProxyHealthy (False with the cause of a critical finding as its reason; Unknown, reason NotChecked, when a cause could not be checked and nothing critical was found; True otherwise) and Events on the Node, and on the Service for stale rules. Needs RBAC to patch nodes/status and create events (deploy/components/node-conditions, or the chart's nodeConditions.enabled).").
 		BoolVar(&c.Enabled)
 	app.Flag("node-conditions.heartbeat-interval", "With --node-conditions: the condition is patched at least this often, and no more often while only its message's wording changes (a change of status, reason or critical findings is patched at once).").
 		Default("5m").DurationVar(&c.Heartbeat)

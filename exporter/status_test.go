@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -174,7 +175,7 @@ func TestFactsKubeProxyDownThroughout(t *testing.T) {
 func TestFactsUnavailable(t *testing.T) {
 	src := &factSources{node: "n", now: func() time.Time { return t0 }}
 	rep := verdict.Evaluate(src.input([]factSample{src.sample()}, inputOptions{}))
-	if rep.Verdict != verdict.Healthy || len(rep.Findings) != 0 {
+	if rep.Verdict != verdict.Unknown || len(rep.Findings) != 0 {
 		t.Errorf("nothing enabled: %+v", rep)
 	}
 	got := map[verdict.Cause]string{}
@@ -285,7 +286,7 @@ func TestStatusEndpoint(t *testing.T) {
 
 	h.incident3()
 	rep, raw = getStatus(t, mux)
-	if rep.Verdict != verdict.Broken || len(rep.Findings) != 1 {
+	if rep.Verdict != verdict.CriticalFound || len(rep.Findings) != 1 {
 		t.Fatalf("incident 3: %+v", rep)
 	}
 	f := rep.Findings[0]
@@ -326,6 +327,42 @@ func TestStatusEndpoint(t *testing.T) {
 	}
 }
 
+// A node whose stale-rules check did not run is not reported healthy: /status says unknown,
+// and why under not_checked.
+func TestStatusNotChecked(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(h *healthyNode)
+		reason string
+	}{
+		{"never compared", func(h *healthyNode) { h.rl.lc = rules.CheckSummary{GracePeriod: time.Minute} }, "not been compared with the API yet"},
+		{"rules unreadable", func(h *healthyNode) {
+			h.rl.lc.Err = errors.New("read the nat table: operation not permitted")
+		}, "operation not permitted"},
+		{"a plain host", func(h *healthyNode) {
+			h.api.configured, h.api.snap = false, cluster.Snapshot{}
+			h.rl.lc = rules.CheckSummary{At: t0, Err: errors.New("no Kubernetes API configured")}
+		}, "no Kubernetes API is configured"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHealthyNode()
+			tc.change(h)
+			st := newStatus(h.sources(), 10*time.Minute)
+			h.now = t0.Add(-10 * time.Minute)
+			st.record(st.src.sample())
+			h.now = t0
+			rep, raw := getStatus(t, st)
+			if string(raw["verdict"]) != `"unknown"` || len(rep.Findings) != 0 {
+				t.Errorf("verdict %s, findings %v: want unknown, none", raw["verdict"], rep.Findings)
+			}
+			if len(rep.NotChecked) != 1 || !slices.Equal(rep.NotChecked[0].Causes, []verdict.Cause{verdict.StaleRules}) ||
+				!strings.Contains(rep.NotChecked[0].Reason, tc.reason) {
+				t.Errorf("not_checked %s, want stale_rules: ...%s...", raw["not_checked"], tc.reason)
+			}
+		})
+	}
+}
+
 func getPage(t *testing.T, h http.Handler) string {
 	t.Helper()
 	srv := httptest.NewServer(h)
@@ -350,7 +387,7 @@ func TestLandingPage(t *testing.T) {
 	st.record(st.src.sample())
 	h.now = t0
 	set := newCollectorSet(nil, promslog.NewNopLogger())
-	set.status["rules"] = &CollectorStatus{Name: "rules", OK: false, Err: "the exporter's API view is not fresh"}
+	set.status["rules"] = &CollectorStatus{Name: "rules", OK: true}
 	page := landingPage("/metrics", false, set, st)
 
 	body := getPage(t, page)
@@ -361,11 +398,14 @@ func TestLandingPage(t *testing.T) {
 	for _, want := range []string{
 		`class="verdict healthy"`, `Node worker-3: <span class="word">healthy</span>`, "No finding",
 		`<a href="https://github.com/proxyhealth/proxyhealth#metrics">metrics reference</a>`,
-		`<a href="/status">Status</a>`, `<a href="/metrics">Metrics</a>`, "the exporter&#39;s API view is not fresh",
+		`<a href="/status">Status</a>`, `<a href="/metrics">Metrics</a>`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("healthy page lacks %q", want)
 		}
+	}
+	if strings.Contains(body, "Not checked") || strings.Contains(body, "<b>failing</b>") {
+		t.Errorf("healthy page with something not checked or failing:\n%s", body)
 	}
 	if strings.Contains(body, `href="/https:`) {
 		t.Error("an external link is prefixed with the route: href=\"/https:...\"")
@@ -374,18 +414,44 @@ func TestLandingPage(t *testing.T) {
 	h.incident3()
 	body = getPage(t, page)
 	for _, want := range []string{
-		`class="verdict broken"`, `<div class="finding critical">`,
+		`class="verdict critical"`, `Node worker-3: <span class="word">critical</span>`, `<div class="finding critical">`,
 		"critical: stale_rules &middot; kube-system/kube-dns:dns-tcp (53/tcp)",
 		"<tr><th>missing</th><td>10.244.2.7:53, 10.244.2.8:53</td></tr>",
 		"<tr><th>explained_by</th><td>kube_proxy_watch_failing</td></tr>",
 		`<a href="https://github.com/proxyhealth/proxyhealth/blob/main/docs/runbooks.md#proxyhealthkubeproxyrulesstale">runbook</a>`,
 	} {
 		if !strings.Contains(body, want) {
-			t.Errorf("broken page lacks %q", want)
+			t.Errorf("critical page lacks %q", want)
 		}
 	}
 	if strings.Index(body, `id="verdict"`) > strings.Index(body, "<h2>Collectors</h2>") {
 		t.Error("the verdict does not open the page")
+	}
+
+	// A plain host: the rules collector fails for want of an API, so stale rules are not
+	// checked. The page says unknown, in grey, and why; never a green healthy beside the
+	// failing collector.
+	h = newHealthyNode()
+	h.api.configured, h.api.snap = false, cluster.Snapshot{}
+	h.rl.lc = rules.CheckSummary{At: t0, Err: errors.New("no Kubernetes API configured")}
+	st = newStatus(h.sources(), 10*time.Minute)
+	h.now = t0.Add(-10 * time.Minute)
+	st.record(st.src.sample())
+	h.now = t0
+	set.status["rules"] = &CollectorStatus{Name: "rules", OK: false, Err: "no Kubernetes API configured"}
+	body = getPage(t, landingPage("/metrics", false, set, st))
+	for _, want := range []string{
+		`class="verdict unknown"`, `Node worker-3: <span class="word">unknown</span>`,
+		"Not known to be healthy: stale_rules could not be checked (why below), and nothing else was found.",
+		"<h3>Not checked</h3>", "<li>stale_rules: no Kubernetes API is configured",
+		"<td>rules</td><td><b>failing</b></td>",
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("plain-host page lacks %q", want)
+		}
+	}
+	if strings.Contains(body, `class="verdict healthy"`) || strings.Contains(body, `class="word">healthy`) || strings.Contains(body, "No finding") {
+		t.Errorf("plain-host page says healthy:\n%s", body)
 	}
 	// Other paths are not the landing page.
 	srv := httptest.NewServer(page)

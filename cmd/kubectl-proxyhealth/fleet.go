@@ -15,12 +15,12 @@ import (
 	"github.com/proxyhealth/proxyhealth/internal/verdict"
 )
 
-// The plugin's exit codes, as `proxyhealth diagnose`'s.
+// The plugin's exit codes: the fleet's verdict's, as `proxyhealth diagnose`'s for one node.
 const (
-	exitHealthy   = 0 // every node read, no finding
-	exitWarnings  = 1 // every node read, only warnings
-	exitCritical  = 2 // a critical finding somewhere (whatever could not be read)
-	exitCannotRun = 3 // usage, the API, no exporter found, or a node that could not be read
+	exitHealthy   = verdict.ExitHealthy  // every node healthy
+	exitWarnings  = verdict.ExitWarnings // only warnings, every node checked throughout
+	exitCritical  = verdict.ExitCritical // a critical finding somewhere (whatever could not be read)
+	exitCannotRun = verdict.ExitUnknown  // usage, the API, no exporter found, or a node unknown: not read, or not checked
 )
 
 // nodeStatus is one exporter pod's node: its /status, or why it could not be read.
@@ -66,6 +66,10 @@ func readAll(ctx context.Context, pods []corev1.Pod, read statusReader, parallel
 				out[i].Err = "/status has no verdict: not a proxyhealth exporter, or one too old to serve /status"
 				return
 			}
+			// The verdict is judged here as the exporter judges it, from the findings and what
+			// was not checked: an exporter older than the one health model said "healthy" for
+			// a node it could not check throughout (and "degraded", "broken").
+			rep.Verdict = verdict.Judge(rep.Findings, rep.NotChecked)
 			out[i].Report = &rep
 			if out[i].Node == "" {
 				out[i].Node = rep.Node
@@ -93,23 +97,22 @@ func notReadable(pod *corev1.Pod) string {
 	return ""
 }
 
-// rank orders rows: the broken nodes first, then those that could not be read, then the
-// degraded, then the healthy.
-func (n nodeStatus) rank() int {
-	switch {
-	case n.Report == nil:
-		return 1
-	case n.Report.Verdict == verdict.Broken:
-		return 0
-	case n.Report.Verdict == verdict.Degraded:
-		return 2
+// verdict is the node's verdict; unknown when its /status could not be read.
+func (n nodeStatus) verdict() verdict.Verdict {
+	if n.Report == nil {
+		return verdict.Unknown
 	}
-	return 3
+	return n.Report.Verdict
 }
 
+// sortNodes orders rows worst first: critical, unknown (those not read before those not
+// checked throughout), warning, healthy.
 func sortNodes(nodes []nodeStatus) {
 	slices.SortStableFunc(nodes, func(a, b nodeStatus) int {
-		if c := cmp.Compare(a.rank(), b.rank()); c != 0 {
+		if c := verdict.Compare(b.verdict(), a.verdict()); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(boolRank(a.Report != nil), boolRank(b.Report != nil)); c != 0 {
 			return c
 		}
 		if c := cmp.Compare(a.Node, b.Node); c != 0 {
@@ -141,30 +144,31 @@ func worstService(r *verdict.Report) *verdict.Service {
 	return nil
 }
 
-// exitCode sums the nodes up for scripts: a critical finding anywhere is certain whatever
-// could not be read; otherwise a node not read means the fleet is not known healthy.
-func exitCode(nodes []nodeStatus) int {
-	worst, unread := verdict.Healthy, false
+func boolRank(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// fleetVerdict is the worst node's verdict (verdict.Compare): a critical finding anywhere is
+// certain whatever could not be read or checked; otherwise a node not read, or not checked
+// throughout, leaves the fleet unknown. No node at all is unknown too.
+func fleetVerdict(nodes []nodeStatus) verdict.Verdict {
+	if len(nodes) == 0 {
+		return verdict.Unknown
+	}
+	worst := verdict.Healthy
 	for _, n := range nodes {
-		switch {
-		case n.Report == nil:
-			unread = true
-		case n.Report.Verdict == verdict.Broken:
-			worst = verdict.Broken
-		case n.Report.Verdict == verdict.Degraded && worst == verdict.Healthy:
-			worst = verdict.Degraded
+		if verdict.Compare(n.verdict(), worst) > 0 {
+			worst = n.verdict()
 		}
 	}
-	switch {
-	case worst == verdict.Broken:
-		return exitCritical
-	case unread || len(nodes) == 0:
-		return exitCannotRun
-	case worst == verdict.Degraded:
-		return exitWarnings
-	}
-	return exitHealthy
+	return worst
 }
+
+// exitCode sums the nodes up for scripts: the fleet's verdict's exit code.
+func exitCode(nodes []nodeStatus) int { return fleetVerdict(nodes).ExitCode() }
 
 // staleRules is one node's stale_rules finding for one port of the Service asked about: its
 // evidence as /status gives it, with the port and the summary.

@@ -41,9 +41,10 @@ Usage:
   kubectl proxyhealth [flags]                          one line per node: verdict, causes, worst Service
   kubectl proxyhealth --service=NAMESPACE/NAME [flags] the nodes with stale rules for that Service
 
-Exit code: 0 every node healthy; 1 only warnings; 2 a critical finding on some node (with
---service: stale rules for it on some node); 3 it could not run, found no exporter, or could
-not read (or, with --service, judge) some node.
+Exit code, the worst node's verdict: 0 every node healthy; 1 only warnings; 2 a critical
+finding on some node (with --service: stale rules for it on some node); 3 unknown: it could not
+run, found no exporter, could not read some node, or some node could not check a cause (with
+--service, could not judge stale rules for it).
 
 Flags:
 `

@@ -56,8 +56,8 @@ func statusBody(t *testing.T, node string, v verdict.Verdict, findings ...verdic
 	return b
 }
 
-// fleet is five exporters, as the pod proxy would answer for them: worker-1 broken (stale rules
-// for lab/backend on two ports, and kube-dns), worker-2 healthy, worker-3 degraded, worker-4's
+// fleet is five exporters, as the pod proxy would answer for them: worker-1 critical (stale rules
+// for lab/backend on two ports, and kube-dns), worker-2 healthy, worker-3 warning, worker-4's
 // pod Pending, worker-5's proxy refused.
 func fleet(t *testing.T) []nodeStatus {
 	t.Helper()
@@ -69,13 +69,13 @@ func fleet(t *testing.T) []nodeStatus {
 		pod("proxyhealth-e", "worker-5", corev1.PodRunning),
 	}
 	bodies := map[string][]byte{
-		"proxyhealth-a": statusBody(t, "worker-1", verdict.Broken,
+		"proxyhealth-a": statusBody(t, "worker-1", verdict.CriticalFound,
 			staleFinding(backendHTTP, []string{"10.244.3.11:8080", "10.244.3.12:8080", "10.244.3.13:8080", "10.244.3.14:8080"}, []string{"10.244.3.1:8080"}, 10, 13),
 			staleFinding(backendGRPC, nil, []string{"10.244.3.1:9090"}, 11, 10),
 			staleFinding(dnsTCP, []string{"10.244.2.1:53"}, nil, 1, 2),
 			verdict.Finding{Cause: verdict.InvalidNotDropped, Severity: verdict.Warning, Summary: "INVALID packets not dropped."}),
 		"proxyhealth-b": statusBody(t, "worker-2", verdict.Healthy),
-		"proxyhealth-c": statusBody(t, "worker-3", verdict.Degraded,
+		"proxyhealth-c": statusBody(t, "worker-3", verdict.WarningsOnly,
 			verdict.Finding{Cause: verdict.UnrepliedFlows, Severity: verdict.Warning, Service: &dnsTCP, Summary: "unreplied."},
 			verdict.Finding{Cause: verdict.InvalidNotDropped, Severity: verdict.Warning, Summary: "INVALID packets not dropped."}),
 	}
@@ -100,13 +100,13 @@ func TestFleetText(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := `NODE      VERDICT   CAUSES                               WORST SERVICE
-worker-1  broken    stale_rules,invalid_not_dropped      lab/backend:http (80/tcp)
+worker-1  critical  stale_rules,invalid_not_dropped      lab/backend:http (80/tcp)
 worker-4  unknown   -                                    error: pod proxyhealth-d is Pending, not Running (monitoring/proxyhealth-d)
 worker-5  unknown   -                                    error: GET /status through the pod proxy: the server is currently unable to handle the request (get pods proxyhealth-e:9869) (monitoring/proxyhealth-e)
-worker-3  degraded  unreplied_flows,invalid_not_dropped  kube-system/kube-dns:dns-tcp (53/tcp)
+worker-3  warning   unreplied_flows,invalid_not_dropped  kube-system/kube-dns:dns-tcp (53/tcp)
 worker-2  healthy   -                                    -
 
-5 nodes: 1 broken, 1 degraded, 1 healthy, 2 not read
+5 nodes: 1 critical, 2 unknown (2 not read), 1 warning, 1 healthy
 `
 	if got := b.String(); got != want {
 		t.Errorf("got:\n%s\nwant:\n%s", got, want)
@@ -146,12 +146,12 @@ func TestFleetJSON(t *testing.T) {
 		t.Fatalf("%d nodes:\n%s", len(got.Nodes), b.String())
 	}
 	first := got.Nodes[0]
-	if first.Node != "worker-1" || first.Pod != "monitoring/proxyhealth-a" || first.Verdict != "broken" ||
+	if first.Node != "worker-1" || first.Pod != "monitoring/proxyhealth-a" || first.Verdict != "critical" ||
 		strings.Join(first.Causes, ",") != "stale_rules,invalid_not_dropped" || first.WorstService == nil || *first.WorstService != backendHTTP ||
 		first.Status == nil || len(first.Status.Findings) != 4 || len(first.Status.Findings[0].Evidence.Missing) != 4 {
 		t.Errorf("worker-1: %+v", first)
 	}
-	if n := got.Nodes[1]; n.Node != "worker-4" || n.Verdict != "" || n.Status != nil || n.Error != "pod proxyhealth-d is Pending, not Running" || n.Causes == nil {
+	if n := got.Nodes[1]; n.Node != "worker-4" || n.Verdict != "unknown" || n.Status != nil || n.Error != "pod proxyhealth-d is Pending, not Running" || n.Causes == nil {
 		t.Errorf("worker-4: %+v", n)
 	}
 	if n := got.Nodes[4]; n.Node != "worker-2" || n.Verdict != "healthy" || len(n.Causes) != 0 || n.WorstService != nil {
@@ -209,13 +209,82 @@ func TestExitCode(t *testing.T) {
 	}{
 		{nil, exitCannotRun},
 		{[]nodeStatus{report(verdict.Healthy), report(verdict.Healthy)}, exitHealthy},
-		{[]nodeStatus{report(verdict.Healthy), report(verdict.Degraded)}, exitWarnings},
-		{[]nodeStatus{report(verdict.Degraded), unread}, exitCannotRun},
-		{[]nodeStatus{unread, report(verdict.Broken), report(verdict.Degraded)}, exitCritical},
+		{[]nodeStatus{report(verdict.Healthy), report(verdict.WarningsOnly)}, exitWarnings},
+		{[]nodeStatus{report(verdict.WarningsOnly), unread}, exitCannotRun},
+		{[]nodeStatus{unread, report(verdict.CriticalFound), report(verdict.WarningsOnly)}, exitCritical},
+		{[]nodeStatus{report(verdict.Healthy), report(verdict.Unknown)}, exitCannotRun},
+		{[]nodeStatus{report(verdict.Unknown), report(verdict.WarningsOnly)}, exitCannotRun},
+		{[]nodeStatus{report(verdict.Unknown), report(verdict.CriticalFound)}, exitCritical},
 	} {
 		if got := exitCode(tc.nodes); got != tc.want {
 			t.Errorf("%+v: exit %d, want %d", tc.nodes, got, tc.want)
 		}
+	}
+}
+
+// A node whose check could not run is never healthy: unknown, exit code 3, as diagnose says for
+// it, even when its exporter says "healthy" (as exporters did before the one health model), and
+// whatever only warns elsewhere; a critical finding elsewhere is certain.
+func TestFleetNotChecked(t *testing.T) {
+	notChecked := func(node string, v verdict.Verdict, findings ...verdict.Finding) []byte {
+		b, err := json.Marshal(verdict.Report{Node: node, Verdict: v, Time: since, Findings: append([]verdict.Finding{}, findings...),
+			NotChecked: []verdict.NotChecked{{Causes: []verdict.Cause{verdict.StaleRules}, Reason: "no Kubernetes API is configured"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	invalid := verdict.Finding{Cause: verdict.InvalidNotDropped, Severity: verdict.Warning, Summary: "INVALID packets not dropped."}
+	read := func(bodies map[string][]byte) []nodeStatus {
+		pods := []corev1.Pod{pod("a", "worker-1", corev1.PodRunning), pod("b", "worker-2", corev1.PodRunning)}
+		nodes := readAll(context.Background(), pods, func(_ context.Context, p *corev1.Pod) ([]byte, error) {
+			return bodies[p.Name], nil
+		}, 2, time.Second)
+		sortNodes(nodes)
+		return nodes
+	}
+
+	nodes := read(map[string][]byte{"a": statusBody(t, "worker-1", verdict.Healthy), "b": notChecked("worker-2", "healthy")})
+	if code := exitCode(nodes); code != exitCannotRun {
+		t.Errorf("a node not checked throughout, the other healthy: exit %d, want %d", code, exitCannotRun)
+	}
+	var b bytes.Buffer
+	if err := writeFleetText(&b, nodes); err != nil {
+		t.Fatal(err)
+	}
+	want := `NODE      VERDICT  CAUSES                    WORST SERVICE
+worker-2  unknown  not checked: stale_rules  -
+worker-1  healthy  -                         -
+
+2 nodes: 0 critical, 1 unknown (0 not read), 0 warning, 1 healthy
+`
+	if got := b.String(); got != want {
+		t.Errorf("got:\n%s\nwant:\n%s", got, want)
+	}
+	b.Reset()
+	if err := writeFleetJSON(&b, nodes); err != nil {
+		t.Fatal(err)
+	}
+	var doc fleetJSON
+	if err := json.Unmarshal(b.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	if doc.Nodes[0].Node != "worker-2" || doc.Nodes[0].Verdict != verdict.Unknown || doc.Nodes[0].Status.Verdict != verdict.Unknown {
+		t.Errorf("JSON: %s", b.String())
+	}
+
+	nodes = read(map[string][]byte{"a": statusBody(t, "worker-1", verdict.WarningsOnly, invalid), "b": notChecked("worker-2", verdict.Unknown)})
+	if code := exitCode(nodes); code != exitCannotRun {
+		t.Errorf("warnings on one node, the other not checked throughout: exit %d, want %d", code, exitCannotRun)
+	}
+	nodes = read(map[string][]byte{"a": statusBody(t, "worker-1", verdict.Healthy), "b": notChecked("worker-2", verdict.Unknown, invalid)})
+	if code := exitCode(nodes); code != exitCannotRun || nodes[0].verdict() != verdict.Unknown {
+		t.Errorf("a warning and something not checked on one node: exit %d (%s), want %d", code, nodes[0].verdict(), exitCannotRun)
+	}
+	crit := staleFinding(dnsTCP, []string{"10.244.2.1:53"}, nil, 1, 2)
+	nodes = read(map[string][]byte{"a": statusBody(t, "worker-1", verdict.CriticalFound, crit), "b": notChecked("worker-2", verdict.Unknown)})
+	if code := exitCode(nodes); code != exitCritical {
+		t.Errorf("critical on one node, the other not checked throughout: exit %d, want %d", code, exitCritical)
 	}
 }
 

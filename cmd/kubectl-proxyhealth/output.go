@@ -17,9 +17,10 @@ type fleetJSON struct {
 }
 
 type nodeJSON struct {
-	Node         string           `json:"node"`
-	Pod          string           `json:"pod"`
-	Verdict      verdict.Verdict  `json:"verdict,omitempty"`
+	Node string `json:"node"`
+	Pod  string `json:"pod"`
+	// Verdict is unknown for a node whose /status could not be read (Err says why).
+	Verdict      verdict.Verdict  `json:"verdict"`
 	Causes       []string         `json:"causes"`
 	WorstService *verdict.Service `json:"worst_service"`
 	Err          string           `json:"error,omitempty"`
@@ -45,9 +46,8 @@ func writeJSON(w io.Writer, v any) error {
 func writeFleetJSON(w io.Writer, nodes []nodeStatus) error {
 	out := fleetJSON{Nodes: make([]nodeJSON, 0, len(nodes))}
 	for _, n := range nodes {
-		j := nodeJSON{Node: n.Node, Pod: n.Pod, Causes: []string{}, Err: n.Err, Status: n.Report}
+		j := nodeJSON{Node: n.Node, Pod: n.Pod, Verdict: n.verdict(), Causes: []string{}, Err: n.Err, Status: n.Report}
 		if n.Report != nil {
-			j.Verdict = n.Report.Verdict
 			if c := causes(n.Report); c != nil {
 				j.Causes = c
 			}
@@ -59,30 +59,50 @@ func writeFleetJSON(w io.Writer, nodes []nodeStatus) error {
 }
 
 // writeFleetText prints one line per node (node, verdict, causes, worst service), problems
-// first, then a count per verdict.
+// first, then a count per verdict. A node unknown because something was not checked names
+// what in its causes column.
 func writeFleetText(w io.Writer, nodes []nodeStatus) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tVERDICT\tCAUSES\tWORST SERVICE")
-	counts := map[string]int{}
+	counts := map[verdict.Verdict]int{}
+	unread := 0
 	for _, n := range nodes {
+		counts[n.verdict()]++
 		if n.Report == nil {
-			counts["unread"]++
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", orDash(n.Node), "unknown", "-", "error: "+oneLine(n.Err)+" ("+n.Pod+")")
+			unread++
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", orDash(n.Node), n.verdict(), "-", "error: "+oneLine(n.Err)+" ("+n.Pod+")")
 			continue
 		}
-		counts[string(n.Report.Verdict)]++
 		svc := "-"
 		if s := worstService(n.Report); s != nil {
 			svc = s.String()
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", orDash(n.Node), n.Report.Verdict, orDash(strings.Join(causes(n.Report), ",")), svc)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", orDash(n.Node), n.Report.Verdict, orDash(causesColumn(n.Report)), svc)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintf(w, "\n%s: %d broken, %d degraded, %d healthy, %d not read\n",
-		plural(len(nodes), "node"), counts[string(verdict.Broken)], counts[string(verdict.Degraded)], counts[string(verdict.Healthy)], counts["unread"])
+	_, err := fmt.Fprintf(w, "\n%s: %d critical, %d unknown (%d not read), %d warning, %d healthy\n", plural(len(nodes), "node"),
+		counts[verdict.CriticalFound], counts[verdict.Unknown], unread, counts[verdict.WarningsOnly], counts[verdict.Healthy])
 	return err
+}
+
+// causesColumn is the findings' causes, then what could not be checked:
+// "invalid_not_dropped,not checked: stale_rules".
+func causesColumn(r *verdict.Report) string {
+	col := strings.Join(causes(r), ",")
+	unchecked := r.UncheckedCauses()
+	if len(unchecked) == 0 {
+		return col
+	}
+	names := make([]string, 0, len(unchecked))
+	for _, c := range unchecked {
+		names = append(names, string(c))
+	}
+	if col != "" {
+		col += ","
+	}
+	return col + "not checked: " + strings.Join(names, ",")
 }
 
 // writeServiceText prints which nodes have stale rules for the Service, per port, then the

@@ -2,9 +2,12 @@
 // node-problem-detector does: a ProxyHealthy condition that `kubectl describe node` shows, and
 // Events on the Node (and on the Service, for stale rules) when a critical finding appears.
 //
-// The condition is False while a critical finding stands, with a reason named after its cause
-// (StaleRules, BridgeNetfilterOff, ...) and its summary as the message; True otherwise. It is
-// patched when it changes and, as a heartbeat, at most every heartbeat interval otherwise.
+// The condition follows the verdict (verdict.Judge): False while a critical finding stands, with
+// a reason named after its cause (StaleRules, BridgeNetfilterOff, ...) and its summary as the
+// message; Unknown, reason NotChecked, while a cause could not be checked and nothing critical
+// was found (the node is not known healthy, as a Node's Ready is Unknown when the kubelet stops
+// reporting); True otherwise, warnings named in the message. It is patched when it changes and,
+// as a heartbeat, at most every heartbeat interval otherwise.
 package nodecondition
 
 import (
@@ -21,8 +24,11 @@ import (
 // ConditionType is the Node condition proxyhealth owns.
 const ConditionType corev1.NodeConditionType = "ProxyHealthy"
 
-// ReasonHealthy is the condition's reason while no critical finding stands.
+// ReasonHealthy is the condition's reason while it is True.
 const ReasonHealthy = "ProxyHealthy"
+
+// ReasonNotChecked is the condition's reason while it is Unknown.
+const ReasonNotChecked = "NotChecked"
 
 // Reasons names each cause as a condition and Event reason (CamelCase, as Kubernetes reasons
 // are). Like the causes, a reason is never renamed.
@@ -76,9 +82,9 @@ func keyOf(f verdict.Finding) findingKey {
 	return k
 }
 
-// conditionOf is what rep makes the condition say: False with the worst critical finding's
-// cause and summary (findings come worst first), or True, naming the warnings and what could
-// not be checked so that True is not read as more than it is.
+// conditionOf is what rep's verdict makes the condition say: False with the worst critical
+// finding's cause and summary (findings come worst first); Unknown, naming what could not be
+// checked and why; or True, naming the warnings.
 func conditionOf(rep verdict.Report) state {
 	var crit []verdict.Finding
 	var warnings []string
@@ -89,7 +95,12 @@ func conditionOf(rep verdict.Report) state {
 			warnings = append(warnings, c)
 		}
 	}
-	if len(crit) > 0 {
+	warned := ""
+	if len(warnings) > 0 {
+		warned = " Warnings: " + strings.Join(warnings, ", ") + "."
+	}
+	switch verdict.Judge(rep.Findings, rep.NotChecked) {
+	case verdict.CriticalFound:
 		s := state{status: corev1.ConditionFalse, reason: Reason(crit[0].Cause)}
 		msg := crit[0].Summary
 		if len(crit) > 1 {
@@ -106,21 +117,22 @@ func conditionOf(rep verdict.Report) state {
 			s.critical = append(s.critical, keyOf(f))
 		}
 		return s
-	}
-	msg := "No critical finding."
-	if len(warnings) > 0 {
-		msg += " Warnings: " + strings.Join(warnings, ", ") + "."
-	}
-	var unchecked []string
-	for _, n := range rep.NotChecked {
-		for _, c := range n.Causes {
-			unchecked = append(unchecked, string(c))
+	case verdict.Unknown:
+		var why []string
+		for _, n := range rep.NotChecked {
+			if len(n.Causes) == 0 {
+				continue
+			}
+			causes := make([]string, 0, len(n.Causes))
+			for _, c := range n.Causes {
+				causes = append(causes, string(c))
+			}
+			why = append(why, strings.Join(causes, ", ")+" ("+n.Reason+")")
 		}
+		msg := "Not known healthy: no critical finding, but could not check " + strings.Join(why, "; ") + "." + warned
+		return state{status: corev1.ConditionUnknown, reason: ReasonNotChecked, message: truncate(msg, maxMessage)}
 	}
-	if len(unchecked) > 0 {
-		msg += " Not checked: " + strings.Join(unchecked, ", ") + "."
-	}
-	return state{status: corev1.ConditionTrue, reason: ReasonHealthy, message: truncate(msg, maxMessage)}
+	return state{status: corev1.ConditionTrue, reason: ReasonHealthy, message: "No critical finding." + warned}
 }
 
 // sameStory tells whether two states tell the same thing, wording aside: a message that only

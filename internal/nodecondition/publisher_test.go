@@ -33,13 +33,17 @@ func staleFinding(svc verdict.Service, summary string) verdict.Finding {
 }
 
 func report(findings ...verdict.Finding) verdict.Report {
-	r := verdict.Report{Node: node, Verdict: verdict.Healthy, Findings: findings}
-	switch r.Worst() {
-	case verdict.Critical:
-		r.Verdict = verdict.Broken
-	case verdict.Warning:
-		r.Verdict = verdict.Degraded
-	}
+	return verdict.Report{Node: node, Verdict: verdict.Judge(findings, nil), Findings: findings}
+}
+
+// noAPI is what a node without an API to compare kube-proxy's rules with could not check.
+var noAPI = []verdict.NotChecked{{Causes: []verdict.Cause{verdict.StaleRules}, Reason: "no Kubernetes API is configured"}}
+
+// notChecked is report with noAPI not checked.
+func notChecked(findings ...verdict.Finding) verdict.Report {
+	r := report(findings...)
+	r.NotChecked = noAPI
+	r.Verdict = verdict.Judge(r.Findings, r.NotChecked)
 	return r
 }
 
@@ -69,7 +73,7 @@ func TestReasonsCoverTheVocabulary(t *testing.T) {
 	seen := map[string]bool{}
 	for _, c := range verdict.Causes {
 		r, ok := Reasons[c]
-		if !ok || !camel.MatchString(r) || seen[r] || r == ReasonHealthy {
+		if !ok || !camel.MatchString(r) || seen[r] || r == ReasonHealthy || r == ReasonNotChecked {
 			t.Errorf("cause %s: reason %q (known %v, valid %v, repeated %v)", c, r, ok, camel.MatchString(r), seen[r])
 		}
 		seen[r] = true
@@ -94,8 +98,16 @@ func TestConditionOf(t *testing.T) {
 	}{
 		{"healthy", report(), corev1.ConditionTrue, "ProxyHealthy", "No critical finding."},
 		{"warnings only", report(invalid), corev1.ConditionTrue, "ProxyHealthy", "No critical finding. Warnings: invalid_not_dropped."},
-		{"not checked", verdict.Report{Verdict: verdict.Healthy, NotChecked: []verdict.NotChecked{{Causes: []verdict.Cause{verdict.StaleRules}, Reason: "no API"}}},
-			corev1.ConditionTrue, "ProxyHealthy", "No critical finding. Not checked: stale_rules."},
+		{"not checked", notChecked(), corev1.ConditionUnknown, "NotChecked",
+			"Not known healthy: no critical finding, but could not check stale_rules (no Kubernetes API is configured)."},
+		{"not checked, for two reasons", verdict.Report{NotChecked: append(slices.Clone(noAPI), verdict.NotChecked{
+			Causes: []verdict.Cause{verdict.InvalidNotDropped, verdict.ConntrackInsertFailing}, Reason: "the counters have been read only once"})},
+			corev1.ConditionUnknown, "NotChecked",
+			"Not known healthy: no critical finding, but could not check stale_rules (no Kubernetes API is configured); " +
+				"invalid_not_dropped, conntrack_insert_failing (the counters have been read only once)."},
+		{"warnings, and not checked", notChecked(invalid), corev1.ConditionUnknown, "NotChecked",
+			"Not known healthy: no critical finding, but could not check stale_rules (no Kubernetes API is configured). Warnings: invalid_not_dropped."},
+		{"critical, and not checked", notChecked(bridge, invalid), corev1.ConditionFalse, "BridgeNetfilterOff", "bridge netfilter is off."},
 		{"one critical", report(staleFinding(backend, "kube-proxy's rules for lab/backend differ."), invalid),
 			corev1.ConditionFalse, "StaleRules", "kube-proxy's rules for lab/backend differ."},
 		{"several critical", report(staleFinding(backend, "rules for lab/backend differ."), staleFinding(dns, "rules for kube-dns differ."), bridge, invalid),
@@ -289,6 +301,30 @@ func TestPublisherIncident(t *testing.T) {
 	}
 	if l.metric("patches", "error") != 0 {
 		t.Errorf("patch errors: %v", l.metric("patches", "error"))
+	}
+}
+
+// A node whose check could not run is never ProxyHealthy=True on its Node: Unknown, reason
+// NotChecked, patched at once when it comes and when it goes; no Event, as nothing critical
+// was found.
+func TestPublisherNotChecked(t *testing.T) {
+	l := newLab(t, Config{HeartbeatInterval: 5 * time.Minute, EventInterval: 10 * time.Minute})
+	l.publish(report())
+	l.now = l.now.Add(10 * time.Second)
+	unknownAt := l.now
+	l.publish(notChecked())
+	c, _ := l.condition()
+	if c.Status != corev1.ConditionUnknown || c.Reason != "NotChecked" || !strings.Contains(c.Message, "stale_rules (no Kubernetes API is configured)") ||
+		!c.LastTransitionTime.Time.Equal(unknownAt) || l.patches() != 2 {
+		t.Fatalf("not checked: %+v after %d patches", c, l.patches())
+	}
+	if n := len(l.events("default")); n != 0 {
+		t.Errorf("%d events for a node not checked throughout", n)
+	}
+	l.now = l.now.Add(10 * time.Second)
+	l.publish(report())
+	if c, _ := l.condition(); c.Status != corev1.ConditionTrue || c.Reason != "ProxyHealthy" || !c.LastTransitionTime.Time.Equal(l.now) {
+		t.Errorf("checked again: %+v", c)
 	}
 }
 

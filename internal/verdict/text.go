@@ -161,13 +161,18 @@ func WriteText(w io.Writer, r Report) error {
 		node = "(unnamed)"
 	}
 	fmt.Fprintf(&b, "node %s: %s", node, r.Verdict)
-	switch {
-	case crit > 0 && warn > 0:
-		fmt.Fprintf(&b, " (%d critical, %d warning)", crit, warn)
-	case crit > 0:
-		fmt.Fprintf(&b, " (%d critical)", crit)
-	case warn > 0:
-		fmt.Fprintf(&b, " (%d warning)", warn)
+	var counts []string
+	if crit > 0 {
+		counts = append(counts, fmt.Sprintf("%d critical", crit))
+	}
+	if warn > 0 {
+		counts = append(counts, fmt.Sprintf("%d warning", warn))
+	}
+	if n := len(r.UncheckedCauses()); n > 0 {
+		counts = append(counts, fmt.Sprintf("%d not checked", n))
+	}
+	if len(counts) > 0 {
+		fmt.Fprintf(&b, " (%s)", strings.Join(counts, ", "))
 	}
 	if r.WindowSeconds > 0 {
 		fmt.Fprintf(&b, ", judged over %s", formatDurationSeconds(r.WindowSeconds))

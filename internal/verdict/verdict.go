@@ -65,14 +65,85 @@ const (
 	Warning Severity = "warning"
 )
 
-// Verdict sums up a node.
+// Verdict sums up a node: the one health model that /status, the landing page, the ProxyHealthy
+// Node condition, `proxyhealth diagnose` and `kubectl proxyhealth` all tell, decided by Judge
+// alone.
 type Verdict string
 
+// The verdicts, from the best to the worst (see Compare). Unknown ranks above WarningsOnly: a
+// cause that could not be checked may be a critical one, so warnings are the whole story only
+// when everything was checked; a critical finding is certain, whatever could not be checked.
 const (
-	Healthy  Verdict = "healthy"  // no finding
-	Degraded Verdict = "degraded" // only warnings
-	Broken   Verdict = "broken"   // at least one critical finding
+	// Healthy: no finding, and every cause was checked.
+	Healthy Verdict = "healthy"
+	// WarningsOnly: only warnings, and every cause was checked.
+	WarningsOnly Verdict = "warning"
+	// Unknown: no critical finding, but some cause could not be checked (NotChecked says
+	// which, and why): the node is not known healthy. Also the verdict on a node that could
+	// not be read at all.
+	Unknown Verdict = "unknown"
+	// CriticalFound: at least one critical finding.
+	CriticalFound Verdict = "critical"
 )
+
+// Judge decides the verdict on a node from its findings and what could not be checked.
+func Judge(findings []Finding, notChecked []NotChecked) Verdict {
+	warned := false
+	for _, f := range findings {
+		if f.Severity == Critical {
+			return CriticalFound
+		}
+		warned = true
+	}
+	for _, n := range notChecked {
+		if len(n.Causes) > 0 {
+			return Unknown
+		}
+	}
+	if warned {
+		return WarningsOnly
+	}
+	return Healthy
+}
+
+// The exit codes of `proxyhealth diagnose` and `kubectl proxyhealth`, one per verdict.
+const (
+	ExitHealthy  = 0
+	ExitWarnings = 1
+	ExitCritical = 2
+	// ExitUnknown is also the code of a run that could not judge at all (usage, privileges,
+	// the API, an exporter that could not be read).
+	ExitUnknown = 3
+)
+
+// ExitCode is v for scripts; a verdict outside the vocabulary is Unknown's.
+func (v Verdict) ExitCode() int {
+	switch v {
+	case Healthy:
+		return ExitHealthy
+	case WarningsOnly:
+		return ExitWarnings
+	case CriticalFound:
+		return ExitCritical
+	}
+	return ExitUnknown
+}
+
+// Compare orders verdicts from the best to the worst: healthy, warning, unknown, critical (a
+// verdict outside the vocabulary counts as unknown). The worst of several nodes is the fleet's.
+func Compare(a, b Verdict) int { return cmp.Compare(a.rank(), b.rank()) }
+
+func (v Verdict) rank() int {
+	switch v {
+	case Healthy:
+		return 0
+	case WarningsOnly:
+		return 1
+	case CriticalFound:
+		return 3
+	}
+	return 2
+}
 
 // Service is a Service port, as the metrics' service labels name it.
 type Service struct {
@@ -123,7 +194,8 @@ type NotChecked struct {
 
 // Report is the verdict on a node: the /status document.
 type Report struct {
-	Node    string    `json:"node"`
+	Node string `json:"node"`
+	// Verdict is Judge(Findings, NotChecked).
 	Verdict Verdict   `json:"verdict"`
 	Time    time.Time `json:"time"`
 	// WindowSeconds is the span the counters were judged over.
@@ -132,16 +204,17 @@ type Report struct {
 	NotChecked    []NotChecked `json:"not_checked"`
 }
 
-// Worst returns the most severe finding's severity, "" when there is none.
-func (r Report) Worst() Severity {
-	worst := Severity("")
-	for _, f := range r.Findings {
-		if f.Severity == Critical {
-			return Critical
+// UncheckedCauses lists the causes that could not be checked, once each, in the report's order.
+func (r Report) UncheckedCauses() []Cause {
+	var out []Cause
+	for _, n := range r.NotChecked {
+		for _, c := range n.Causes {
+			if !slices.Contains(out, c) {
+				out = append(out, c)
+			}
 		}
-		worst = Warning
 	}
-	return worst
+	return out
 }
 
 // RunbookBase is where the runbooks are published; a cause's runbook is an anchor in it, the
@@ -203,7 +276,7 @@ var DefaultThresholds = Thresholds{
 func Evaluate(in Input) Report { return DefaultThresholds.Evaluate(in) }
 
 // Evaluate judges in: every rule, then the explanations (which cause folds which), then the
-// verdict.
+// verdict (Judge).
 func (th Thresholds) Evaluate(in Input) Report {
 	e := &evaluation{in: in, th: th}
 	e.run()
@@ -213,18 +286,12 @@ func (th Thresholds) Evaluate(in Input) Report {
 		WindowSeconds: in.Window.Seconds(),
 		Findings:      e.findings,
 		NotChecked:    e.notCheckedList(),
-		Verdict:       Healthy,
 	}
 	if r.Findings == nil {
 		r.Findings = []Finding{}
 	}
 	slices.SortStableFunc(r.Findings, compareFindings)
-	switch r.Worst() {
-	case Critical:
-		r.Verdict = Broken
-	case Warning:
-		r.Verdict = Degraded
-	}
+	r.Verdict = Judge(r.Findings, r.NotChecked)
 	return r
 }
 

@@ -2,6 +2,7 @@ package verdict
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -102,8 +103,8 @@ func TestStaleRulesIncident3(t *testing.T) {
 	in.KubeProxy.LastListError = time.Date(2025, 3, 4, 2, 41, 7, 0, time.UTC)
 	r := Evaluate(in)
 	only(t, r, StaleRules)
-	if r.Verdict != Broken {
-		t.Errorf("verdict %s, want broken", r.Verdict)
+	if r.Verdict != CriticalFound {
+		t.Errorf("verdict %s, want critical", r.Verdict)
 	}
 	f := r.Findings[0]
 	if f.Severity != Critical || f.Service == nil || *f.Service != dnsTCP {
@@ -145,7 +146,7 @@ func TestStaleRulesTellWatchFailuresOnce(t *testing.T) {
 	in.KubeProxy.LastListError = now.Add(-time.Minute)
 	r := Evaluate(in)
 	only(t, r, KubeProxyWatchFailing)
-	if r.Verdict != Degraded || r.Findings[0].Severity != Warning || r.Findings[0].Service != nil {
+	if r.Verdict != WarningsOnly || r.Findings[0].Severity != Warning || r.Findings[0].Service != nil {
 		t.Errorf("verdict %s, finding %+v", r.Verdict, r.Findings[0])
 	}
 	if s := r.Findings[0].Summary; !strings.Contains(s, "7 times in the last 10m (endpointslices watch 4, services list 3)") {
@@ -246,12 +247,20 @@ func TestStaleRulesNeedAFreshView(t *testing.T) {
 	if _, ok := notChecked(r)[StaleRules]; !ok {
 		t.Errorf("not checked %v, want stale_rules", r.NotChecked)
 	}
+	// The warning is not the whole story: the stale rules it hides may be there.
+	if r.Verdict != Unknown {
+		t.Errorf("verdict %s, want unknown", r.Verdict)
+	}
 
+	// A plain host: nothing found, but the rules not compared with anything.
 	in.API = APIFacts{Configured: false}
 	r = Evaluate(in)
 	only(t, r)
 	if reason := notChecked(r)[StaleRules]; !strings.Contains(reason, "no Kubernetes API is configured") {
 		t.Errorf("not checked %v", r.NotChecked)
+	}
+	if r.Verdict != Unknown {
+		t.Errorf("verdict %s with stale_rules not checked, want unknown", r.Verdict)
 	}
 }
 
@@ -388,7 +397,7 @@ func TestBridgeNetfilterOff(t *testing.T) {
 	r := Evaluate(in)
 	only(t, r, BridgeNetfilterOff, UnrepliedFlows)
 	f := r.Findings[0]
-	if f.Severity != Critical || f.Service != nil || r.Verdict != Broken {
+	if f.Severity != Critical || f.Service != nil || r.Verdict != CriticalFound {
 		t.Errorf("finding %+v verdict %s", f, r.Verdict)
 	}
 	ev := f.Evidence.(*BridgeNetfilterEvidence)
@@ -507,7 +516,7 @@ func TestConntrackTable(t *testing.T) {
 	in.Conntrack.Entries, in.Conntrack.Drop, in.Conntrack.EarlyDrop = 262144, 120, 30
 	r = Evaluate(in)
 	only(t, r, ConntrackTableFull)
-	if f := r.Findings[0]; f.Severity != Critical || f.Runbook != RunbookBase+"#proxyhealthconntrackdroppingflows" || r.Verdict != Broken {
+	if f := r.Findings[0]; f.Severity != Critical || f.Runbook != RunbookBase+"#proxyhealthconntrackdroppingflows" || r.Verdict != CriticalFound {
 		t.Errorf("dropping: %+v", f)
 	}
 	if ev := r.Findings[0].Evidence.(*TableEvidence); ev.Drop != 120 || ev.EarlyDrop != 30 || ev.Fill != 1 {
@@ -551,6 +560,52 @@ func TestNoWindowYet(t *testing.T) {
 	if nc[InvalidNotDropped] == "" || nc[ConntrackInsertFailing] == "" {
 		t.Errorf("not checked %v", r.NotChecked)
 	}
+	if r.Verdict != Unknown {
+		t.Errorf("verdict %s before the rates can be judged, want unknown", r.Verdict)
+	}
+}
+
+// One model: a critical finding is certain whatever could not be checked; otherwise anything
+// not checked leaves the node unknown, warnings included; only a node checked throughout is
+// healthy or has only warnings.
+func TestJudge(t *testing.T) {
+	crit := Finding{Cause: StaleRules, Severity: Critical}
+	warn := Finding{Cause: KubeProxyStuck, Severity: Warning}
+	unchecked := []NotChecked{{Causes: []Cause{StaleRules}, Reason: "no Kubernetes API is configured"}}
+	for _, tc := range []struct {
+		name       string
+		findings   []Finding
+		notChecked []NotChecked
+		want       Verdict
+		exit       int
+	}{
+		{"nothing", nil, nil, Healthy, 0},
+		{"an empty not-checked entry", nil, []NotChecked{{Reason: "nothing"}}, Healthy, 0},
+		{"warnings", []Finding{warn}, []NotChecked{}, WarningsOnly, 1},
+		{"critical", []Finding{crit, warn}, nil, CriticalFound, 2},
+		{"not checked", nil, unchecked, Unknown, 3},
+		{"warnings, not checked", []Finding{warn}, unchecked, Unknown, 3},
+		{"critical, not checked", []Finding{warn, crit}, unchecked, CriticalFound, 2},
+	} {
+		v := Judge(tc.findings, tc.notChecked)
+		if v != tc.want || v.ExitCode() != tc.exit {
+			t.Errorf("%s: %s (exit %d), want %s (exit %d)", tc.name, v, v.ExitCode(), tc.want, tc.exit)
+		}
+	}
+	if got := Verdict("degraded").ExitCode(); got != ExitUnknown {
+		t.Errorf("a verdict outside the vocabulary exits %d, want %d", got, ExitUnknown)
+	}
+	order := []Verdict{Healthy, WarningsOnly, Unknown, CriticalFound}
+	for i := range order {
+		for j := range order {
+			if got, want := Compare(order[i], order[j]), cmp.Compare(i, j); got != want {
+				t.Errorf("Compare(%s, %s) = %d, want %d", order[i], order[j], got, want)
+			}
+		}
+	}
+	if Compare(Verdict("broken"), Unknown) != 0 {
+		t.Error("a verdict outside the vocabulary ranks as unknown")
+	}
 }
 
 // Findings come worst first: critical ones, then by cause, then without a service.
@@ -561,15 +616,15 @@ func TestVerdictAndOrder(t *testing.T) {
 	in.Conntrack.Unreplied = []UnrepliedCount{{Service: web, Reason: ReasonRemoteEndpoint, Ended: 30}}
 	r := Evaluate(in)
 	only(t, r, KubeProxyStuck, ConntrackInsertFailing, UnrepliedFlows)
-	if r.Verdict != Degraded {
-		t.Errorf("verdict %s, want degraded", r.Verdict)
+	if r.Verdict != WarningsOnly {
+		t.Errorf("verdict %s, want warning", r.Verdict)
 	}
 	in.Kernel.BridgeNFCallIptables = Int(0)
 	in.Conntrack.Unreplied = append(in.Conntrack.Unreplied, UnrepliedCount{Service: api, Reason: ReasonSameBridge, Ended: 1})
 	in.Rules.Drifting = []DriftingPort{incident3Drift()}
 	r = Evaluate(in)
 	only(t, r, StaleRules, BridgeNetfilterOff, ConntrackInsertFailing, UnrepliedFlows)
-	if r.Verdict != Broken || r.Worst() != Critical {
+	if r.Verdict != CriticalFound {
 		t.Errorf("verdict %s", r.Verdict)
 	}
 }
@@ -691,7 +746,7 @@ func TestReportSchema(t *testing.T) {
 	if err := json.Unmarshal(doc["not_checked"], &nc); err != nil || len(nc) != 1 || nc[0].Causes[0] != KubeProxyWatchFailing {
 		t.Errorf("not_checked %s", doc["not_checked"])
 	}
-	if string(doc["time"]) != `"2025-03-04T03:00:00Z"` || string(doc["verdict"]) != `"broken"` {
+	if string(doc["time"]) != `"2025-03-04T03:00:00Z"` || string(doc["verdict"]) != `"critical"` {
 		t.Errorf("time %s verdict %s", doc["time"], doc["verdict"])
 	}
 	// A node-wide finding has "service": null.
@@ -810,7 +865,7 @@ func TestWriteText(t *testing.T) {
 	}
 	out := b.String()
 	for _, want := range []string{
-		"node worker-3: broken (1 critical, 1 warning), judged over 10m\n",
+		"node worker-3: critical (1 critical, 1 warning, 1 not checked), judged over 10m\n",
 		"\nCRITICAL stale_rules kube-system/kube-dns:dns-tcp (53/tcp)\n  kube-proxy's rules for",
 		"    missing: 10.244.2.1:53, 10.244.2.2:53,",
 		"    explained_by: kube_proxy_watch_failing\n",
@@ -827,5 +882,13 @@ func TestWriteText(t *testing.T) {
 	_ = WriteText(&b, Evaluate(healthyInput()))
 	if b.String() != "node worker-3: healthy, judged over 10m\n" {
 		t.Errorf("healthy text %q", b.String())
+	}
+	in = healthyInput()
+	in.API = APIFacts{Configured: false}
+	b.Reset()
+	_ = WriteText(&b, Evaluate(in))
+	if out := b.String(); !strings.HasPrefix(out, "node worker-3: unknown (1 not checked), judged over 10m\n") ||
+		!strings.Contains(out, "\nnot checked:\n  stale_rules: no Kubernetes API is configured") {
+		t.Errorf("unknown text %q", out)
 	}
 }

@@ -213,7 +213,7 @@ func text(n *html.Node) string {
 
 // landingView is what the landing page shows a person, read from the rendered DOM.
 type landingView struct {
-	Node     string // the verdict section's heading, "Node lab-node: broken"
+	Node     string // the verdict section's heading, "Node lab-node: critical"
 	Verdict  string // the verdict word
 	Class    string // the verdict section's class attribute
 	Findings []findingView
@@ -221,7 +221,7 @@ type landingView struct {
 	VerdictFirst bool
 	// CollectorsAfter: the collector table follows the verdict.
 	CollectorsAfter bool
-	NoFindingText   string   // the healthy page's sentence
+	NoFindingText   string   // the sentence of a page without findings (healthy, or unknown and why)
 	MetricsRefHref  string   // the "metrics reference" link
 	ProfileLinks    []string // links to the profiler, served only with --web.enable-pprof
 }
@@ -338,8 +338,12 @@ func checkLandingPage(t *testing.T, e *Exporter, name, verdict string, findings 
 		if len(v.ProfileLinks) != 0 {
 			t.Errorf("the page links to the profiler, which is off: %q", v.ProfileLinks)
 		}
-		if len(findings) == 0 && !strings.HasPrefix(v.NoFindingText, "No finding: Service traffic on this node shows none of the causes proxyhealth knows") {
-			t.Errorf("healthy page: %q", v.NoFindingText)
+		noFinding := "No finding: Service traffic on this node shows none of the causes proxyhealth knows"
+		if verdict == "unknown" {
+			noFinding = "Not known to be healthy: "
+		}
+		if len(findings) == 0 && !strings.HasPrefix(v.NoFindingText, noFinding) {
+			t.Errorf("%s page without findings: %q, want %q...", verdict, v.NoFindingText, noFinding)
 		}
 		if len(v.Findings) != len(findings) {
 			t.Fatalf("the page shows %d findings, want %d:\n%s", len(v.Findings), len(findings), dom())

@@ -207,8 +207,8 @@ func TestVerdictStaleRules(t *testing.T) {
 	wantMissing := []string{"10.244.3.11:8080", "10.244.3.12:8080", "10.244.3.13:8080"}
 	checkStale := func(what string, r labReport) {
 		t.Helper()
-		if r.Verdict != "broken" || !slices.Equal(r.causes(), []string{"stale_rules"}) {
-			t.Errorf("%s: verdict %s, causes %v, want broken with stale_rules only:\n%s", what, r.Verdict, r.causes(), r.raw)
+		if r.Verdict != "critical" || !slices.Equal(r.causes(), []string{"stale_rules"}) {
+			t.Errorf("%s: verdict %s, causes %v, want critical with stale_rules only:\n%s", what, r.Verdict, r.causes(), r.raw)
 			return
 		}
 		f := r.Findings[0]
@@ -240,7 +240,7 @@ func TestVerdictStaleRules(t *testing.T) {
 	})
 	t.Logf("/status: %s, %d s after the change", explained.Findings[0].Summary, int(time.Since(changed).Seconds()))
 	checkStale("/status", explained)
-	checkLandingPage(t, e, "incident3_stale_rules", "broken", findingWant{
+	checkLandingPage(t, e, "incident3_stale_rules", "critical", findingWant{
 		Severity: "critical", Cause: "stale_rules", Service: "lab/backend:http (80/tcp)",
 		Summary: []string{"kube-proxy's rules for lab/backend:http", "10 endpoints programmed, 11 in the API (3 missing, 2 stale)"},
 		Evidence: map[string]string{"programmed": "10", "expected": "11",
@@ -277,7 +277,7 @@ func TestVerdictStaleRules(t *testing.T) {
 		return ok, fmt.Sprintf("node %+v\nservice %+v", nodeEvents, svcEvents)
 	})
 	out, perr, pcode = pluginRun(t, cp, oncall)
-	if pcode != 2 || !regexp.MustCompile(`(?m)^lab-node\s+broken\s+stale_rules\s+lab/backend:http \(80/tcp\)$`).MatchString(out) || !unreachable.MatchString(out) {
+	if pcode != 2 || !regexp.MustCompile(`(?m)^lab-node\s+critical\s+stale_rules\s+lab/backend:http \(80/tcp\)$`).MatchString(out) || !unreachable.MatchString(out) {
 		t.Errorf("kubectl proxyhealth during the incident: exit %d, want 2\n%s%s", pcode, out, perr)
 	}
 	t.Logf("kubectl proxyhealth during the incident:\n%s", out)
@@ -335,7 +335,7 @@ func TestVerdictStaleRules(t *testing.T) {
 		t.Errorf("diagnose --output=text: %v", err)
 	}
 	for _, want := range []string{
-		"node " + labNodeName + ": broken (1 critical)",
+		"node " + labNodeName + ": critical (1 critical",
 		"CRITICAL stale_rules lab/backend:http (80/tcp)",
 		"  10.244.3.1:8080   -    yes    stale",
 		"  10.244.3.11:8080  yes  -      missing",
@@ -441,17 +441,18 @@ func TestVerdictKernel(t *testing.T) {
 	e := l.StartExporter("proxyhealth", verdictKernelExporterPort, nil, "--no-collector.kubeproxy", "--status.window="+window.String())
 	noKubeProxy := []string{"--no-collector.kubeproxy"}
 
-	// Healthy but not everything checkable: no finding, exit code 3 with the reasons.
+	// No finding, but not everything checkable (no API, kube-proxy not looked at): unknown,
+	// exit code 3 with the reasons, never healthy.
 	r, code, stderr := diagnoseDuring(t, l, 2*time.Second, 0, func() {}, noKubeProxy...)
-	if code != 3 || r.Verdict != "healthy" || len(r.Findings) != 0 || !strings.Contains(stderr, "stale_rules: no Kubernetes API configured") ||
+	if code != 3 || r.Verdict != "unknown" || len(r.Findings) != 0 || !strings.Contains(stderr, "stale_rules: no Kubernetes API configured") ||
 		!strings.Contains(stderr, "kube_proxy_down, kube_proxy_stuck, kube_proxy_watch_failing: the kubeproxy collector is off") {
 		t.Errorf("diagnose on the quiet lab: exit %d, stderr:\n%s\nreport:\n%s", code, stderr, r.raw)
 	}
-	waitFor(t, 10*time.Second, "/status healthy", func() (bool, string) {
+	waitFor(t, 10*time.Second, "/status unknown", func() (bool, string) {
 		r := e.status(t)
-		return r.Verdict == "healthy" && len(r.Findings) == 0, r.raw
+		return r.Verdict == "unknown" && len(r.Findings) == 0, r.raw
 	})
-	checkLandingPage(t, e, "healthy", "healthy")
+	checkLandingPage(t, e, "unknown", "unknown")
 
 	// Incident 1.
 	l.Sysctl("net.bridge.bridge-nf-call-iptables=0")
@@ -462,8 +463,8 @@ func TestVerdictKernel(t *testing.T) {
 			t.Errorf("bridge-nf-call-iptables=0: %d of 3 connections succeeded", ok)
 		}
 	}, noKubeProxy...)
-	if code != 2 || r.Verdict != "broken" {
-		t.Errorf("diagnose, incident 1: exit %d verdict %s, want 2 and broken\nstderr:\n%s", code, r.Verdict, stderr)
+	if code != 2 || r.Verdict != "critical" {
+		t.Errorf("diagnose, incident 1: exit %d verdict %s, want 2 and critical\nstderr:\n%s", code, r.Verdict, stderr)
 	}
 	checkBridge := func(what string, r labReport) {
 		t.Helper()
@@ -505,7 +506,7 @@ func TestVerdictKernel(t *testing.T) {
 		return slices.Contains(r.causes(), "bridge_netfilter_off") && strings.Contains(r.raw, `"ended": 3`), r.raw
 	})
 	checkBridge("/status", e.status(t))
-	checkLandingPage(t, e, "incident1_bridge_netfilter_off", "broken", findingWant{
+	checkLandingPage(t, e, "incident1_bridge_netfilter_off", "critical", findingWant{
 		Severity: "critical", Cause: "bridge_netfilter_off",
 		Summary: []string{"net.bridge.bridge-nf-call-iptables is 0, so replies from endpoints on the client's own bridge escape un-NATed",
 			"connections to lab/web:80/tcp fail (3 ended unreplied"},
@@ -521,16 +522,18 @@ func TestVerdictKernel(t *testing.T) {
 	if f := r.Findings[i]; f.Severity != "warning" || !strings.Contains(f.Summary, "50 packets INVALID") || !strings.HasSuffix(f.Runbook, "#proxyhealthinvalidpacketsnotdropped") {
 		t.Errorf("diagnose, incident 2: %+v", f)
 	}
-	if code != 3 {
-		t.Errorf("diagnose, incident 2: exit %d, want 3 (a warning, and stale rules and kube-proxy not checked)\nstderr:\n%s", code, stderr)
+	if code != 3 || r.Verdict != "unknown" {
+		t.Errorf("diagnose, incident 2: exit %d verdict %s, want 3 and unknown (a warning, and stale rules and kube-proxy not checked)\nstderr:\n%s",
+			code, r.Verdict, stderr)
 	}
 	waitFor(t, 10*time.Second, "/status: invalid_not_dropped", func() (bool, string) {
 		r := e.status(t)
 		return slices.Contains(r.causes(), "invalid_not_dropped"), r.raw
 	})
 	// Bridge netfilter is back on: incident 1's three failed connections, still inside the
-	// window, are now unreplied flows with no cause on the node.
-	checkLandingPage(t, e, "incident2_invalid_not_dropped", "degraded", findingWant{
+	// window, are now unreplied flows with no cause on the node. Only warnings, but stale rules
+	// and kube-proxy not checked: unknown, as diagnose says.
+	checkLandingPage(t, e, "incident2_invalid_not_dropped", "unknown", findingWant{
 		Severity: "warning", Cause: "invalid_not_dropped",
 		Summary:  []string{"Conntrack marked 50 packets INVALID", "with nf_conntrack_tcp_be_liberal off and no ctstate INVALID drop rule on the forward path"},
 		Evidence: map[string]string{"invalid_packets": "50", "tcp_be_liberal": "0", "invalid_drop_rule": "false"},
