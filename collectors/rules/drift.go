@@ -88,167 +88,215 @@ func (e *driftEngine) checkBehind(snap *cluster.Snapshot, rules map[bool]program
 		clear(e.since)
 		return res
 	}
+	c := driftCheck{
+		e:           e,
+		res:         &res,
+		now:         now,
+		lastHeard:   snap.LastHeard,
+		rulesBehind: rulesBehind,
+		next:        make(map[diffKey]time.Time, len(e.since)),
+		drifts:      map[cluster.ServicePortName]*portDrift{},
+		tables:      [2]programmedRules{rules[false], rules[true]},
+	}
 	// When the view was last confirmed current, and the rules; never later than now.
-	confirmed := snap.LastHeard
-	if confirmed.After(now) {
-		confirmed = now
+	c.confirmed = snap.LastHeard
+	if c.confirmed.After(now) {
+		c.confirmed = now
 	}
-	if !rulesBehind.IsZero() && rulesBehind.Before(confirmed) {
-		confirmed = rulesBehind
+	if !rulesBehind.IsZero() && rulesBehind.Before(c.confirmed) {
+		c.confirmed = rulesBehind
 	}
-	next := make(map[diffKey]time.Time, len(e.since))
-	drifts := map[cluster.ServicePortName]*portDrift{}
+	c.ids = [2]any{rulesIdentity(c.tables[0]), rulesIdentity(c.tables[1])}
 	e.ports.begin()
 	defer e.ports.end()
-	note := func(k diffKey, port uint16) {
-		first, ok := e.since[k]
-		if !ok {
-			first = now
-		}
-		next[k] = first
-		if due := first.Add(e.grace); due.After(now) && (res.nextDeadline.IsZero() || due.Before(res.nextDeadline)) {
-			res.nextDeadline = due
-		}
-		// The difference counts once the view has been confirmed current (LastHeard) a whole
-		// grace period after it first appeared, and the rules too. Measuring from now instead
-		// would count a change the view never received because the exporter's own connection
-		// died after the view last heard from the API but before fresh-within ran out, or a
-		// change kube-proxy applied that the rules were not read again for.
-		if confirmed.Sub(first) < e.grace {
-			if now.Sub(first) >= e.grace {
-				res.unconfirmed = true
-				res.viewUnconfirmed = res.viewUnconfirmed || snap.LastHeard.Sub(first) < e.grace
-				res.rulesUnconfirmed = res.rulesUnconfirmed || (!rulesBehind.IsZero() && rulesBehind.Sub(first) < e.grace)
-			}
-			return
-		}
-		d := drifts[k.name]
-		if d == nil {
-			d = &portDrift{name: k.name, port: port, since: first}
-			drifts[k.name] = d
-		}
-		if k.stale {
-			d.stale++
-			d.staleAddrs = append(d.staleAddrs, k.ep)
-		} else {
-			d.missing++
-			d.missingAddrs = append(d.missingAddrs, k.ep)
-		}
-		if first.Before(d.since) {
-			d.since = first
-		}
+	for _, sp := range snap.Ports {
+		c.comparePort(sp)
 	}
-	tables := [2]programmedRules{rules[false], rules[true]} // by familyIndex
-	ids := [2]any{rulesIdentity(tables[0]), rulesIdentity(tables[1])}
+	e.since = c.next
+	c.finish()
+	return res
+}
+
+// driftCheck is one check under way.
+type driftCheck struct {
+	e   *driftEngine
+	res *checkResult
+	now time.Time
+	// lastHeard is when the view was last confirmed current, rulesBehind since when the rules
+	// may lag (zero: they do not), confirmed the earlier of both, never later than now.
+	lastHeard, rulesBehind, confirmed time.Time
+	// next is the differences found, with when each was first seen: the engine's since for
+	// the next check.
+	next   map[diffKey]time.Time
+	drifts map[cluster.ServicePortName]*portDrift
+	tables [2]programmedRules // by familyIndex
+	ids    [2]any             // the tables' rulesIdentity
 	// Per family, the chains in the rules that an API service port accounts for: the others
 	// are orphans.
-	var accounted [2]int
-	for _, sp := range snap.Ports {
-		var compared [2]bool
-		for fam, r := range tables {
-			compared[fam] = r != nil && hasFamily(sp.ClusterIPs, fam == 1)
+	accounted [2]int
+}
+
+// note follows the difference k of a service port with the Service's port number port through
+// the grace period, counting it in the port's drift once it has lasted the grace period.
+func (c *driftCheck) note(k diffKey, port uint16) {
+	res := c.res
+	first, ok := c.e.since[k]
+	if !ok {
+		first = c.now
+	}
+	c.next[k] = first
+	if due := first.Add(c.e.grace); due.After(c.now) && (res.nextDeadline.IsZero() || due.Before(res.nextDeadline)) {
+		res.nextDeadline = due
+	}
+	// The difference counts once the view has been confirmed current (LastHeard) a whole
+	// grace period after it first appeared, and the rules too. Measuring from now instead
+	// would count a change the view never received because the exporter's own connection
+	// died after the view last heard from the API but before fresh-within ran out, or a
+	// change kube-proxy applied that the rules were not read again for.
+	if c.confirmed.Sub(first) < c.e.grace {
+		if c.now.Sub(first) >= c.e.grace {
+			res.unconfirmed = true
+			res.viewUnconfirmed = res.viewUnconfirmed || c.lastHeard.Sub(first) < c.e.grace
+			res.rulesUnconfirmed = res.rulesUnconfirmed || (!c.rulesBehind.IsZero() && c.rulesBehind.Sub(first) < c.e.grace)
 		}
-		if !compared[0] && !compared[1] {
+		return
+	}
+	d := c.drifts[k.name]
+	if d == nil {
+		d = &portDrift{name: k.name, port: port, since: first}
+		c.drifts[k.name] = d
+	}
+	if k.stale {
+		d.stale++
+		d.staleAddrs = append(d.staleAddrs, k.ep)
+	} else {
+		d.missing++
+		d.missingAddrs = append(d.missingAddrs, k.ep)
+	}
+	if first.Before(d.since) {
+		d.since = first
+	}
+}
+
+// comparePort compares one service port of the view with the rules.
+func (c *driftCheck) comparePort(sp *cluster.ServicePort) {
+	var compared [2]bool
+	for fam, r := range c.tables {
+		compared[fam] = r != nil && hasFamily(sp.ClusterIPs, fam == 1)
+	}
+	if !compared[0] && !compared[1] {
+		return
+	}
+	c.res.checked++
+	st, first := c.e.ports.meet(sp.Name)
+	if !first {
+		st.seen = nil
+	} else if acc, ok := st.reusable(sp, c.ids); ok {
+		// The same entry against the same rules, with no difference: under EndpointSlice
+		// churn most checks change a few ports only.
+		c.accounted[0] += int(acc[0])
+		c.accounted[1] += int(acc[1])
+		return
+	}
+	held, portAccounted := c.lookup(st, first, compared)
+	differs := false
+	// What was compared per family (the cluster and local chains' endpoints; the API's
+	// cluster and local endpoints), counted only for a port found drifting.
+	var compProgrammed, compExpected [2][2][]netip.AddrPort
+	for fam := range c.tables {
+		if !compared[fam] {
 			continue
 		}
-		res.checked++
-		st, first := e.ports.meet(sp.Name)
-		if !first {
-			st.seen = nil
-		} else if acc, ok := st.reusable(sp, ids); ok {
-			// The same entry against the same rules, with no difference: under EndpointSlice
-			// churn most checks change a few ports only.
-			accounted[0] += int(acc[0])
-			accounted[1] += int(acc[1])
-			continue
+		clusterEps, localEps := held[fam][0], held[fam][1]
+		compProgrammed[fam] = [2][]netip.AddrPort{clusterEps, localEps}
+		compExpected[fam] = [2][]netip.AddrPort{sp.ClusterEndpoints, sp.LocalEndpoints}
+		if slices.Equal(clusterEps, sp.ClusterEndpoints) && slices.Equal(localEps, sp.LocalEndpoints) {
+			continue // the same endpoints: nothing differs (the usual case, told cheaply)
 		}
-		differs := false
-		var portAccounted [2]uint8
-		// The port's chains in the mode of each family compared: on a node, one mode, and so
-		// two names. A chain of that name in any family's rules is the port's.
-		var names [4]string
-		n := 0
-		for fam, r := range tables {
-			if !compared[fam] {
-				continue
-			}
-			cl, lo := st.chainsFor(r.nftables())
-			for _, c := range [2]string{cl, lo} {
-				if !slices.Contains(names[:n], c) {
-					names[n] = c
-					n++
-				}
-			}
+		// An endpoint counts once per service port, whichever of its chains hold it:
+		// a NodePort with externalTrafficPolicy: Local has a local endpoint in both.
+		ipv6 := fam == 1
+		programmed := append(slices.Clip(clusterEps), localEps...)
+		expected := append(slices.Clip(sp.ClusterEndpoints), sp.LocalEndpoints...)
+		stale, missing := diffEndpoints(programmed, expected, ipv6)
+		differs = differs || len(stale)+len(missing) > 0
+		for _, ep := range stale {
+			c.note(diffKey{sp.Name, ipv6, ep, true}, sp.Port)
 		}
-		// What was compared per family (the cluster and local chains' endpoints; the API's
-		// cluster and local endpoints), counted only for a port found drifting.
-		var compProgrammed, compExpected [2][2][]netip.AddrPort
-		for fam, r := range tables {
-			if r == nil {
-				continue
-			}
-			var clusterChain, localChain string
-			if compared[fam] {
-				clusterChain, localChain = st.chainsFor(r.nftables())
-			}
-			var clusterEps, localEps []netip.AddrPort
-			for _, c := range names[:n] {
-				eps, ok := r.chain(c)
-				if ok && first {
-					accounted[fam]++
-					portAccounted[fam]++
-				}
-				switch c {
-				case clusterChain:
-					clusterEps = eps
-				case localChain:
-					localEps = eps
-				}
-			}
-			if !compared[fam] {
-				continue
-			}
-			compProgrammed[fam] = [2][]netip.AddrPort{clusterEps, localEps}
-			compExpected[fam] = [2][]netip.AddrPort{sp.ClusterEndpoints, sp.LocalEndpoints}
-			if slices.Equal(clusterEps, sp.ClusterEndpoints) && slices.Equal(localEps, sp.LocalEndpoints) {
-				continue // the same endpoints: nothing differs (the usual case, told cheaply)
-			}
-			// An endpoint counts once per service port, whichever of its chains hold it:
-			// a NodePort with externalTrafficPolicy: Local has a local endpoint in both.
+		for _, ep := range missing {
+			c.note(diffKey{sp.Name, ipv6, ep, false}, sp.Port)
+		}
+	}
+	if first {
+		st.seen, st.seenRules, st.accounted = nil, c.ids, portAccounted
+		if !differs {
+			st.seen = sp
+		}
+	}
+	if d := c.drifts[sp.Name]; d != nil {
+		d.programmed, d.expected = 0, 0
+		for fam := range c.tables {
 			ipv6 := fam == 1
-			programmed := append(slices.Clip(clusterEps), localEps...)
-			expected := append(slices.Clip(sp.ClusterEndpoints), sp.LocalEndpoints...)
-			stale, missing := diffEndpoints(programmed, expected, ipv6)
-			differs = differs || len(stale)+len(missing) > 0
-			for _, ep := range stale {
-				note(diffKey{sp.Name, ipv6, ep, true}, sp.Port)
-			}
-			for _, ep := range missing {
-				note(diffKey{sp.Name, ipv6, ep, false}, sp.Port)
-			}
+			d.programmed += countDistinct(compProgrammed[fam], ipv6)
+			d.expected += countDistinct(compExpected[fam], ipv6)
 		}
-		if first {
-			st.seen, st.seenRules, st.accounted = nil, ids, portAccounted
-			if !differs {
-				st.seen = sp
-			}
+	}
+}
+
+// lookup finds the port's chains in the rules: per family compared, the endpoints of its
+// cluster and local chains (nil for a chain the rules do not have). At the check's first meeting
+// with the port it counts the chains of the port in each family's rules as accounted for.
+func (c *driftCheck) lookup(st *portState, first bool, compared [2]bool) (held [2][2][]netip.AddrPort, portAccounted [2]uint8) {
+	// The port's chains in the mode of each family compared: on a node, one mode, and so
+	// two names. A chain of that name in any family's rules is the port's.
+	var names [4]string
+	n := 0
+	for fam, r := range c.tables {
+		if !compared[fam] {
+			continue
 		}
-		if d := drifts[sp.Name]; d != nil {
-			d.programmed, d.expected = 0, 0
-			for fam := range tables {
-				ipv6 := fam == 1
-				d.programmed += countDistinct(compProgrammed[fam], ipv6)
-				d.expected += countDistinct(compExpected[fam], ipv6)
+		cl, lo := st.chainsFor(r.nftables())
+		for _, name := range [2]string{cl, lo} {
+			if !slices.Contains(names[:n], name) {
+				names[n] = name
+				n++
 			}
 		}
 	}
-	e.since = next
-	for fam, r := range tables {
+	for fam, r := range c.tables {
+		if r == nil {
+			continue
+		}
+		var clusterChain, localChain string
+		if compared[fam] {
+			clusterChain, localChain = st.chainsFor(r.nftables())
+		}
+		for _, name := range names[:n] {
+			eps, ok := r.chain(name)
+			if ok && first {
+				c.accounted[fam]++
+				portAccounted[fam]++
+			}
+			switch name {
+			case clusterChain:
+				held[fam][0] = eps
+			case localChain:
+				held[fam][1] = eps
+			}
+		}
+	}
+	return held, portAccounted
+}
+
+// finish completes the check's result: orphans, and the drifting ports in order.
+func (c *driftCheck) finish() {
+	res := c.res
+	for fam, r := range c.tables {
 		if r != nil {
-			res.orphans += r.chainCount() - accounted[fam]
+			res.orphans += r.chainCount() - c.accounted[fam]
 		}
 	}
-	for _, d := range drifts {
+	for _, d := range c.drifts {
 		d.staleAddrs, d.missingAddrs = boundAddrs(d.staleAddrs), boundAddrs(d.missingAddrs)
 		res.drifting = append(res.drifting, *d)
 	}
@@ -259,7 +307,6 @@ func (e *driftEngine) checkBehind(snap *cluster.Snapshot, rules map[bool]program
 		}
 		return a.name.String()+a.name.Protocol < b.name.String()+b.name.Protocol
 	})
-	return res
 }
 
 // boundAddrs sorts addrs and keeps the first maxDriftAddresses, in a slice of their own.
