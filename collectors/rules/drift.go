@@ -9,12 +9,51 @@ import (
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
 )
 
-// diffKey is one endpoint that differs between the rules and the API for one service port.
+// Chains names some of a service port's two chains.
+type Chains uint8
+
+const (
+	// ClusterChain holds the endpoints all traffic to the port may use (KUBE-SVC-* in
+	// kube-proxy's iptables mode, service-* in its nftables mode).
+	ClusterChain Chains = 1 << iota
+	// LocalChain holds this node's endpoints, for the traffic a Local traffic policy keeps on
+	// the node (KUBE-SVL-*, local-*).
+	LocalChain
+)
+
+// portChains are a port's chains in the order kube-proxy's lists of them are kept here:
+// cluster, then local (chainsFor, ClusterEndpoints and LocalEndpoints).
+var portChains = [2]Chains{ClusterChain, LocalChain}
+
+// String is "cluster", "local" or "cluster+local".
+func (c Chains) String() string {
+	switch c {
+	case ClusterChain:
+		return "cluster"
+	case LocalChain:
+		return "local"
+	case ClusterChain | LocalChain:
+		return "cluster+local"
+	}
+	return ""
+}
+
+// diffKey is one endpoint that differs between one of a service port's chains and what the
+// API says that chain should hold.
 type diffKey struct {
 	name  cluster.ServicePortName
 	ipv6  bool
 	ep    netip.AddrPort
-	stale bool // in the rules, not in the API; else missing: in the API, not in the rules
+	stale bool   // in the chain, not in its list in the API; else missing: the reverse
+	chain Chains // one of portChains
+}
+
+// chainDiff is a counted difference of a drifting port: an endpoint stale (or missing) in
+// the chains named.
+type chainDiff struct {
+	ep     netip.AddrPort
+	stale  bool
+	chains Chains
 }
 
 // maxDriftAddresses bounds the endpoint addresses a drifting service port keeps per kind
@@ -28,8 +67,13 @@ type portDrift struct {
 	stale, missing int
 	since          time.Time // when its oldest current difference was first seen
 	// staleAddrs and missingAddrs are the endpoints counted in stale and missing, sorted, at
-	// most maxDriftAddresses of each.
+	// most maxDriftAddresses of each; staleIn and missingFrom, alongside them, the chains that
+	// hold each stale endpoint and that lack each missing one.
 	staleAddrs, missingAddrs []netip.AddrPort
+	staleIn, missingFrom     []Chains
+	// found are the differences counted while the check runs, an endpoint once per chain
+	// (settle makes the counts and addresses of them).
+	found []chainDiff
 	// programmed and expected are the distinct endpoints compared for the port at the check
 	// (over its IP families): in kube-proxy's rules, and in the API for this node.
 	programmed, expected int
@@ -57,11 +101,13 @@ type checkResult struct {
 	viewUnconfirmed, rulesUnconfirmed bool
 }
 
-// driftEngine compares the API's expected endpoints with the programmed ones. It follows each
-// differing endpoint separately and counts it only once it has differed for longer than the
-// grace period in a view and rules confirmed current since: kube-proxy applies a change within
-// about a second but a sync under load can take much longer, and during steady churn every endpoint's difference is short-lived even
-// when some difference exists at every check. In incident 3 the same endpoints stay wrong.
+// driftEngine compares the API's expected endpoints with the programmed ones, each of a service
+// port's chains with what it should hold. It follows each endpoint differing in each chain
+// separately and counts it only once it has differed for longer than the grace period in a
+// view and rules confirmed current since: kube-proxy applies a change within about a second
+// but a sync under load can take much longer, and during steady churn every endpoint's
+// difference is short-lived even when some difference exists at every check. In incident 3
+// the same endpoints stay wrong.
 type driftEngine struct {
 	grace time.Duration
 	since map[diffKey]time.Time
@@ -166,13 +212,7 @@ func (c *driftCheck) note(k diffKey, port uint16) {
 		d = &portDrift{name: k.name, port: port, since: first}
 		c.drifts[k.name] = d
 	}
-	if k.stale {
-		d.stale++
-		d.staleAddrs = append(d.staleAddrs, k.ep)
-	} else {
-		d.missing++
-		d.missingAddrs = append(d.missingAddrs, k.ep)
-	}
+	d.found = append(d.found, chainDiff{ep: k.ep, stale: k.stale, chains: k.chain})
 	if first.Before(d.since) {
 		d.since = first
 	}
@@ -203,28 +243,31 @@ func (c *driftCheck) comparePort(sp *cluster.ServicePort) {
 	// What was compared per family (the cluster and local chains' endpoints; the API's
 	// cluster and local endpoints), counted only for a port found drifting.
 	var compProgrammed, compExpected [2][2][]netip.AddrPort
+	want := [2][]netip.AddrPort{sp.ClusterEndpoints, sp.LocalEndpoints} // by portChains
 	for fam := range c.tables {
 		if !compared[fam] {
 			continue
 		}
-		clusterEps, localEps := held[fam][0], held[fam][1]
-		compProgrammed[fam] = [2][]netip.AddrPort{clusterEps, localEps}
-		compExpected[fam] = [2][]netip.AddrPort{sp.ClusterEndpoints, sp.LocalEndpoints}
-		if slices.Equal(clusterEps, sp.ClusterEndpoints) && slices.Equal(localEps, sp.LocalEndpoints) {
-			continue // the same endpoints: nothing differs (the usual case, told cheaply)
-		}
-		// An endpoint counts once per service port, whichever of its chains hold it:
-		// a NodePort with externalTrafficPolicy: Local has a local endpoint in both.
+		compProgrammed[fam], compExpected[fam] = held[fam], want
+		// Each chain against what it should hold: the cluster chain the endpoints all
+		// traffic may use, the local chain this node's. A chain kube-proxy does not write
+		// (no usable endpoints of its kind) is held as empty, and should be: one that should
+		// hold endpoints and is absent has them all missing. An endpoint in both lists (a
+		// local endpoint of a NodePort with externalTrafficPolicy: Local) is compared in
+		// both chains, and counted once (settle).
 		ipv6 := fam == 1
-		programmed := append(slices.Clip(clusterEps), localEps...)
-		expected := append(slices.Clip(sp.ClusterEndpoints), sp.LocalEndpoints...)
-		stale, missing := diffEndpoints(programmed, expected, ipv6)
-		differs = differs || len(stale)+len(missing) > 0
-		for _, ep := range stale {
-			c.note(diffKey{sp.Name, ipv6, ep, true}, sp.Port)
-		}
-		for _, ep := range missing {
-			c.note(diffKey{sp.Name, ipv6, ep, false}, sp.Port)
+		for ch, chain := range portChains {
+			if slices.Equal(held[fam][ch], want[ch]) {
+				continue // the same endpoints: nothing differs (the usual case, told cheaply)
+			}
+			stale, missing := diffEndpoints(held[fam][ch], want[ch], ipv6)
+			differs = differs || len(stale)+len(missing) > 0
+			for _, ep := range stale {
+				c.note(diffKey{sp.Name, ipv6, ep, true, chain}, sp.Port)
+			}
+			for _, ep := range missing {
+				c.note(diffKey{sp.Name, ipv6, ep, false, chain}, sp.Port)
+			}
 		}
 	}
 	if first {
@@ -297,7 +340,7 @@ func (c *driftCheck) finish() {
 		}
 	}
 	for _, d := range c.drifts {
-		d.staleAddrs, d.missingAddrs = boundAddrs(d.staleAddrs), boundAddrs(d.missingAddrs)
+		d.settle()
 		res.drifting = append(res.drifting, *d)
 	}
 	sort.Slice(res.drifting, func(i, j int) bool {
@@ -309,13 +352,39 @@ func (c *driftCheck) finish() {
 	})
 }
 
-// boundAddrs sorts addrs and keeps the first maxDriftAddresses, in a slice of their own.
-func boundAddrs(addrs []netip.AddrPort) []netip.AddrPort {
-	if len(addrs) == 0 {
-		return nil
+// settle makes the port's counts and addresses of the differences found: each endpoint counts
+// once per kind (stale, missing), whichever chains show it, and its addresses are the lowest
+// maxDriftAddresses of each kind, in slices of their own.
+func (d *portDrift) settle() {
+	slices.SortFunc(d.found, func(a, b chainDiff) int {
+		if a.stale != b.stale {
+			if a.stale {
+				return -1
+			}
+			return 1
+		}
+		return a.ep.Compare(b.ep)
+	})
+	for i := 0; i < len(d.found); {
+		diff := d.found[i]
+		for i++; i < len(d.found) && d.found[i].ep == diff.ep && d.found[i].stale == diff.stale; i++ {
+			diff.chains |= d.found[i].chains
+		}
+		if diff.stale {
+			d.stale++
+			if len(d.staleAddrs) < maxDriftAddresses {
+				d.staleAddrs = append(d.staleAddrs, diff.ep)
+				d.staleIn = append(d.staleIn, diff.chains)
+			}
+		} else {
+			d.missing++
+			if len(d.missingAddrs) < maxDriftAddresses {
+				d.missingAddrs = append(d.missingAddrs, diff.ep)
+				d.missingFrom = append(d.missingFrom, diff.chains)
+			}
+		}
 	}
-	slices.SortFunc(addrs, netip.AddrPort.Compare)
-	return slices.Clone(addrs[:min(len(addrs), maxDriftAddresses)])
+	d.found = nil
 }
 
 func familyIndex(ipv6 bool) int {
