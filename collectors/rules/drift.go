@@ -21,8 +21,8 @@ const (
 	LocalChain
 )
 
-// portChains are a port's chains in the order kube-proxy's lists of them are kept here:
-// cluster, then local (chainsFor, ClusterEndpoints and LocalEndpoints).
+// portChains are a port's chains in the order this package lists their names and endpoints:
+// cluster, then local (as chainsFor returns the names and the API view its two lists).
 var portChains = [2]Chains{ClusterChain, LocalChain}
 
 // String is "cluster", "local" or "cluster+local".
