@@ -9,12 +9,51 @@ import (
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
 )
 
-// diffKey is one endpoint that differs between the rules and the API for one service port.
+// Chains names some of a service port's two chains.
+type Chains uint8
+
+const (
+	// ClusterChain holds the endpoints all traffic to the port may use (KUBE-SVC-* in
+	// kube-proxy's iptables mode, service-* in its nftables mode).
+	ClusterChain Chains = 1 << iota
+	// LocalChain holds this node's endpoints, for the traffic a Local traffic policy keeps on
+	// the node (KUBE-SVL-*, local-*).
+	LocalChain
+)
+
+// portChains are a port's chains in the order this package lists their names and endpoints:
+// cluster, then local (as chainsFor returns the names and the API view its two lists).
+var portChains = [2]Chains{ClusterChain, LocalChain}
+
+// String is "cluster", "local" or "cluster+local".
+func (c Chains) String() string {
+	switch c {
+	case ClusterChain:
+		return "cluster"
+	case LocalChain:
+		return "local"
+	case ClusterChain | LocalChain:
+		return "cluster+local"
+	}
+	return ""
+}
+
+// diffKey is one endpoint that differs between one of a service port's chains and what the
+// API says that chain should hold.
 type diffKey struct {
 	name  cluster.ServicePortName
 	ipv6  bool
 	ep    netip.AddrPort
-	stale bool // in the rules, not in the API; else missing: in the API, not in the rules
+	stale bool   // in the chain, not in its list in the API; else missing: the reverse
+	chain Chains // one of portChains
+}
+
+// chainDiff is a counted difference of a drifting port: an endpoint stale (or missing) in
+// the chains named.
+type chainDiff struct {
+	ep     netip.AddrPort
+	stale  bool
+	chains Chains
 }
 
 // maxDriftAddresses bounds the endpoint addresses a drifting service port keeps per kind
@@ -28,8 +67,13 @@ type portDrift struct {
 	stale, missing int
 	since          time.Time // when its oldest current difference was first seen
 	// staleAddrs and missingAddrs are the endpoints counted in stale and missing, sorted, at
-	// most maxDriftAddresses of each.
+	// most maxDriftAddresses of each; staleIn and missingFrom, alongside them, the chains that
+	// hold each stale endpoint and that lack each missing one.
 	staleAddrs, missingAddrs []netip.AddrPort
+	staleIn, missingFrom     []Chains
+	// found are the differences counted while the check runs, an endpoint once per chain
+	// (settle makes the counts and addresses of them).
+	found []chainDiff
 	// programmed and expected are the distinct endpoints compared for the port at the check
 	// (over its IP families): in kube-proxy's rules, and in the API for this node.
 	programmed, expected int
@@ -57,11 +101,13 @@ type checkResult struct {
 	viewUnconfirmed, rulesUnconfirmed bool
 }
 
-// driftEngine compares the API's expected endpoints with the programmed ones. It follows each
-// differing endpoint separately and counts it only once it has differed for longer than the
-// grace period in a view and rules confirmed current since: kube-proxy applies a change within
-// about a second but a sync under load can take much longer, and during steady churn every endpoint's difference is short-lived even
-// when some difference exists at every check. In incident 3 the same endpoints stay wrong.
+// driftEngine compares the API's expected endpoints with the programmed ones, each of a service
+// port's chains with what it should hold. It follows each endpoint differing in each chain
+// separately and counts it only once it has differed for longer than the grace period in a
+// view and rules confirmed current since: kube-proxy applies a change within about a second
+// but a sync under load can take much longer, and during steady churn every endpoint's
+// difference is short-lived even when some difference exists at every check. In incident 3
+// the same endpoints stay wrong.
 type driftEngine struct {
 	grace time.Duration
 	since map[diffKey]time.Time
@@ -88,168 +134,213 @@ func (e *driftEngine) checkBehind(snap *cluster.Snapshot, rules map[bool]program
 		clear(e.since)
 		return res
 	}
+	c := driftCheck{
+		e:           e,
+		res:         &res,
+		now:         now,
+		lastHeard:   snap.LastHeard,
+		rulesBehind: rulesBehind,
+		next:        make(map[diffKey]time.Time, len(e.since)),
+		drifts:      map[cluster.ServicePortName]*portDrift{},
+		tables:      [2]programmedRules{rules[false], rules[true]},
+	}
 	// When the view was last confirmed current, and the rules; never later than now.
-	confirmed := snap.LastHeard
-	if confirmed.After(now) {
-		confirmed = now
+	c.confirmed = snap.LastHeard
+	if c.confirmed.After(now) {
+		c.confirmed = now
 	}
-	if !rulesBehind.IsZero() && rulesBehind.Before(confirmed) {
-		confirmed = rulesBehind
+	if !rulesBehind.IsZero() && rulesBehind.Before(c.confirmed) {
+		c.confirmed = rulesBehind
 	}
-	next := make(map[diffKey]time.Time, len(e.since))
-	drifts := map[cluster.ServicePortName]*portDrift{}
+	c.ids = [2]any{rulesIdentity(c.tables[0]), rulesIdentity(c.tables[1])}
 	e.ports.begin()
 	defer e.ports.end()
-	note := func(k diffKey, port uint16) {
-		first, ok := e.since[k]
-		if !ok {
-			first = now
-		}
-		next[k] = first
-		if due := first.Add(e.grace); due.After(now) && (res.nextDeadline.IsZero() || due.Before(res.nextDeadline)) {
-			res.nextDeadline = due
-		}
-		// The difference counts once the view has been confirmed current (LastHeard) a whole
-		// grace period after it first appeared, and the rules too. Measuring from now instead
-		// would count a change the view never received because the exporter's own connection
-		// died after the view last heard from the API but before fresh-within ran out, or a
-		// change kube-proxy applied that the rules were not read again for.
-		if confirmed.Sub(first) < e.grace {
-			if now.Sub(first) >= e.grace {
-				res.unconfirmed = true
-				res.viewUnconfirmed = res.viewUnconfirmed || snap.LastHeard.Sub(first) < e.grace
-				res.rulesUnconfirmed = res.rulesUnconfirmed || (!rulesBehind.IsZero() && rulesBehind.Sub(first) < e.grace)
-			}
-			return
-		}
-		d := drifts[k.name]
-		if d == nil {
-			d = &portDrift{name: k.name, port: port, since: first}
-			drifts[k.name] = d
-		}
-		if k.stale {
-			d.stale++
-			d.staleAddrs = append(d.staleAddrs, k.ep)
-		} else {
-			d.missing++
-			d.missingAddrs = append(d.missingAddrs, k.ep)
-		}
-		if first.Before(d.since) {
-			d.since = first
-		}
+	for _, sp := range snap.Ports {
+		c.comparePort(sp)
 	}
-	tables := [2]programmedRules{rules[false], rules[true]} // by familyIndex
-	ids := [2]any{rulesIdentity(tables[0]), rulesIdentity(tables[1])}
+	e.since = c.next
+	c.finish()
+	return res
+}
+
+// driftCheck is one check under way.
+type driftCheck struct {
+	e   *driftEngine
+	res *checkResult
+	now time.Time
+	// lastHeard is when the view was last confirmed current, rulesBehind since when the rules
+	// may lag (zero: they do not), confirmed the earlier of both, never later than now.
+	lastHeard, rulesBehind, confirmed time.Time
+	// next is the differences found, with when each was first seen: the engine's since for
+	// the next check.
+	next   map[diffKey]time.Time
+	drifts map[cluster.ServicePortName]*portDrift
+	tables [2]programmedRules // by familyIndex
+	ids    [2]any             // the tables' rulesIdentity
 	// Per family, the chains in the rules that an API service port accounts for: the others
 	// are orphans.
-	var accounted [2]int
-	for _, sp := range snap.Ports {
-		var compared [2]bool
-		for fam, r := range tables {
-			compared[fam] = r != nil && hasFamily(sp.ClusterIPs, fam == 1)
+	accounted [2]int
+}
+
+// note follows the difference k of a service port with the Service's port number port through
+// the grace period, counting it in the port's drift once it has lasted the grace period.
+func (c *driftCheck) note(k diffKey, port uint16) {
+	res := c.res
+	first, ok := c.e.since[k]
+	if !ok {
+		first = c.now
+	}
+	c.next[k] = first
+	if due := first.Add(c.e.grace); due.After(c.now) && (res.nextDeadline.IsZero() || due.Before(res.nextDeadline)) {
+		res.nextDeadline = due
+	}
+	// The difference counts once the view has been confirmed current (LastHeard) a whole
+	// grace period after it first appeared, and the rules too. Measuring from now instead
+	// would count a change the view never received because the exporter's own connection
+	// died after the view last heard from the API but before fresh-within ran out, or a
+	// change kube-proxy applied that the rules were not read again for.
+	if c.confirmed.Sub(first) < c.e.grace {
+		if c.now.Sub(first) >= c.e.grace {
+			res.unconfirmed = true
+			res.viewUnconfirmed = res.viewUnconfirmed || c.lastHeard.Sub(first) < c.e.grace
+			res.rulesUnconfirmed = res.rulesUnconfirmed || (!c.rulesBehind.IsZero() && c.rulesBehind.Sub(first) < c.e.grace)
 		}
-		if !compared[0] && !compared[1] {
+		return
+	}
+	d := c.drifts[k.name]
+	if d == nil {
+		d = &portDrift{name: k.name, port: port, since: first}
+		c.drifts[k.name] = d
+	}
+	d.found = append(d.found, chainDiff{ep: k.ep, stale: k.stale, chains: k.chain})
+	if first.Before(d.since) {
+		d.since = first
+	}
+}
+
+// comparePort compares one service port of the view with the rules.
+func (c *driftCheck) comparePort(sp *cluster.ServicePort) {
+	var compared [2]bool
+	for fam, r := range c.tables {
+		compared[fam] = r != nil && hasFamily(sp.ClusterIPs, fam == 1)
+	}
+	if !compared[0] && !compared[1] {
+		return
+	}
+	c.res.checked++
+	st, first := c.e.ports.meet(sp.Name)
+	if !first {
+		st.seen = nil
+	} else if acc, ok := st.reusable(sp, c.ids); ok {
+		// The same entry against the same rules, with no difference: under EndpointSlice
+		// churn most checks change a few ports only.
+		c.accounted[0] += int(acc[0])
+		c.accounted[1] += int(acc[1])
+		return
+	}
+	held, portAccounted := c.lookup(st, first, compared)
+	differs := false
+	// What was compared per family (the cluster and local chains' endpoints; the API's
+	// cluster and local endpoints), counted only for a port found drifting.
+	var compProgrammed, compExpected [2][2][]netip.AddrPort
+	want := [2][]netip.AddrPort{sp.ClusterEndpoints, sp.LocalEndpoints} // by portChains
+	for fam := range c.tables {
+		if !compared[fam] {
 			continue
 		}
-		res.checked++
-		st, first := e.ports.meet(sp.Name)
-		if !first {
-			st.seen = nil
-		} else if acc, ok := st.reusable(sp, ids); ok {
-			// The same entry against the same rules, with no difference: under EndpointSlice
-			// churn most checks change a few ports only.
-			accounted[0] += int(acc[0])
-			accounted[1] += int(acc[1])
-			continue
-		}
-		differs := false
-		var portAccounted [2]uint8
-		// The port's chains in the mode of each family compared: on a node, one mode, and so
-		// two names. A chain of that name in any family's rules is the port's.
-		var names [4]string
-		n := 0
-		for fam, r := range tables {
-			if !compared[fam] {
-				continue
-			}
-			cl, lo := st.chainsFor(r.nftables())
-			for _, c := range [2]string{cl, lo} {
-				if !slices.Contains(names[:n], c) {
-					names[n] = c
-					n++
-				}
-			}
-		}
-		// What was compared per family (the cluster and local chains' endpoints; the API's
-		// cluster and local endpoints), counted only for a port found drifting.
-		var compProgrammed, compExpected [2][2][]netip.AddrPort
-		for fam, r := range tables {
-			if r == nil {
-				continue
-			}
-			var clusterChain, localChain string
-			if compared[fam] {
-				clusterChain, localChain = st.chainsFor(r.nftables())
-			}
-			var clusterEps, localEps []netip.AddrPort
-			for _, c := range names[:n] {
-				eps, ok := r.chain(c)
-				if ok && first {
-					accounted[fam]++
-					portAccounted[fam]++
-				}
-				switch c {
-				case clusterChain:
-					clusterEps = eps
-				case localChain:
-					localEps = eps
-				}
-			}
-			if !compared[fam] {
-				continue
-			}
-			compProgrammed[fam] = [2][]netip.AddrPort{clusterEps, localEps}
-			compExpected[fam] = [2][]netip.AddrPort{sp.ClusterEndpoints, sp.LocalEndpoints}
-			if slices.Equal(clusterEps, sp.ClusterEndpoints) && slices.Equal(localEps, sp.LocalEndpoints) {
+		compProgrammed[fam], compExpected[fam] = held[fam], want
+		// Each chain against what it should hold: the cluster chain the endpoints all
+		// traffic may use, the local chain this node's. A chain kube-proxy does not write
+		// (no usable endpoints of its kind) is held as empty, and should be: one that should
+		// hold endpoints and is absent has them all missing. An endpoint in both lists (a
+		// local endpoint of a NodePort with externalTrafficPolicy: Local) is compared in
+		// both chains, and counted once (settle).
+		ipv6 := fam == 1
+		for ch, chain := range portChains {
+			if slices.Equal(held[fam][ch], want[ch]) {
 				continue // the same endpoints: nothing differs (the usual case, told cheaply)
 			}
-			// An endpoint counts once per service port, whichever of its chains hold it:
-			// a NodePort with externalTrafficPolicy: Local has a local endpoint in both.
-			ipv6 := fam == 1
-			programmed := append(slices.Clip(clusterEps), localEps...)
-			expected := append(slices.Clip(sp.ClusterEndpoints), sp.LocalEndpoints...)
-			stale, missing := diffEndpoints(programmed, expected, ipv6)
+			stale, missing := diffEndpoints(held[fam][ch], want[ch], ipv6)
 			differs = differs || len(stale)+len(missing) > 0
 			for _, ep := range stale {
-				note(diffKey{sp.Name, ipv6, ep, true}, sp.Port)
+				c.note(diffKey{sp.Name, ipv6, ep, true, chain}, sp.Port)
 			}
 			for _, ep := range missing {
-				note(diffKey{sp.Name, ipv6, ep, false}, sp.Port)
-			}
-		}
-		if first {
-			st.seen, st.seenRules, st.accounted = nil, ids, portAccounted
-			if !differs {
-				st.seen = sp
-			}
-		}
-		if d := drifts[sp.Name]; d != nil {
-			d.programmed, d.expected = 0, 0
-			for fam := range tables {
-				ipv6 := fam == 1
-				d.programmed += countDistinct(compProgrammed[fam], ipv6)
-				d.expected += countDistinct(compExpected[fam], ipv6)
+				c.note(diffKey{sp.Name, ipv6, ep, false, chain}, sp.Port)
 			}
 		}
 	}
-	e.since = next
-	for fam, r := range tables {
+	if first {
+		st.seen, st.seenRules, st.accounted = nil, c.ids, portAccounted
+		if !differs {
+			st.seen = sp
+		}
+	}
+	if d := c.drifts[sp.Name]; d != nil {
+		d.programmed, d.expected = 0, 0
+		for fam := range c.tables {
+			ipv6 := fam == 1
+			d.programmed += countDistinct(compProgrammed[fam], ipv6)
+			d.expected += countDistinct(compExpected[fam], ipv6)
+		}
+	}
+}
+
+// lookup finds the port's chains in the rules: per family compared, the endpoints of its
+// cluster and local chains (nil for a chain the rules do not have). At the check's first meeting
+// with the port it counts the chains of the port in each family's rules as accounted for.
+func (c *driftCheck) lookup(st *portState, first bool, compared [2]bool) (held [2][2][]netip.AddrPort, portAccounted [2]uint8) {
+	// The port's chains in the mode of each family compared: on a node, one mode, and so
+	// two names. A chain of that name in any family's rules is the port's.
+	var names [4]string
+	n := 0
+	for fam, r := range c.tables {
+		if !compared[fam] {
+			continue
+		}
+		cl, lo := st.chainsFor(r.nftables())
+		for _, name := range [2]string{cl, lo} {
+			if !slices.Contains(names[:n], name) {
+				names[n] = name
+				n++
+			}
+		}
+	}
+	for fam, r := range c.tables {
+		if r == nil {
+			continue
+		}
+		var clusterChain, localChain string
+		if compared[fam] {
+			clusterChain, localChain = st.chainsFor(r.nftables())
+		}
+		for _, name := range names[:n] {
+			eps, ok := r.chain(name)
+			if ok && first {
+				c.accounted[fam]++
+				portAccounted[fam]++
+			}
+			switch name {
+			case clusterChain:
+				held[fam][0] = eps
+			case localChain:
+				held[fam][1] = eps
+			}
+		}
+	}
+	return held, portAccounted
+}
+
+// finish completes the check's result: orphans, and the drifting ports in order.
+func (c *driftCheck) finish() {
+	res := c.res
+	for fam, r := range c.tables {
 		if r != nil {
-			res.orphans += r.chainCount() - accounted[fam]
+			res.orphans += r.chainCount() - c.accounted[fam]
 		}
 	}
-	for _, d := range drifts {
-		d.staleAddrs, d.missingAddrs = boundAddrs(d.staleAddrs), boundAddrs(d.missingAddrs)
+	for _, d := range c.drifts {
+		d.settle()
 		res.drifting = append(res.drifting, *d)
 	}
 	sort.Slice(res.drifting, func(i, j int) bool {
@@ -259,16 +350,41 @@ func (e *driftEngine) checkBehind(snap *cluster.Snapshot, rules map[bool]program
 		}
 		return a.name.String()+a.name.Protocol < b.name.String()+b.name.Protocol
 	})
-	return res
 }
 
-// boundAddrs sorts addrs and keeps the first maxDriftAddresses, in a slice of their own.
-func boundAddrs(addrs []netip.AddrPort) []netip.AddrPort {
-	if len(addrs) == 0 {
-		return nil
+// settle makes the port's counts and addresses of the differences found: each endpoint counts
+// once per kind (stale, missing), whichever chains show it, and its addresses are the lowest
+// maxDriftAddresses of each kind, in slices of their own.
+func (d *portDrift) settle() {
+	slices.SortFunc(d.found, func(a, b chainDiff) int {
+		if a.stale != b.stale {
+			if a.stale {
+				return -1
+			}
+			return 1
+		}
+		return a.ep.Compare(b.ep)
+	})
+	for i := 0; i < len(d.found); {
+		diff := d.found[i]
+		for i++; i < len(d.found) && d.found[i].ep == diff.ep && d.found[i].stale == diff.stale; i++ {
+			diff.chains |= d.found[i].chains
+		}
+		if diff.stale {
+			d.stale++
+			if len(d.staleAddrs) < maxDriftAddresses {
+				d.staleAddrs = append(d.staleAddrs, diff.ep)
+				d.staleIn = append(d.staleIn, diff.chains)
+			}
+		} else {
+			d.missing++
+			if len(d.missingAddrs) < maxDriftAddresses {
+				d.missingAddrs = append(d.missingAddrs, diff.ep)
+				d.missingFrom = append(d.missingFrom, diff.chains)
+			}
+		}
 	}
-	slices.SortFunc(addrs, netip.AddrPort.Compare)
-	return slices.Clone(addrs[:min(len(addrs), maxDriftAddresses)])
+	d.found = nil
 }
 
 func familyIndex(ipv6 bool) int {

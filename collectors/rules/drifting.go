@@ -13,9 +13,14 @@ import (
 type DriftingPort struct {
 	Name cluster.ServicePortName
 	Port uint16 // the Service's port number
-	// Stale are endpoints in kube-proxy's rules but not in the API, Missing the reverse;
-	// sorted, at most maxDriftAddresses each. StaleCount and MissingCount are the whole counts.
+	// Each of the port's chains is compared with what the API says it should hold. Stale are
+	// endpoints a chain holds without cause, Missing endpoints a chain that should hold them
+	// lacks; sorted, each once whichever chains show it, at most maxDriftAddresses each.
+	// StaleCount and MissingCount are the whole counts. StaleIn and MissingFrom, alongside
+	// Stale and Missing, name the chains that hold each stale endpoint and that lack each
+	// missing one.
 	Stale, Missing           []netip.AddrPort
+	StaleIn, MissingFrom     []Chains
 	StaleCount, MissingCount int
 	// Programmed and Expected are the distinct endpoints compared at the check: in the rules,
 	// and in the API for this node (over the port's IP families).
@@ -73,6 +78,8 @@ func (c *Collector) LastCheck() CheckSummary {
 			Port:         d.port,
 			Stale:        slices.Clone(d.staleAddrs),
 			Missing:      slices.Clone(d.missingAddrs),
+			StaleIn:      slices.Clone(d.staleIn),
+			MissingFrom:  slices.Clone(d.missingFrom),
 			StaleCount:   d.stale,
 			MissingCount: d.missing,
 			Programmed:   d.programmed,

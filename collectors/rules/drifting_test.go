@@ -128,7 +128,8 @@ func TestLastCheckAccessor(t *testing.T) {
 	}
 	d := drifting[0]
 	if d.Name != want.Name || d.Port != want.Port || !slices.Equal(d.Stale, want.Stale) || !slices.Equal(d.Missing, want.Missing) ||
-		d.StaleCount != 1 || d.MissingCount != 2 || d.Programmed != 3 || d.Expected != 4 || !d.Since.Equal(at) {
+		d.StaleCount != 1 || d.MissingCount != 2 || d.Programmed != 3 || d.Expected != 4 || !d.Since.Equal(at) ||
+		!slices.Equal(d.StaleIn, []Chains{ClusterChain}) || !slices.Equal(d.MissingFrom, []Chains{ClusterChain, ClusterChain}) {
 		t.Errorf("Drifting()[0] = %+v, want %+v", d, want)
 	}
 	// A copy: changing it changes nothing published.

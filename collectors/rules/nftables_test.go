@@ -151,12 +151,19 @@ func TestRealNFTablesOutputStale(t *testing.T) {
 	for _, d := range res.drifting {
 		got[d.name.Name] = [2]int{d.stale, d.missing}
 	}
-	// sticky: .71 stale and .72 missing. .3 left its local chain in the API but is still one
-	// of its cluster endpoints: an endpoint counts once per service port, whichever chains
-	// hold it, so it is neither stale nor missing.
-	want := map[string][2]int{"backend": {1, 2}, "sticky": {1, 1}}
+	// sticky: .71 stale and .72 missing in its cluster chain. .3 left its local chain in the
+	// API while staying one of its cluster endpoints: each chain is compared with what it
+	// should hold, so .3 is stale in the local chain, the cluster chain holding it too
+	// notwithstanding.
+	want := map[string][2]int{"backend": {1, 2}, "sticky": {2, 1}}
 	if len(got) != len(want) || got["backend"] != want["backend"] || got["sticky"] != want["sticky"] {
 		t.Errorf("drifting %v (stale, missing), want %v", got, want)
+	}
+	for _, d := range res.drifting {
+		if d.name.Name == "sticky" && (!slices.Equal(d.staleAddrs, aps("10.244.1.3:8080", "10.244.3.71:8080")) ||
+			!slices.Equal(d.staleIn, []Chains{LocalChain, ClusterChain})) {
+			t.Errorf("sticky: stale %v in %v, want 10.244.1.3 in the local chain, 10.244.3.71 in the cluster chain", d.staleAddrs, d.staleIn)
+		}
 	}
 	if res.checked != 10 || res.orphans != 0 {
 		t.Errorf("checked %d, orphans %d; want 10 and 0", res.checked, res.orphans)

@@ -14,7 +14,8 @@ import (
 // (2 deleted, 3 added), and the exporter's scrape shows exactly that service port drifting with
 // 2 stale and 3 missing endpoints once the grace period has passed, and no drift once healed.
 // Then the same for a service with ClientIP session affinity (per-endpoint chains). It asserts
-// only on the exporter's scrape, besides waiting for kube-proxy's table.
+// only on the exporter's scrape, besides waiting for kube-proxy's table. Last, a local
+// endpoint taken out of a NodePort's local- chain only (testLocalChainJumpRemoved).
 func TestDriftNFTables(t *testing.T) {
 	requireKube(t)
 	requireExporter(t)
@@ -107,5 +108,8 @@ func TestDriftNFTables(t *testing.T) {
 		return gauge(t, s, servicesDrifted, nil) == 0 && s[serviceDrift] == nil, driftSummary(s)
 	})
 	checkNoDrift(t, waitConverged(t, e, cp, "every service port checked after healing again"), "after healing again")
+
+	// One local endpoint's element taken out of the local- chain's map only.
+	testLocalChainJumpRemoved(t, cp, e, true)
 	t.Logf("TestDriftNFTables took %s", time.Since(start).Round(time.Millisecond))
 }

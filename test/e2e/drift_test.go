@@ -74,6 +74,7 @@ func TestDrift(t *testing.T) {
 	t.Run("kube_proxy_connection_dead", func(t *testing.T) { drifting = testKubeProxyDead(t, cp.In(t), e) })
 	t.Run("kube_proxy_log_errors", func(t *testing.T) { testKubeProxyLogErrors(t, cp.In(t), e) })
 	t.Run("local_and_zone_hints", func(t *testing.T) { testLocalAndZoneHints(t, cp.In(t), e) })
+	t.Run("local_chain_jump_removed", func(t *testing.T) { testLocalChainJumpRemoved(t, cp.In(t), e, false) })
 	t.Run("exporter_connection_dead", func(t *testing.T) { testExporterConnectionDead(t, cp.In(t)) })
 	t.Run("scrape_matches_readme", func(t *testing.T) {
 		if drifting == nil {
