@@ -143,7 +143,20 @@ type servicePort struct {
 	Missing        []string                 `json:"missing"`
 	Stale          []string                 `json:"stale"`
 	Chains         []string                 `json:"chains"`
+	ByChain        []chainSide              `json:"by_chain,omitempty"`
 	UnrepliedFlows []verdict.UnrepliedCount `json:"unreplied_flows"`
+}
+
+// chainSide is one of the port's chains side by side: each chain is compared with what it
+// should hold, so an endpoint can be missing from the local chain while the cluster chain
+// still holds it.
+type chainSide struct {
+	Chain      string   `json:"chain"` // cluster or local
+	Name       string   `json:"name,omitempty"`
+	Expected   []string `json:"expected"`
+	Programmed []string `json:"programmed"`
+	Missing    []string `json:"missing"`
+	Stale      []string `json:"stale"`
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {
@@ -228,10 +241,20 @@ func (d *diagnosis) servicePorts(in verdict.Input) ([]servicePort, error) {
 			ClusterIPs:     addrStrings(p.ClusterIPs),
 			Expected:       addrStrings(p.Expected),
 			Programmed:     addrStrings(p.Programmed),
-			Missing:        addrStrings(minus(p.Expected, p.Programmed)),
-			Stale:          addrStrings(minus(p.Programmed, p.Expected)),
+			Missing:        addrStrings(p.Missing),
+			Stale:          addrStrings(p.Stale),
 			Chains:         p.Chains,
 			UnrepliedFlows: []verdict.UnrepliedCount{},
+		}
+		if p.Missing == nil && p.Stale == nil {
+			// Not compared chain by chain (the rules were not read): the port's endpoints as
+			// a whole.
+			sp.Missing, sp.Stale = addrStrings(minus(p.Expected, p.Programmed)), addrStrings(minus(p.Programmed, p.Expected))
+		}
+		for _, c := range p.ByChain {
+			sp.ByChain = append(sp.ByChain, chainSide{Chain: c.Chain.String(), Name: c.Name,
+				Expected: addrStrings(c.Expected), Programmed: addrStrings(c.Programmed),
+				Missing: addrStrings(c.Missing), Stale: addrStrings(c.Stale)})
 		}
 		if sp.Chains == nil {
 			sp.Chains = []string{}
@@ -244,6 +267,24 @@ func (d *diagnosis) servicePorts(in verdict.Input) ([]servicePort, error) {
 		out = append(out, sp)
 	}
 	return out, nil
+}
+
+// chainsWhere names the chains whose list (of) holds ep, as " from the local chain" (prep
+// "from"), or "" when the port's chains were not compared one by one.
+func (p servicePort) chainsWhere(ep string, of func(chainSide) []string, prep string) string {
+	var chains []string
+	for _, c := range p.ByChain {
+		if slices.Contains(of(c), ep) {
+			chains = append(chains, c.Chain)
+		}
+	}
+	switch len(chains) {
+	case 0:
+		return ""
+	case 1:
+		return " " + prep + " the " + chains[0] + " chain"
+	}
+	return " " + prep + " the " + strings.Join(chains, " and ") + " chains"
 }
 
 // minus is a without b (both sorted and distinct).
@@ -299,15 +340,22 @@ func (p servicePort) writeText(w io.Writer, window float64) error {
 	slices.SortFunc(all, func(a, b string) int {
 		return netip.MustParseAddrPort(a).Compare(netip.MustParseAddrPort(b))
 	})
-	for _, ep := range all {
-		api, prog, note := "yes", "yes", ""
+	for _, ep := range slices.Compact(all) {
+		api, prog := "yes", "yes"
+		var notes []string
 		if slices.Contains(p.Missing, ep) {
-			prog, note = "-", "missing"
+			if !slices.Contains(p.Programmed, ep) {
+				prog = "-"
+			}
+			notes = append(notes, "missing"+p.chainsWhere(ep, func(c chainSide) []string { return c.Missing }, "from"))
 		}
 		if slices.Contains(p.Stale, ep) {
-			api, note = "-", "stale"
+			if !slices.Contains(p.Expected, ep) {
+				api = "-"
+			}
+			notes = append(notes, "stale"+p.chainsWhere(ep, func(c chainSide) []string { return c.Stale }, "in"))
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", ep, api, prog, note)
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", ep, api, prog, strings.Join(notes, ", "))
 	}
 	tw.Flush()
 	for line := range strings.Lines(table.String()) {
