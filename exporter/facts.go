@@ -172,6 +172,8 @@ func (s *factSources) rulesInput(in *verdict.Input) {
 			Missing:      addrStrings(d.Missing),
 			StaleCount:   d.StaleCount,
 			MissingCount: d.MissingCount,
+			StaleIn:      chainNames(d.StaleIn),
+			MissingFrom:  chainNames(d.MissingFrom),
 			Programmed:   d.Programmed,
 			Expected:     d.Expected,
 			Since:        d.Since,
@@ -334,4 +336,16 @@ func (s *factSources) conntrackInput(in *verdict.Input, samples []factSample) {
 			Reason:  u.Reason, Ended: ended, Open: u.Open,
 		})
 	}
+}
+
+// chainNames names each entry of chains ("cluster", "local", "cluster+local"); nil for none.
+func chainNames(chains []rules.Chains) []string {
+	if chains == nil {
+		return nil
+	}
+	out := make([]string, len(chains))
+	for i, c := range chains {
+		out[i] = c.String()
+	}
+	return out
 }

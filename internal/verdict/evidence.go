@@ -20,6 +20,12 @@ type StaleRulesEvidence struct {
 	StaleCount   int      `json:"stale_count"`
 	Missing      []string `json:"missing"`
 	Stale        []string `json:"stale"`
+	// MissingFrom and StaleIn, alongside Missing and Stale, name the port's chains that lack
+	// each missing endpoint or hold each stale one: "cluster", "local" or "cluster+local".
+	// An endpoint missing from the local chain only is cut off from the traffic a Local
+	// traffic policy keeps on the node, though the cluster chain still holds it.
+	MissingFrom []string `json:"missing_from,omitempty"`
+	StaleIn     []string `json:"stale_in,omitempty"`
 	// Since is when the oldest current difference was first seen; a difference counts only
 	// after GracePeriodSeconds.
 	Since              time.Time `json:"since"`

@@ -62,6 +62,10 @@ type DriftingPort struct {
 	// Missing the reverse; bounded lists (see StaleCount and MissingCount for the totals).
 	Stale, Missing           []string
 	StaleCount, MissingCount int
+	// StaleIn and MissingFrom, alongside Stale and Missing, name the chains that hold each
+	// stale endpoint without cause, or lack each missing one: "cluster", "local" or
+	// "cluster+local" (each chain is compared with what it should hold). Nil when unknown.
+	StaleIn, MissingFrom []string
 	// Programmed and Expected are the distinct endpoints in the rules and in the API for
 	// this node.
 	Programmed, Expected int

@@ -298,6 +298,8 @@ func (e *evaluation) staleRules(kp kubeProxyFindings) []Finding {
 			StaleCount:         d.StaleCount,
 			Missing:            nonNil(d.Missing),
 			Stale:              nonNil(d.Stale),
+			MissingFrom:        d.MissingFrom,
+			StaleIn:            d.StaleIn,
 			Since:              d.Since.UTC(),
 			GracePeriodSeconds: r.GracePeriod.Seconds(),
 			ProxyMode:          r.Mode,
@@ -308,10 +310,10 @@ func (e *evaluation) staleRules(kp kubeProxyFindings) []Finding {
 		}
 		var counts []string
 		if d.MissingCount > 0 {
-			counts = append(counts, fmt.Sprintf("%d missing", d.MissingCount))
+			counts = append(counts, fmt.Sprintf("%d missing", d.MissingCount)+onlyLocal(d.MissingFrom, d.MissingCount, "from"))
 		}
 		if d.StaleCount > 0 {
-			counts = append(counts, fmt.Sprintf("%d stale", d.StaleCount))
+			counts = append(counts, fmt.Sprintf("%d stale", d.StaleCount)+onlyLocal(d.StaleIn, d.StaleCount, "in"))
 		}
 		summary := fmt.Sprintf("kube-proxy's rules for %s differ from the API: %d endpoints programmed, %d in the API (%s) for %s%s; restart kube-proxy on this node.",
 			svc, d.Programmed, d.Expected, strings.Join(counts, ", "), formatDuration(e.in.Now.Sub(d.Since)), because)
@@ -595,4 +597,19 @@ func suffix(err string) string {
 		return ""
 	}
 	return ": " + err
+}
+
+// onlyLocal is " from the local chain" (prep "from") when every one of count differences is in
+// the local chain alone: the cluster chain agrees with the API, so only the traffic a Local
+// traffic policy keeps on the node is affected, which the counts alone would not tell.
+func onlyLocal(chains []string, count int, prep string) string {
+	if len(chains) == 0 || len(chains) != count {
+		return ""
+	}
+	for _, c := range chains {
+		if c != "local" {
+			return ""
+		}
+	}
+	return " " + prep + " the local chain"
 }

@@ -206,6 +206,26 @@ func TestStaleRulesWithNoKnownExplanation(t *testing.T) {
 	}
 }
 
+// An endpoint missing from the local chain alone (the cluster chain still holds it) is told as
+// such: the summary says which chain, and the evidence names the chain of each address.
+func TestStaleRulesNameTheChain(t *testing.T) {
+	in := healthyInput()
+	web := Service{Namespace: "shop", Name: "web", Port: 80, Protocol: "tcp", PortName: "http"}
+	in.Rules.Drifting = []DriftingPort{{Service: web, MissingCount: 1, Missing: []string{"10.244.1.4:8080"}, MissingFrom: []string{"local"},
+		Programmed: 2, Expected: 2, Since: now.Add(-5 * time.Minute)}}
+	r := Evaluate(in)
+	only(t, r, StaleRules)
+	ev := r.Findings[0].Evidence.(*StaleRulesEvidence)
+	if !strings.Contains(r.Findings[0].Summary, "(1 missing from the local chain)") || strings.Join(ev.MissingFrom, ",") != "local" {
+		t.Errorf("summary %q, missing from %v", r.Findings[0].Summary, ev.MissingFrom)
+	}
+	// Missing from both chains: the counts alone.
+	in.Rules.Drifting[0].MissingFrom = []string{"cluster+local"}
+	if r := Evaluate(in); !strings.Contains(r.Findings[0].Summary, "(1 missing) for") {
+		t.Errorf("summary %q", r.Findings[0].Summary)
+	}
+}
+
 // A stale port's unreplied flows are its effect: told in its evidence, not as unreplied_flows.
 // Another service's unexplained flows are unreplied_flows.
 func TestStaleRulesExplainTheirUnrepliedFlows(t *testing.T) {
