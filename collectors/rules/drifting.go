@@ -67,7 +67,13 @@ func (c *Collector) LastCheck() CheckSummary {
 		return out
 	}
 	out.At, out.Mode, out.Err, out.Unconfirmed, out.Compared = res.at, res.mode, res.err, res.unconfirmed, res.fresh
-	if !fresh {
+	if out.Err == nil {
+		// A stuck check loop or netfilter reader leaves an old comparison behind: it is no
+		// check of now, so the verdict must not judge the node by it (the metrics fail the
+		// collector for the same reason).
+		out.Err = c.stalled(res)
+	}
+	if !fresh || out.Err != nil && res.err == nil {
 		return out
 	}
 	out.Checked = res.checked

@@ -263,14 +263,24 @@ func TestWatchdog(t *testing.T) {
 	if err := update(); err != nil {
 		t.Errorf("within three intervals: %v", err)
 	}
+	if lc := c.LastCheck(); lc.Err != nil {
+		t.Errorf("within three intervals, the last check says %v", lc.Err)
+	}
 	now = now.Add(10 * time.Second)
 	if err := update(); err == nil || !strings.Contains(err.Error(), "drift check is stuck") {
 		t.Errorf("past three intervals: %v, want stuck", err)
+	}
+	// The verdict reads LastCheck: a stuck check is no check, never a healthy one.
+	if lc := c.LastCheck(); lc.Err == nil || !strings.Contains(lc.Err.Error(), "drift check is stuck") || lc.Drifting != nil {
+		t.Errorf("past three intervals, the last check says err %v, drifting %v; want stuck", lc.Err, lc.Drifting)
 	}
 	c.cfg.Rules = stuckRules{fakeRules{stateOf(hostrules.ModeIPTables, nil)}}
 	c.check()
 	if err := update(); err == nil || !strings.Contains(err.Error(), "reader is stuck") {
 		t.Errorf("stuck reader: %v", err)
+	}
+	if lc := c.LastCheck(); lc.Err == nil || !strings.Contains(lc.Err.Error(), "reader is stuck") {
+		t.Errorf("stuck reader, the last check says %v", lc.Err)
 	}
 }
 
