@@ -66,7 +66,7 @@ var (
 // TestGoldenScrape runs every collector (conntrack, node, rules, kubeproxy) and the exporter's
 // own series together on fixtures alone (no root, no netlink, no network beyond loopback, no
 // API server), scrapes the metrics handler once and compares the whole exposition with
-// testdata/golden-scrape.txt; the README's metrics table is then held to that file. The node
+// testdata/golden-scrape.txt; docs/metrics.md is then held to that file. The node
 // is in incident 3: kube-proxy's watches died, the API moved on, its rules did not; and flows
 // to a deleted pod, to local endpoints and to no Service go unreplied. kube-proxy is in
 // iptables mode, with its conntrack INVALID drop on the forward path.
@@ -276,9 +276,9 @@ func familyOf(line string) (name string, sample bool) {
 	return line[:end], true
 }
 
-// checkReadmeAgainst holds the README's metrics table to a golden scrape (file): every proxyhealth_
+// checkReadmeAgainst holds the metrics reference (docs/metrics.md) to a golden scrape (file): every proxyhealth_
 // family of the scrape is documented there with its type and label names (any other family is
-// at least named in the README), and every documented metric is in the scrape: the fixtures
+// at least named in docs/metrics.md), and every documented metric is in the scrape: the fixtures
 // produce each one, none is excused.
 func checkReadmeAgainst(t *testing.T, file string, scrape []byte) {
 	t.Helper()
@@ -288,7 +288,7 @@ func checkReadmeAgainst(t *testing.T, file string, scrape []byte) {
 	if err != nil {
 		t.Fatalf("%s: %v", file, err)
 	}
-	readme, err := os.ReadFile("../README.md")
+	readme, err := os.ReadFile("../docs/metrics.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,19 +296,19 @@ func checkReadmeAgainst(t *testing.T, file string, scrape []byte) {
 		if !strings.HasPrefix(name, "proxyhealth_") {
 			// The table lists proxyhealth's own metrics; the handler's are named in its text.
 			if !bytes.Contains(readme, []byte("`"+name+"`")) {
-				t.Errorf("%s is in %s but the README does not name it", name, file)
+				t.Errorf("%s is in %s but docs/metrics.md does not name it", name, file)
 			}
 			continue
 		}
 		doc, ok := docs[name]
 		if !ok {
-			t.Errorf("%s is in %s but not in the README's metrics table", name, file)
+			t.Errorf("%s is in %s but not in docs/metrics.md's table", name, file)
 			continue
 		}
 		typ := strings.ToLower(fam.GetType().String())
 		for _, m := range fam.GetMetric() {
 			if got := typ + " {" + strings.Join(labelNames(m), ",") + "}"; got != doc.Signature() {
-				t.Errorf("%s: %s in %s, %s in the README", name, got, file, doc.Signature())
+				t.Errorf("%s: %s in %s, %s in docs/metrics.md", name, got, file, doc.Signature())
 				break
 			}
 		}
@@ -316,12 +316,12 @@ func checkReadmeAgainst(t *testing.T, file string, scrape []byte) {
 	for name := range docs {
 		// The netfilter reader's own series (internal/hostrules.Source) count its reads of
 		// the kernel: the scrape here serves a fixed read instead, so they are held to the
-		// README by readme_test.go's descriptors and to their values by hostrules' tests.
+		// docs/metrics.md by readme_test.go's descriptors and to their values by hostrules' tests.
 		if strings.HasPrefix(name, "proxyhealth_netfilter_") {
 			continue
 		}
 		if _, ok := families[name]; !ok {
-			t.Errorf("%s is in the README's metrics table but not in %s", name, file)
+			t.Errorf("%s is in docs/metrics.md's table but not in %s", name, file)
 		}
 	}
 }

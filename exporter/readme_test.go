@@ -23,7 +23,7 @@ import (
 
 func readmeMetrics(t *testing.T) map[string]metricsref.Metric {
 	t.Helper()
-	f, err := os.Open("../README.md")
+	f, err := os.Open("../docs/metrics.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +116,7 @@ func describedDescs(t *testing.T) []describedDesc {
 	return got
 }
 
-// TestReadmeDocumentsEveryMetric keeps the README's metrics reference and the collectors in
+// TestReadmeDocumentsEveryMetric keeps the metrics reference (docs/metrics.md) and the collectors in
 // step: the same names and labels, and counters (and only counters) ending in _total.
 func TestReadmeDocumentsEveryMetric(t *testing.T) {
 	docs := readmeMetrics(t)
@@ -128,14 +128,14 @@ func TestReadmeDocumentsEveryMetric(t *testing.T) {
 		doc, ok := docs[name]
 		switch {
 		case !ok:
-			t.Errorf("%s{%s} is exported but not in the README's metrics reference", name, labels)
+			t.Errorf("%s{%s} is exported but not in docs/metrics.md", name, labels)
 		case strings.Join(doc.Labels, ",") != labels:
-			t.Errorf("%s: README lists labels %v, the collector uses {%s}", name, doc.Labels, labels)
+			t.Errorf("%s: docs/metrics.md lists labels %v, the collector uses {%s}", name, doc.Labels, labels)
 		}
 	}
 	for name, doc := range docs {
 		if _, ok := described[name]; !ok {
-			t.Errorf("%s is in the README but no collector exports it", name)
+			t.Errorf("%s is in docs/metrics.md but no collector exports it", name)
 		}
 		if isCounter := doc.Type == "counter"; isCounter != strings.HasSuffix(name, "_total") {
 			t.Errorf("%s: documented as %s; counters and only counters end in _total", name, doc.Type)

@@ -669,7 +669,7 @@ func testDriftScrapeMatchesReadme(t *testing.T, s Scrape) {
 		}
 	}
 	if required < 10 {
-		t.Errorf("only %d rules and API families documented in README.md", required)
+		t.Errorf("only %d rules and API families documented in docs/metrics.md", required)
 	}
-	t.Logf("%d proxyhealth_ families checked against README.md, %d rules and API families required", n, required)
+	t.Logf("%d proxyhealth_ families checked against docs/metrics.md, %d rules and API families required", n, required)
 }

@@ -13,14 +13,14 @@ import (
 	"github.com/proxyhealth/proxyhealth/internal/metricsref"
 )
 
-// readmeReference reads the README's metrics table.
+// readmeReference reads the metrics reference, docs/metrics.md.
 func readmeReference(t *testing.T) map[string]metricsref.Metric {
 	t.Helper()
 	root, err := repoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.Open(filepath.Join(root, "README.md"))
+	f, err := os.Open(filepath.Join(root, "docs", "metrics.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +32,7 @@ func readmeReference(t *testing.T) map[string]metricsref.Metric {
 	return ref
 }
 
-// testScrapeMatchesReadme checks every proxyhealth_ family of a real scrape against the README:
+// testScrapeMatchesReadme checks every proxyhealth_ family of a real scrape against docs/metrics.md:
 // the type the exporter really sends, and the label names of every series.
 func testScrapeMatchesReadme(t *testing.T, s Scrape) {
 	ref := readmeReference(t)
@@ -68,16 +68,16 @@ func testScrapeMatchesReadme(t *testing.T, s Scrape) {
 			t.Errorf("%s is documented but was not in the scrape", name)
 		}
 	}
-	t.Logf("%d proxyhealth_ families checked against README.md", seen)
+	t.Logf("%d proxyhealth_ families checked against docs/metrics.md", seen)
 }
 
-// checkScrapeSignatures checks every proxyhealth_ family of s against the README's reference:
+// checkScrapeSignatures checks every proxyhealth_ family of s against the metrics reference (docs/metrics.md):
 // the type the exporter really sends, and the label names of every series. It returns how many
 // families it checked.
 func checkScrapeSignatures(t *testing.T, s Scrape, ref map[string]metricsref.Metric) int {
 	t.Helper()
 	if len(ref) == 0 {
-		t.Fatal("no metrics reference found in README.md")
+		t.Fatal("no metrics reference found in docs/metrics.md")
 	}
 	seen := 0
 	for name, fam := range s {
@@ -89,10 +89,10 @@ func checkScrapeSignatures(t *testing.T, s Scrape, ref map[string]metricsref.Met
 		for _, m := range fam.GetMetric() {
 			got := typ + " {" + strings.Join(labelNames(m), ",") + "}"
 			if doc, ok := ref[name]; !ok {
-				t.Errorf("%s (%s) is exported but not documented in README.md", name, got)
+				t.Errorf("%s (%s) is exported but not documented in docs/metrics.md", name, got)
 				break
 			} else if want := doc.Signature(); got != want {
-				t.Errorf("%s: exported as %s, README.md says %s", name, got, want)
+				t.Errorf("%s: exported as %s, docs/metrics.md says %s", name, got, want)
 				break
 			}
 		}
