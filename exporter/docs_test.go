@@ -64,7 +64,7 @@ func flagTable(flags []*kingpin.FlagModel) string {
 }
 
 // metricTable renders the descriptors as the metrics reference's rows, which
-// internal/metricsref reads back: name, type, label names and help, sorted by name. The type
+// internal/testsupport/metricsref reads back: name, type, label names and help, sorted by name. The type
 // follows the metric contract (counters, and only counters, end in _total; there are no
 // histograms or summaries); the golden scrapes and the lab's scrapes hold every row's type
 // to what the exporter really sends.

@@ -26,9 +26,9 @@ import (
 
 	"github.com/proxyhealth/proxyhealth/collectors/conntrack"
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
-	"github.com/proxyhealth/proxyhealth/internal/fixture"
 	"github.com/proxyhealth/proxyhealth/internal/hostrules"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/fixture"
 )
 
 // The fixtures the golden scrape reads instead of a node, a kernel and an API server. Captures

@@ -17,8 +17,8 @@ import (
 	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
 	"github.com/proxyhealth/proxyhealth/internal/kubeauth"
-	"github.com/proxyhealth/proxyhealth/internal/metricsref"
 	"github.com/proxyhealth/proxyhealth/internal/nodecondition"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/metricsref"
 )
 
 func readmeMetrics(t *testing.T) map[string]metricsref.Metric {

@@ -4,7 +4,7 @@
 // run: how long iptables-nft-save and iptables-legacy-save take to dump a kube-proxy-shaped
 // nat table of --services x --endpoints (each backend loaded in a network namespace of its
 // own), what the exporter's parse and compare cost on top (the rules package's own
-// benchmarks, and internal/iptables.Parse on the very output just saved), and, against a real
+// benchmarks, and internal/testsupport/iptables.Parse on the very output just saved), and, against a real
 // etcd and kube-apiserver holding the same number of Services and EndpointSlices, the
 // exporter's memory next to kube-proxy v1.36's. Its node-cost subcommand (nodecost.go)
 // measures the whole exporter's CPU, memory and child processes next to a real kube-proxy in

@@ -17,7 +17,7 @@ import (
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 	"github.com/proxyhealth/proxyhealth/bench/internal/nsproc"
-	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/netnsdial"
 )
 
 // nsPrefix marks this benchmark's namespaces. bench/conntrack-events removes every ph-bench-*

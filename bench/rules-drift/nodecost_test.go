@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/proxyhealth/proxyhealth/internal/prereq"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/prereq"
 )
 
 // The fork watch counts the processes a watched process creates, and names their programs.

@@ -17,7 +17,7 @@ import (
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
-	"github.com/proxyhealth/proxyhealth/internal/iptables"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/iptables"
 )
 
 // backend is one iptables backend: its restore and save binaries.
@@ -39,7 +39,7 @@ type saveResult struct {
 	Saves               []timed
 	Lines, Chains       int
 	Bytes               int
-	Parses              []parseRun // internal/iptables.Parse of the saved output, in process
+	Parses              []parseRun // internal/testsupport/iptables.Parse of the saved output, in process
 	SVCChains, SEPChain int
 }
 
@@ -113,7 +113,7 @@ func measureSave(ctx context.Context, b backend, chunks [][]byte, reps int) (res
 	return res, nil
 }
 
-// parseSaved times internal/iptables.Parse, the exporter's parser, on one saved table.
+// parseSaved times internal/testsupport/iptables.Parse, the text parser, on one saved table.
 func parseSaved(out []byte) (parseRun, error) {
 	runtime.GC()
 	var before, after runtime.MemStats

@@ -9,7 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/controlplane"
-	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/netnsdial"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"

@@ -21,7 +21,7 @@ import (
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 	"github.com/proxyhealth/proxyhealth/bench/internal/nsproc"
-	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/netnsdial"
 )
 
 // nsPrefix marks the soak's namespaces; a run removes the leftovers of a killed earlier one.

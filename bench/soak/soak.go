@@ -22,7 +22,7 @@ import (
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 	"github.com/proxyhealth/proxyhealth/bench/internal/nsproc"
-	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/netnsdial"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
 )
 

@@ -15,8 +15,8 @@ import (
 	"github.com/prometheus/common/promslog"
 	"github.com/proxyhealth/proxyhealth/collectors/collectortest"
 	"github.com/proxyhealth/proxyhealth/internal/hostrules"
-	"github.com/proxyhealth/proxyhealth/internal/prereq"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/prereq"
 )
 
 // inNetnsEnv marks the test binary re-executed inside its own network namespace.

@@ -15,7 +15,7 @@ import (
 
 	"github.com/proxyhealth/proxyhealth/collectors/collectortest"
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
-	"github.com/proxyhealth/proxyhealth/internal/fixture"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/fixture"
 )
 
 // fakeKernel serves fixed statistics, one table entry and one stream of events.

@@ -14,7 +14,7 @@ import (
 
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
 	"github.com/proxyhealth/proxyhealth/internal/hostrules"
-	"github.com/proxyhealth/proxyhealth/internal/nft"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/nft"
 )
 
 const (

@@ -2,7 +2,7 @@ package rules
 
 // The nft -j reader the drift check used before the rules were read in-process; it stays as a
 // test fixture reader for the real kube-proxy capture in testdata (nft JSON), on
-// internal/fixture's reading of the chains, which the exporter's nftables golden scrape uses.
+// internal/testsupport/fixture's reading of the chains, which the exporter's nftables golden scrape uses.
 
 import (
 	"iter"
@@ -10,8 +10,8 @@ import (
 	"net/netip"
 
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
-	"github.com/proxyhealth/proxyhealth/internal/fixture"
-	"github.com/proxyhealth/proxyhealth/internal/nft"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/fixture"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/nft"
 )
 
 // nftRules is one read of kube-proxy's nftables table of one IP family: each service port chain

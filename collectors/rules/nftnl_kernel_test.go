@@ -8,10 +8,10 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/proxyhealth/proxyhealth/internal/nft"
 	"github.com/proxyhealth/proxyhealth/internal/nftnl"
 	"github.com/proxyhealth/proxyhealth/internal/nftnl/nftnltest"
-	"github.com/proxyhealth/proxyhealth/internal/prereq"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/nft"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/prereq"
 )
 
 // The netlink readers of internal/nftnl, given the real kube-proxy v1.36.3 captures loaded into

@@ -6,8 +6,8 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/proxyhealth/proxyhealth/internal/fixture"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/fixture"
 )
 
 const realNAT = "testdata/kube-proxy-v1.36.3/iptables-save-nat.txt"

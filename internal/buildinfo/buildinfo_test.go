@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/proxyhealth/proxyhealth/internal/prereq"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/prereq"
 )
 
 func TestFill(t *testing.T) {

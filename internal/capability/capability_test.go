@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/proxyhealth/proxyhealth/internal/prereq"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/prereq"
 )
 
 func TestSetNames(t *testing.T) {

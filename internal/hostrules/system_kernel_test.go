@@ -18,8 +18,8 @@ import (
 	"github.com/proxyhealth/proxyhealth/internal/iptlegacy"
 	"github.com/proxyhealth/proxyhealth/internal/nftnl"
 	"github.com/proxyhealth/proxyhealth/internal/nftnl/nftnltest"
-	"github.com/proxyhealth/proxyhealth/internal/prereq"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/prereq"
 )
 
 // Real kube-proxy v1.36.3 captures (collectors/rules/testdata), loaded into this test's own

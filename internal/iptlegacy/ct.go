@@ -52,7 +52,7 @@ type ctState struct {
 //
 // INVALID packets match a state test when the mask has the INVALID bit, or, inverted (! --ctstate),
 // when it does not: `! --ctstate NEW,ESTABLISHED,RELATED,UNTRACKED -j DROP` drops INVALID
-// packets. (internal/iptables' text check counts only a positive list that names INVALID; the
+// packets. (internal/testsupport/iptables' text check counts only a positive list that names INVALID; the
 // two agree on every rule that names INVALID.)
 func ctStateOf(m ext) (st ctState, ok bool) {
 	d := m.data

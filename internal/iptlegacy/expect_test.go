@@ -7,15 +7,15 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/proxyhealth/proxyhealth/internal/iptables"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/iptables"
 )
 
 // What the text readers make of iptables-save output, for comparison with the blob decoders.
 
 // textNAT reads a nat table's text the way collectors/rules.readIPTablesNAT does (each
 // KUBE-SVC/KUBE-SVL chain's jumps to KUBE-SEP chains, each KUBE-SEP chain's first DNAT
-// destination that is one address and port) and internal/iptables.KubeServices reads its
+// destination that is one address and port) and internal/testsupport/iptables.KubeServices reads its
 // dispatch, in the shape of a ProxyTable: only chains with rules, endpoints sorted and
 // distinct. ok is false when the table has no KUBE-SERVICES chain.
 func textNAT(t *testing.T, text string) (pt *ruleset.ProxyTable, ok bool) {
@@ -98,7 +98,7 @@ func diffProxyTables(got, want *ruleset.ProxyTable) string {
 	return strings.Join(diffs, "\n")
 }
 
-// textDropPath runs internal/iptables' InvalidDropReachable from chain and names each rule of
+// textDropPath runs internal/testsupport/iptables' InvalidDropReachable from chain and names each rule of
 // its path as "CHAIN rule N", the prefix of the blob decoder's rule descriptions.
 func textDropPath(t *testing.T, text, chain string) (found bool, steps []string) {
 	t.Helper()

@@ -12,7 +12,7 @@ import (
 	"testing"
 
 	"github.com/proxyhealth/proxyhealth/internal/memlimit"
-	"github.com/proxyhealth/proxyhealth/internal/prereq"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/prereq"
 )
 
 // memcgChildEnv tells a re-run test binary that it is the child TestKernelReadUnderMemoryCgroup

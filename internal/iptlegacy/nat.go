@@ -20,7 +20,7 @@ import (
 // The result equals what collectors/rules reads from iptables-save's text: a service chain's
 // endpoints are the first parseable DNAT destination (one address and one port) of each
 // KUBE-SEP chain a rule of it jumps or goes to; service ports are read as
-// internal/iptables.KubeServices reads them.
+// internal/testsupport/iptables.KubeServices reads them.
 func decodeNAT(info *Info, blob []byte, release func(int)) (pt *ruleset.ProxyTable, hasServices bool, err error) {
 	d := natDecoder{l: layoutFor(info.IPv6)}
 	if err := walk(info, blob, &d, release); err != nil {
@@ -170,7 +170,7 @@ func (d *natDecoder) sepAt(off uint32) (*sepChain, bool) {
 	return nil, false
 }
 
-// servicePort reads a KUBE-SERVICES rule the way internal/iptables.KubeServices reads its text:
+// servicePort reads a KUBE-SERVICES rule the way internal/testsupport/iptables.KubeServices reads its text:
 // the destination address (-d, not negated), protocol (-p tcp|udp|sctp, not negated), the
 // destination port of its tcp, udp or sctp match (one port, not negated) and kube-proxy's
 // "ns/name:port cluster IP" comment. ok is false when address, protocol or port is missing.
@@ -207,7 +207,7 @@ func servicePort(e entry) (_ ruleset.Service, ok bool, _ error) {
 }
 
 // serviceComment splits kube-proxy's "ns/name:port cluster IP" comment; anything else yields
-// empty strings (as internal/iptables' parseServiceComment).
+// empty strings (as internal/testsupport/iptables' parseServiceComment).
 func serviceComment(c []byte) (namespace, name, port string) {
 	spn, ok := bytes.CutSuffix(c, []byte(" cluster IP"))
 	if !ok {

@@ -11,7 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/proxyhealth/proxyhealth/internal/nftnl/nftnltest"
-	"github.com/proxyhealth/proxyhealth/internal/prereq"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/prereq"
 )
 
 // TestMain re-runs the package's tests inside a new network namespace when it can (root and

@@ -4,7 +4,7 @@ import "strings"
 
 // parseServiceComment splits kube-proxy's KUBE-SERVICES comment "ns/name:port cluster IP"
 // ("ns/name cluster IP" for an unnamed port). Anything else yields empty strings, as in
-// internal/iptables.
+// internal/testsupport/iptables.
 func parseServiceComment(c string) (namespace, name, port string) {
 	spn, ok := strings.CutSuffix(c, " cluster IP")
 	if !ok {

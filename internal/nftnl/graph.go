@@ -190,7 +190,7 @@ func forwardTables(chains []baseChain) []tableChains {
 }
 
 // iptables' table and built-in chain names: a table of these names in ip, ip6, arp or bridge
-// whose base chains all carry built-in names is iptables-nft's (as internal/nft decides from
+// whose base chains all carry built-in names is iptables-nft's (as internal/testsupport/nft decides from
 // `nft -j` output), as is any table with an x_tables compatibility expression.
 var (
 	iptablesTables = map[string]bool{"filter": true, "nat": true, "mangle": true, "raw": true, "security": true}

@@ -9,10 +9,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/proxyhealth/proxyhealth/internal/iptables"
-	"github.com/proxyhealth/proxyhealth/internal/nft"
 	"github.com/proxyhealth/proxyhealth/internal/nftnl/nftnltest"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/iptables"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/nft"
 )
 
 // invalidDropFixture is one ruleset of the text readers' tests, loaded into the kernel: the
@@ -26,7 +26,7 @@ type invalidDropFixture struct {
 func invalidDropFixtures(t *testing.T) []invalidDropFixture {
 	t.Helper()
 	var out []invalidDropFixture
-	for _, dir := range []string{"../iptables/testdata", "../../collectors/node/testdata"} {
+	for _, dir := range []string{"../testsupport/iptables/testdata", "../../collectors/node/testdata"} {
 		files, _ := filepath.Glob(filepath.Join(dir, "*.txt"))
 		for _, f := range files {
 			if strings.Contains(f, "legacy") && strings.Contains(f, "empty") {
@@ -38,7 +38,7 @@ func invalidDropFixtures(t *testing.T) []invalidDropFixture {
 			out = append(out, invalidDropFixture{"iptables-" + strings.TrimSuffix(filepath.Base(f), ".txt"), f, "iptables"})
 		}
 	}
-	for _, dir := range []string{"../nft/testdata", "../../collectors/node/testdata"} {
+	for _, dir := range []string{"../testsupport/nft/testdata", "../../collectors/node/testdata"} {
 		files, _ := filepath.Glob(filepath.Join(dir, "*.json"))
 		for _, f := range files {
 			base := strings.TrimSuffix(f, ".json")

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/proxyhealth/proxyhealth/internal/nftnl/nftnltest"
-	"github.com/proxyhealth/proxyhealth/internal/prereq"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/prereq"
 )
 
 func TestMain(m *testing.M) {

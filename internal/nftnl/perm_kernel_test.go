@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/proxyhealth/proxyhealth/internal/nftnl/nftnltest"
-	"github.com/proxyhealth/proxyhealth/internal/prereq"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/prereq"
 )
 
 const noCapEnv = "PROXYHEALTH_NFTNL_NOCAP"

@@ -9,9 +9,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/proxyhealth/proxyhealth/internal/iptables"
-	"github.com/proxyhealth/proxyhealth/internal/prereq"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/iptables"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/prereq"
 )
 
 // These tests decode the recorded kernel replies of the kernel tests (testdata/*.replay.json,

@@ -19,7 +19,7 @@ import (
 	"golang.org/x/net/html"
 	"golang.org/x/net/html/atom"
 
-	"github.com/proxyhealth/proxyhealth/internal/prereq"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/prereq"
 )
 
 const (

@@ -20,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/netnsdial"
 )
 
 // The faults suite: the reproductions of how a hostile or broken node once hurt the exporter,

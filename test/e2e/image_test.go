@@ -18,7 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/proxyhealth/proxyhealth/internal/capability"
-	"github.com/proxyhealth/proxyhealth/internal/prereq"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/prereq"
 )
 
 // requireImageEnv makes TestImage fail, not skip, when podman is missing (.ci/run sets it).

@@ -21,8 +21,8 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 
-	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
-	"github.com/proxyhealth/proxyhealth/internal/prereq"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/netnsdial"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/prereq"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"

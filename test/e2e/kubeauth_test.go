@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/prometheus/common/model"
-	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/netnsdial"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"

@@ -16,7 +16,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/proxyhealth/proxyhealth/internal/prereq"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/prereq"
 )
 
 // nsPrefix names every namespace the lab creates; TestMain removes leftovers with it.

@@ -19,7 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/proxyhealth/proxyhealth/internal/nft"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/nft"
 )
 
 // nftablesFixtureSuffix ends the name of the directory under testdata/ that

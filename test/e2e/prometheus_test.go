@@ -18,8 +18,8 @@ import (
 	"time"
 
 	"github.com/prometheus/common/model"
-	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
-	"github.com/proxyhealth/proxyhealth/internal/prereq"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/netnsdial"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/prereq"
 )
 
 // A real Prometheus (and optionally Alertmanager) in a lab's node namespace, from Debian's

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/proxyhealth/proxyhealth/internal/metricsref"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/metricsref"
 )
 
 // readmeReference reads the metrics reference, docs/metrics.md.

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/proxyhealth/proxyhealth/internal/prereq"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/prereq"
 )
 
 func TestDeleteRefusesOthersNamespaces(t *testing.T) {

@@ -21,7 +21,7 @@ import (
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 	"github.com/proxyhealth/proxyhealth/bench/internal/nsproc"
-	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/netnsdial"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"

@@ -16,7 +16,7 @@ import (
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/proxyhealth/proxyhealth/internal/prereq"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/prereq"
 )
 
 // NetnsEnv is set in the environment of a test binary that ReexecInNetns re-ran inside a new
@@ -25,7 +25,7 @@ const NetnsEnv = "PROXYHEALTH_TEST_NETNS"
 
 // ReexecInNetns re-runs the test binary under `unshare --net` when it runs as root outside
 // such a namespace, and exits with its status; otherwise it returns and the caller runs the
-// tests (kernel tests then skip, or fail under CI: see InNetns and internal/prereq).
+// tests (kernel tests then skip, or fail under CI: see InNetns and internal/testsupport/prereq).
 func ReexecInNetns() {
 	if os.Getenv(NetnsEnv) != "" || os.Geteuid() != 0 {
 		return

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/proxyhealth/proxyhealth/internal/prereq"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/prereq"
 )
 
 // A listener on the loopback of a namespace of the test's own is reachable through Dialer and

@@ -60,9 +60,9 @@ func TestSkipOrFail(t *testing.T) {
 // this package.
 var allowedSkips = map[string][]string{
 	// -short leaves out the slow tests.
-	"collectors/rules/retain_test.go":      {"builds a large table"},
-	"internal/buildinfo/buildinfo_test.go": {"builds programs"},
-	"internal/iptables/iptables_test.go":   {"large input"},
+	"collectors/rules/retain_test.go":                {"builds a large table"},
+	"internal/buildinfo/buildinfo_test.go":           {"builds programs"},
+	"internal/testsupport/iptables/iptables_test.go": {"large input"},
 	// Opt-in: a recording to refresh, a scale benchmark.
 	"collectors/conntrack/decode_compare_test.go": {"only with -capture"},
 	"internal/nftnl/scale_kernel_test.go":         {"PROXYHEALTH_NFTNL_SCALE"},
@@ -78,7 +78,7 @@ var skipCall = regexp.MustCompile(`\.Skip(f|Now)?\(`)
 
 // Every skip in the tree goes through Skip or Skipf, or is on the short list above.
 func TestEverySkipIsRequiredUnderCI(t *testing.T) {
-	root, err := filepath.Abs("../..")
+	root, err := filepath.Abs("../../..")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +95,7 @@ func TestEverySkipIsRequiredUnderCI(t *testing.T) {
 		}
 		rel, _ := filepath.Rel(root, path)
 		rel = filepath.ToSlash(rel)
-		if !strings.HasSuffix(rel, ".go") || strings.HasPrefix(rel, "internal/prereq/") {
+		if !strings.HasSuffix(rel, ".go") || strings.HasPrefix(rel, "internal/testsupport/prereq/") {
 			return nil
 		}
 		f, err := os.Open(path)
