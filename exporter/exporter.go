@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"os"
@@ -145,6 +146,10 @@ func Main(args []string) int {
 			runners[r.name] = run
 		}
 	}
+	// Collectors that changed the node (--conntrack.invalid-reasons) put it back on every way
+	// out, without waiting for their background work, which the process's end would cut
+	// short. Close may be called more than once.
+	defer closeCollectors(built, logger)
 	var auth *kubeauth.Auth
 	if srv.kubeAuth.enabled {
 		auth, err = srv.kubeAuth.newKubeAuth(&api.cfg, *webConfig.WebConfigFile, logger.With("component", "kubernetes-auth"))
@@ -224,7 +229,20 @@ func Main(args []string) int {
 		return 1
 	case <-ctx.Done():
 		logger.Info("shutting down", "budget", srv.shutdownTimeout)
+		// The node is put back first: the shutdown budget may be all the grace period left.
+		closeCollectors(built, logger)
 		return shutdown(server, srv.shutdownTimeout, logger)
+	}
+}
+
+// closeCollectors calls Close on each collector that has one.
+func closeCollectors(built map[string]phcollectors.Collector, logger *slog.Logger) {
+	for name, c := range built {
+		if closer, ok := c.(io.Closer); ok {
+			if err := closer.Close(); err != nil {
+				logger.Error("collector clean-up failed", "collector", name, "err", err)
+			}
+		}
 	}
 }
 

@@ -1,7 +1,7 @@
 package conntrack
 
 import (
-	"strings"
+	"bytes"
 )
 
 // invalidReason is why conntrack marked a packet INVALID, normalised from the prefix of its
@@ -54,25 +54,38 @@ var invalidReasonPatterns = []struct {
 
 // normaliseInvalidReason maps a conntrack INVALID log prefix to its reason.
 func normaliseInvalidReason(prefix string) invalidReason {
+	return normaliseInvalidReasonBytes([]byte(prefix))
+}
+
+// normaliseInvalidReasonBytes is normaliseInvalidReason on the prefix as the log message
+// carries it, without allocating: it runs once per logged packet.
+func normaliseInvalidReasonBytes(prefix []byte) invalidReason {
 	text := prefix
-	if rest, ok := strings.CutPrefix(text, "nf_ct_"); ok {
+	if rest, ok := bytes.CutPrefix(text, []byte("nf_ct_")); ok {
 		// "nf_ct_proto_6: text", or another conntrack module's "nf_ct_<name>: text".
-		if _, after, found := strings.Cut(rest, ": "); found {
+		if _, after, found := bytes.Cut(rest, []byte(": ")); found {
 			text = after
 		}
 	}
-	text = strings.ToLower(strings.TrimSpace(text))
+	// The kernel's texts are far shorter; a longer one is judged by its start.
+	var lower [160]byte
+	n := copy(lower[:], bytes.TrimSpace(text))
+	for i, c := range lower[:n] {
+		if 'A' <= c && c <= 'Z' {
+			lower[i] = c + 'a' - 'A'
+		}
+	}
 	for _, p := range invalidReasonPatterns {
-		if containsAll(text, p.parts) {
+		if containsAll(lower[:n], p.parts) {
 			return p.reason
 		}
 	}
 	return invalidOther
 }
 
-func containsAll(s string, parts []string) bool {
+func containsAll(s []byte, parts []string) bool {
 	for _, p := range parts {
-		if !strings.Contains(s, p) {
+		if bytes.Index(s, []byte(p)) < 0 {
 			return false
 		}
 	}
