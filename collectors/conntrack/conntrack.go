@@ -173,7 +173,10 @@ var _ phcollectors.Runner = (*Collector)(nil)
 func (c *Collector) Run(ctx context.Context) {
 	c.warnIfEventsOff()
 	if c.invalid != nil {
-		go c.invalid.run(ctx)
+		// Run returns once the node's settings are back.
+		invalidDone := make(chan struct{})
+		go func() { c.invalid.run(ctx); close(invalidDone) }()
+		defer func() { <-invalidDone }()
 	}
 	go c.refreshViewLoop(ctx)
 	go phcollectors.Every(ctx, c.silentCheckInterval, c.checkSilent)

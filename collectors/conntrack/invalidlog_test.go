@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/promslog"
+	"github.com/proxyhealth/proxyhealth/internal/cluster"
 	"github.com/proxyhealth/proxyhealth/internal/hostrules"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
@@ -229,5 +230,37 @@ func TestCloseRestoresSettings(t *testing.T) {
 	}
 	if got := readSettings(t, procfs); got != "0 NONE NONE" {
 		t.Errorf("settings after a start following Close: %s", got)
+	}
+}
+
+func TestAPIEndpointMap(t *testing.T) {
+	dns := &cluster.ServicePort{
+		Name:             cluster.ServicePortName{Namespace: "kube-system", Name: "kube-dns", Port: "dns", Protocol: "UDP"},
+		ClusterIPs:       []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+		Port:             53,
+		ClusterEndpoints: []netip.AddrPort{netip.MustParseAddrPort("10.0.0.5:5353"), netip.MustParseAddrPort("[fd00::5]:5353")},
+	}
+	// A second Service on the same endpoint; the first in the view's order names it.
+	alias := &cluster.ServicePort{
+		Name:           cluster.ServicePortName{Namespace: "kube-system", Name: "z-alias", Protocol: "UDP"},
+		ClusterIPs:     []netip.Addr{netip.MustParseAddr("10.96.0.11")},
+		Port:           53,
+		LocalEndpoints: []netip.AddrPort{netip.MustParseAddrPort("10.0.0.5:5353"), netip.MustParseAddrPort("10.0.0.6:5353")},
+	}
+	m := apiEndpointMap(&cluster.Snapshot{Synced: true, Ports: []*cluster.ServicePort{dns, alias}})
+	for _, tc := range []struct {
+		ep   string
+		want string
+	}{{"10.0.0.5:5353", "kube-dns"}, {"[fd00::5]:5353", "kube-dns"}, {"10.0.0.6:5353", "z-alias"}} {
+		ep := netip.MustParseAddrPort(tc.ep)
+		if got, ok := m.Lookup(ep.Addr(), ep.Port(), 17); !ok || got.Name != tc.want {
+			t.Errorf("Lookup(%s/udp) = %+v, %v; want %s", tc.ep, got, ok, tc.want)
+		}
+	}
+	if _, ok := m.Lookup(netip.MustParseAddr("10.0.0.5"), 5353, 6); ok {
+		t.Error("found the UDP endpoint over TCP")
+	}
+	if _, ok := m.Lookup(netip.MustParseAddr("10.96.0.10"), 53, 17); ok {
+		t.Error("a cluster IP is in the endpoint map")
 	}
 }
