@@ -22,6 +22,7 @@ const (
 	nfulaCfgCmd      = 1
 	nfulaCfgMode     = 2
 	nfulaCfgNlbufsiz = 3
+	nfulaCfgTimeout  = 4
 	nfulaCfgFlags    = 6
 
 	nfulnlCfgCmdBind  = 1
@@ -36,6 +37,9 @@ const (
 	invalidLogGroup   = 0 // where nf_log's nfnetlink_log backend sends conntrack's log
 	invalidCopyRange  = 128
 	invalidLogBufSize = batchSlotBytes // one kernel batch per read slot
+	// A batch that does not fill is sent after this long (1/100 s; the kernel's default is
+	// a second).
+	invalidLogFlushTimeout = 10
 )
 
 // errGroupTaken is the bind's EPERM: another socket of this network namespace reads the group.
@@ -80,6 +84,7 @@ func nflogConfigMessage(group uint16) []byte {
 	mode[4] = nfulnlCopyPacket
 	b = appendAttr(b, nfulaCfgMode, mode)
 	b = appendAttr(b, nfulaCfgNlbufsiz, binary.BigEndian.AppendUint32(nil, invalidLogBufSize))
+	b = appendAttr(b, nfulaCfgTimeout, binary.BigEndian.AppendUint32(nil, invalidLogFlushTimeout))
 	b = appendAttr(b, nfulaCfgFlags, binary.BigEndian.AppendUint16(nil, nfulnlCfgFlagSeq))
 	binary.NativeEndian.PutUint32(b[0:4], uint32(len(b)))
 	return b
