@@ -62,7 +62,7 @@ func renderReport(h *header, rs []phaseResult) string {
 			notes = append(notes, fmt.Sprintf("table drop %d early_drop %d insert_failed %d", r.Table.Drop, r.Table.EarlyDrop, r.Table.InsertFailed))
 		}
 		if r.Consumer == "invalid" {
-			notes = append(notes, "INVALID packets (SYN+FIN) instead of flows: events are logged packets, lost (kernel Drops) counts the log's batches, lost (exporter metric) its packets")
+			notes = append(notes, "INVALID packets (SYN+FIN) instead of flows: events are logged packets, one datagram each")
 		} else if r.Gen.Sent > 0 {
 			notes = append(notes, fmt.Sprintf("%.2f events/flow, peak %d entries", float64(r.Handled+r.Lost)/float64(r.Gen.Sent), r.MaxEnt))
 		}

@@ -22,7 +22,6 @@ const (
 	nfulaCfgCmd      = 1
 	nfulaCfgMode     = 2
 	nfulaCfgNlbufsiz = 3
-	nfulaCfgTimeout  = 4
 	nfulaCfgFlags    = 6
 
 	nfulnlCfgCmdBind  = 1
@@ -36,18 +35,17 @@ const (
 	nfnetlinkV0       = 0
 	invalidLogGroup   = 0 // where nf_log's nfnetlink_log backend sends conntrack's log
 	invalidCopyRange  = 128
-	invalidLogBufSize = batchSlotBytes // one kernel batch per read slot
-	// A batch that does not fill is sent after this long (1/100 s; the kernel's default is
-	// a second).
-	invalidLogFlushTimeout = 10
+	invalidLogBufSize = batchSlotBytes // never more than a read slot per datagram
 )
 
 // errGroupTaken is the bind's EPERM: another socket of this network namespace reads the group.
 var errGroupTaken = errors.New("NFLOG group 0 is read by another process in this network namespace (only one reader is allowed)")
 
-// openInvalidLog binds NFLOG group 0 with a receive buffer of bufBytes. The kernel batches
-// several packets per datagram, up to one read slot; only the first invalidCopyRange bytes of
-// each packet are copied, enough for the IP and transport headers.
+// openInvalidLog binds NFLOG group 0 with a receive buffer of bufBytes. nf_log's default
+// logging info asks nfnetlink_log for a queue threshold of 1, so each logged packet is a
+// datagram of its own (whatever the instance's threshold or flush timeout); the reader takes
+// up to a batch of them per system call. Only the first invalidCopyRange bytes of each packet
+// are copied, enough for the IP and transport headers.
 func openInvalidLog(bufBytes int) (*eventSocket, error) {
 	return openBatchSocket(0, bufBytes, configureInvalidLog)
 }
@@ -84,7 +82,6 @@ func nflogConfigMessage(group uint16) []byte {
 	mode[4] = nfulnlCopyPacket
 	b = appendAttr(b, nfulaCfgMode, mode)
 	b = appendAttr(b, nfulaCfgNlbufsiz, binary.BigEndian.AppendUint32(nil, invalidLogBufSize))
-	b = appendAttr(b, nfulaCfgTimeout, binary.BigEndian.AppendUint32(nil, invalidLogFlushTimeout))
 	b = appendAttr(b, nfulaCfgFlags, binary.BigEndian.AppendUint16(nil, nfulnlCfgFlagSeq))
 	binary.NativeEndian.PutUint32(b[0:4], uint32(len(b)))
 	return b
