@@ -200,6 +200,11 @@ func (l *invalidLog) consume(ctx context.Context) error {
 	l.mu.Unlock()
 	stop := context.AfterFunc(ctx, func() { sock.Close() })
 	defer stop()
+	return l.consumeFrom(sock)
+}
+
+// consumeFrom counts each packet of sock's messages until sock fails.
+func (l *invalidLog) consumeFrom(sock eventSource) error {
 	var (
 		p  loggedPacket
 		tp tuple

@@ -2,6 +2,7 @@ package conntrack
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"net/netip"
 	"os"
@@ -264,3 +265,43 @@ func TestAPIEndpointMap(t *testing.T) {
 		t.Error("a cluster IP is in the endpoint map")
 	}
 }
+
+// BenchmarkInvalidLogMessage is the user-space work per logged packet: decode, reason,
+// Service lookup and count (the kernel's receive is measured by bench/conntrack-events).
+func BenchmarkInvalidLogMessage(b *testing.B) {
+	rules := newRulesServices(&rulesAt{webRules}, promslog.NewNopLogger(), true)
+	m, eps, _ := rules.load()
+	view := &attributionView{services: m, endpoints: eps, net: &localNet{}}
+	l := newInvalidLog(&Config{MaxServiceSeries: 100}, promslog.NewNopLogger(), func() *attributionView { return view })
+	msgs := [][]byte{
+		logMessage(2, "nf_ct_proto_6: invalid tcp flag combination ", ipv4Packet(5, 6, "10.0.0.2", "10.96.0.20", 0, ports(34567, 80)), 0),
+		logMessage(2, "nf_ct_proto_6: SEQ is over upper bound 2296793663 (over the window of the receiver) ", ipv4Packet(5, 6, "10.0.0.1", "10.0.0.2", 0, ports(8080, 34567)), 1),
+	}
+	src := &benchSource{msgs: msgs}
+	b.ReportAllocs()
+	b.ResetTimer()
+	src.n = b.N
+	if err := l.consumeFrom(src); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// benchSource hands out its messages in turn, n in all.
+type benchSource struct {
+	msgs [][]byte
+	n    int
+}
+
+func (s *benchSource) receiveBatches(fn func([]byte) error) error {
+	for i := 0; i < s.n; i++ {
+		m := s.msgs[i%len(s.msgs)]
+		// Each message its own sequence number, as the kernel numbers them.
+		binary.BigEndian.PutUint32(m[len(m)-4:], uint32(i))
+		if err := fn(m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+func (s *benchSource) drops() (uint32, error) { return 0, nil }
+func (s *benchSource) Close() error           { return nil }
