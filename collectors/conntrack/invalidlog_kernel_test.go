@@ -292,3 +292,32 @@ func TestKernelInvalidReasonsGroupTaken(t *testing.T) {
 	waitFor(t, "the event listener", func() bool { return c.resyncs.Load() >= 1 })
 	t.Logf("reported: %v", c.invalid.snapshot().err)
 }
+
+// noNetAdminEnv makes TestKernelInvalidLogWithoutNetAdmin do its check: it is set in the
+// copy of the test binary run without capabilities.
+const noNetAdminEnv = "PROXYHEALTH_TEST_NO_NET_ADMIN"
+
+// Without CAP_NET_ADMIN the bind's EPERM names the missing privilege, not a taken group.
+func TestKernelInvalidLogWithoutNetAdmin(t *testing.T) {
+	if os.Getenv(noNetAdminEnv) == "1" {
+		if hasNetAdmin() {
+			t.Fatal("still holds CAP_NET_ADMIN")
+		}
+		_, err := openInvalidLog(1 << 16)
+		if err == nil || errors.Is(err, errGroupTaken) || !strings.Contains(err.Error(), "CAP_NET_ADMIN") {
+			t.Fatalf("openInvalidLog without CAP_NET_ADMIN: %v, want the missing privilege named", err)
+		}
+		t.Logf("reported: %v", err)
+		return
+	}
+	requireOwnNetns(t, "setpriv")
+	// Root's uid, so the test binary stays readable, with no capability at all.
+	cmd := exec.Command("setpriv", "--bounding-set=-all", "--inh-caps=-all", os.Args[0],
+		"-test.run=^TestKernelInvalidLogWithoutNetAdmin$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), noNetAdminEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "reported:") {
+		t.Fatalf("without CAP_NET_ADMIN: %v\n%s", err, out)
+	}
+	t.Logf("%s", out)
+}

@@ -7,6 +7,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/proxyhealth/proxyhealth/internal/capability"
 )
 
 // conntrack's INVALID log arrives on NFLOG group 0 (nfnetlink_log), read here with the same
@@ -57,13 +59,21 @@ func configureInvalidLog(fd int) error {
 	}
 	err := awaitAck(fd, binary.NativeEndian.Uint32(msg[8:12]))
 	switch {
+	case errors.Is(err, unix.EPERM) && !hasNetAdmin():
+		return describeNetlinkError("bind NFLOG group 0", err)
 	case errors.Is(err, unix.EPERM):
-		// Also the answer without CAP_NET_ADMIN; the collector's other parts tell that apart.
 		return fmt.Errorf("bind NFLOG group 0: %w: %w", errGroupTaken, err)
 	case err != nil:
 		return describeNetlinkError("bind NFLOG group 0", err)
 	}
 	return nil
+}
+
+// hasNetAdmin reports whether the process holds CAP_NET_ADMIN: the bind's EPERM means a
+// taken group with it, a missing privilege without it.
+func hasNetAdmin() bool {
+	st, err := capability.Current()
+	return err == nil && st.Effective&capability.NetAdmin != 0
 }
 
 // nflogConfigMessage binds group to this socket, copying packets, with sequence numbers (so
