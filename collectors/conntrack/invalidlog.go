@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/proxyhealth/proxyhealth/internal/sysctl"
@@ -146,8 +147,12 @@ func (l *invalidLog) setLocked() ([]savedSetting, error) {
 			if restoreErr := restoreSettings(saved); restoreErr != nil {
 				err = errors.Join(err, restoreErr)
 			}
-			if errors.Is(err, os.ErrNotExist) {
+			switch {
+			case errors.Is(err, os.ErrNotExist):
 				return nil, fmt.Errorf("set %s: %w (is nf_conntrack loaded?)", path, err)
+			case errors.Is(err, syscall.EROFS):
+				// Container runtimes mount /proc/sys read-only.
+				return nil, fmt.Errorf("set %s: %w (in a container /proc/sys is read-only: mount the host's /proc writable and point --path.procfs at it)", path, err)
 			}
 			return nil, fmt.Errorf("set %s: %w", path, err)
 		}

@@ -321,3 +321,37 @@ func TestKernelInvalidLogWithoutNetAdmin(t *testing.T) {
 	}
 	t.Logf("%s", out)
 }
+
+// readOnlySysEnv makes TestKernelInvalidLogReadOnlyProcSys do its check: it is set in the copy
+// of the test binary run with /proc/sys read-only, as container runtimes mount it.
+const readOnlySysEnv = "PROXYHEALTH_TEST_RO_PROC_SYS"
+
+// A read-only /proc/sys fails the part with the way out named, and binds nothing.
+func TestKernelInvalidLogReadOnlyProcSys(t *testing.T) {
+	if os.Getenv(readOnlySysEnv) == "1" {
+		l := newInvalidLog(&Config{ProcPath: "/proc", SocketBufferBytes: 1 << 16, MaxServiceSeries: 1}, promslog.NewNopLogger(), nil)
+		err := l.start()
+		if err == nil || !strings.Contains(err.Error(), "read-only") || !strings.Contains(err.Error(), "--path.procfs") {
+			t.Fatalf("start with /proc/sys read-only: %v, want the read-only file system and the way out named", err)
+		}
+		// The group is free again: the socket was closed.
+		other, err2 := openInvalidLog(1 << 16)
+		if err2 != nil {
+			t.Fatalf("group 0 still held after the failure: %v", err2)
+		}
+		other.Close()
+		t.Logf("reported: %v", err)
+		return
+	}
+	requireOwnNetns(t, "unshare", "mount")
+	sh(t, "modprobe nf_conntrack 2>/dev/null || true")
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-ec",
+		`mount --bind /proc/sys /proc/sys; mount -o remount,ro,bind /proc/sys; exec "$@"`, "sh",
+		os.Args[0], "-test.run=^TestKernelInvalidLogReadOnlyProcSys$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), readOnlySysEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "reported:") {
+		t.Fatalf("with /proc/sys read-only: %v\n%s", err, out)
+	}
+	t.Logf("%s", out)
+}
