@@ -143,6 +143,9 @@ func New(cfg Config, logger *slog.Logger) (*Collector, error) {
 		// checking them every 10s keeps the open gauge within that of the truth.
 		silentCheckInterval: 10 * time.Second,
 	}
+	if cfg.InvalidReasons {
+		c.invalid = newInvalidLog(&c.cfg, logger, c.view.Load)
+	}
 	if cfg.Kernel != nil {
 		c.useKernel(cfg.Kernel)
 	}
@@ -150,9 +153,6 @@ func New(cfg Config, logger *slog.Logger) (*Collector, error) {
 		c.now = cfg.Now
 	}
 	c.view.Store(&attributionView{services: emptyServiceMap{}, endpoints: emptyServiceMap{}, net: &localNet{}})
-	if cfg.InvalidReasons {
-		c.invalid = newInvalidLog(&c.cfg, logger, c.view.Load)
-	}
 	return c, nil
 }
 
