@@ -93,7 +93,12 @@ func Main(args []string) int {
 	if cmd == diagnoseCmd.FullCommand() {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
-		return runDiagnose(ctx, *diagnoseCfg, regs, api, host, paths, diagnoseLogger(args, promslogConfig), os.Stdout, os.Stderr)
+		logger := diagnoseLogger(args, promslogConfig)
+		// diagnose builds the collectors itself; those that changed the node put it back
+		// when it ends, as the exporter's do.
+		built := make(map[string]phcollectors.Collector)
+		defer closeCollectors(built, logger)
+		return runDiagnose(ctx, *diagnoseCfg, recordBuilt(regs, built), api, host, paths, logger, os.Stdout, os.Stderr)
 	}
 	if statusCfg.Window <= 0 {
 		fmt.Fprintln(os.Stderr, "proxyhealth: --status.window must be positive")
@@ -233,6 +238,23 @@ func Main(args []string) int {
 		closeCollectors(built, logger)
 		return shutdown(server, srv.shutdownTimeout, logger)
 	}
+}
+
+// recordBuilt returns regs with each build adding what it built to built.
+func recordBuilt(regs []registration, built map[string]phcollectors.Collector) []registration {
+	out := make([]registration, len(regs))
+	for i, r := range regs {
+		build := r.build
+		r.build = func(l *slog.Logger) (phcollectors.Collector, phcollectors.Runner, error) {
+			c, run, err := build(l)
+			if err == nil {
+				built[r.name] = c
+			}
+			return c, run, err
+		}
+		out[i] = r
+	}
+	return out
 }
 
 // closeCollectors calls Close on each collector that has one.
