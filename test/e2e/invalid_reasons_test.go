@@ -199,6 +199,16 @@ func TestExporterInvalidReasons(t *testing.T) {
 		checkValue(t, e.Scrape(t), invalidReasonLost, nil, 0)
 	})
 
+	t.Run("scrape_matches_readme", func(t *testing.T) {
+		s := e.Scrape(t)
+		checkScrapeSignatures(t, s, readmeReference(t))
+		for _, name := range []string{invalidReasonTotal, invalidReasonLost} {
+			if _, ok := s[name]; !ok {
+				t.Errorf("%s is not in the scrape", name)
+			}
+		}
+	})
+
 	t.Run("settings_restored_on_sigterm", func(t *testing.T) {
 		l := l.In(t)
 		if err := e.p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
