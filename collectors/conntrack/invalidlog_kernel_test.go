@@ -69,7 +69,9 @@ func clientNetns(t *testing.T) int {
 		return err == nil && ns != own
 	})
 	in := fmt.Sprintf("nsenter --net=/proc/%d/ns/net ", pid)
-	sh(t, fmt.Sprintf(`ip link add ph-n type veth peer name ph-c
+	// A pair of an earlier run (-count) goes first.
+	sh(t, fmt.Sprintf(`ip link del ph-n 2>/dev/null || true
+ip link add ph-n type veth peer name ph-c
 ip link set ph-c netns %[1]d
 ip addr add 10.0.1.1/24 dev ph-n
 ip addr add fd00:1::1/64 dev ph-n nodad
@@ -187,8 +189,8 @@ func readProcSettings(t *testing.T) string {
 func TestKernelInvalidReasons(t *testing.T) {
 	requireOwnNetns(t, "ip", "iptables-restore", "ip6tables-restore", "iptables-nft", "unshare", "nsenter")
 	sh(t, `ip link set lo up
-ip addr add 10.0.0.1/32 dev lo
-ip addr add fd00::1/128 dev lo nodad
+ip addr replace 10.0.0.1/32 dev lo
+ip addr replace fd00::1/128 dev lo nodad
 sysctl -qw net.ipv4.ip_forward=1`)
 	// The IPv6 twin: conntrack tracks a family in a namespace only once something there
 	// needs it (here, as on a node, kube-proxy's nat rules).
