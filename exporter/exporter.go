@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"os"
@@ -76,7 +77,12 @@ func Main(args []string) int {
 	if cmd == diagnoseCmd.FullCommand() {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
-		return runDiagnose(ctx, *diagnoseCfg, regs, api, host, paths, diagnoseLogger(args, promslogConfig), os.Stdout, os.Stderr)
+		logger := diagnoseLogger(args, promslogConfig)
+		// diagnose builds the collectors itself; those that changed the node put it back
+		// when it ends, as the exporter's do.
+		built := make(map[string]phcollectors.Collector)
+		defer closeCollectors(built, logger)
+		return runDiagnose(ctx, *diagnoseCfg, recordBuilt(regs, built), api, host, paths, logger, os.Stdout, os.Stderr)
 	}
 	if statusCfg.Window <= 0 {
 		fmt.Fprintln(os.Stderr, "proxyhealth: --status.window must be positive")
@@ -129,6 +135,10 @@ func Main(args []string) int {
 			runners[r.name] = run
 		}
 	}
+	// Collectors that changed the node (--conntrack.invalid-reasons) put it back on every way
+	// out, without waiting for their background work, which the process's end would cut
+	// short. Close may be called more than once.
+	defer closeCollectors(built, logger)
 	var auth *kubeauth.Auth
 	if srv.kubeAuth.enabled {
 		auth, err = srv.kubeAuth.newKubeAuth(&api.cfg, *webConfig.WebConfigFile, logger.With("component", "kubernetes-auth"))
@@ -208,7 +218,37 @@ func Main(args []string) int {
 		return 1
 	case <-ctx.Done():
 		logger.Info("shutting down", "budget", srv.shutdownTimeout)
+		// The node is put back first: the shutdown budget may be all the grace period left.
+		closeCollectors(built, logger)
 		return shutdown(server, srv.shutdownTimeout, logger)
+	}
+}
+
+// recordBuilt returns regs with each build adding what it built to built.
+func recordBuilt(regs []registration, built map[string]phcollectors.Collector) []registration {
+	out := make([]registration, len(regs))
+	for i, r := range regs {
+		build := r.build
+		r.build = func(l *slog.Logger) (phcollectors.Collector, phcollectors.Runner, error) {
+			c, run, err := build(l)
+			if err == nil {
+				built[r.name] = c
+			}
+			return c, run, err
+		}
+		out[i] = r
+	}
+	return out
+}
+
+// closeCollectors calls Close on each collector that has one.
+func closeCollectors(built map[string]phcollectors.Collector, logger *slog.Logger) {
+	for name, c := range built {
+		if closer, ok := c.(io.Closer); ok {
+			if err := closer.Close(); err != nil {
+				logger.Error("collector clean-up failed", "collector", name, "err", err)
+			}
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package exporter
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -220,6 +221,8 @@ type conntrackKernel struct {
 	global ticonntrack.StatsGlobal
 	table  [][]byte
 	events *eventStream
+	// invalid is conntrack's INVALID log (invalidLogFixture), released with the events.
+	invalid *eventStream
 }
 
 func newConntrackKernel(t *testing.T) *conntrackKernel {
@@ -266,6 +269,13 @@ func (k *conntrackKernel) Subscribe(int) (conntrack.EventStream, error) {
 	return k.events, nil
 }
 
+func (k *conntrackKernel) LogInvalid(int) (conntrack.EventStream, error) {
+	if k.invalid == nil || !k.invalid.subscribed.CompareAndSwap(false, true) {
+		return nil, errors.New("the fixture serves one INVALID log reader")
+	}
+	return k.invalid, nil
+}
+
 func (k *conntrackKernel) Dump(fn func([]byte) error) error {
 	for _, m := range k.table {
 		if err := fn(m); err != nil {
@@ -290,6 +300,13 @@ func (k *conntrackKernel) release(t *testing.T) {
 	case <-k.events.delivered:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the conntrack events were not received")
+	}
+	if k.invalid != nil {
+		select {
+		case <-k.invalid.delivered:
+		case <-time.After(10 * time.Second):
+			t.Fatal("conntrack's INVALID log was not received")
+		}
 	}
 }
 
@@ -321,6 +338,83 @@ func (s *eventStream) Receive(fn func([]byte) error) error {
 
 func (s *eventStream) Drops() (uint32, error) { return 0, nil }
 func (s *eventStream) Close() error           { s.once.Do(func() { close(s.closed) }); return nil }
+
+// invalidLogFixture is conntrack's INVALID log as nfnetlink_log sends it on NFLOG group 0,
+// delivered with the conntrack events (release):
+// a SYN+FIN from a pod to lab/backend's cluster IP, an out-of-window segment from its first
+// endpoint back to the pod (incident 2), a TCP segment that would open a flow to kube-dns
+// without a SYN (a third Service: over --conntrack.max-service-series=2), and a UDP datagram
+// with a bad checksum to no Service. The log's sequence numbers skip one: a lost packet.
+func invalidLogFixture(t *testing.T, snap *cluster.Snapshot, release chan struct{}) *eventStream {
+	t.Helper()
+	var backend netip.AddrPort
+	for _, p := range snap.Ports {
+		if p.Name.Namespace == "lab" && p.Name.Name == "backend" && len(p.ClusterEndpoints) > 0 {
+			backend = p.ClusterEndpoints[0]
+		}
+	}
+	if !backend.IsValid() {
+		t.Fatal("no endpoint of lab/backend in the API view")
+	}
+	pod := netip.MustParseAddr("10.244.1.5")
+	msgs := [][]byte{
+		nflogPacket("nf_ct_proto_6: invalid tcp flag combination ", 6, netip.AddrPortFrom(pod, 41000), netip.MustParseAddrPort("10.96.0.50:80"), 0),
+		nflogPacket("nf_ct_proto_6: SEQ is over upper bound 2296793663 (over the window of the receiver) ", 6, backend, netip.AddrPortFrom(pod, 41001), 1),
+		nflogPacket("nf_ct_proto_6: invalid new ", 6, netip.AddrPortFrom(pod, 41002), netip.MustParseAddrPort("10.96.0.10:53"), 3),
+		nflogPacket("nf_ct_proto_17: bad checksum ", 17, netip.AddrPortFrom(pod, 41003), netip.MustParseAddrPort("10.244.9.9:9"), 4),
+	}
+	return &eventStream{msgs: msgs, release: release, delivered: make(chan struct{}), closed: make(chan struct{})}
+}
+
+// nflogPacket is one NFLOG packet message (NFULNL_MSG_PACKET) of an IPv4 packet from src to
+// dst: the prefix, the IP and transport headers, and the log's sequence number.
+func nflogPacket(prefix string, proto uint8, src, dst netip.AddrPort, seq uint32) []byte {
+	pkt := make([]byte, 24)
+	pkt[0] = 0x45
+	pkt[9] = proto
+	copy(pkt[12:16], src.Addr().AsSlice())
+	copy(pkt[16:20], dst.Addr().AsSlice())
+	binary.BigEndian.PutUint16(pkt[20:22], src.Port())
+	binary.BigEndian.PutUint16(pkt[22:24], dst.Port())
+	attr := func(b []byte, typ uint16, v []byte) []byte {
+		b = binary.NativeEndian.AppendUint16(b, uint16(4+len(v)))
+		b = binary.NativeEndian.AppendUint16(b, typ)
+		b = append(b, v...)
+		for len(b)%4 != 0 {
+			b = append(b, 0)
+		}
+		return b
+	}
+	const nfulaPayload, nfulaPrefix, nfulaSeq = 9, 10, 12
+	b := make([]byte, 20)
+	binary.NativeEndian.PutUint16(b[4:6], 4<<8) // NFNL_SUBSYS_ULOG, NFULNL_MSG_PACKET
+	b[16] = 2                                   // AF_INET
+	b = attr(b, nfulaPrefix, append([]byte(prefix), 0))
+	b = attr(b, nfulaPayload, pkt)
+	b = attr(b, nfulaSeq, binary.BigEndian.AppendUint32(nil, seq))
+	binary.NativeEndian.PutUint32(b[0:4], uint32(len(b)))
+	return b
+}
+
+// goldenProcfs is procFixture copied, with conntrack's log settings as a node has them
+// before --conntrack.invalid-reasons sets them (the collector writes them).
+func goldenProcfs(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.CopyFS(dir, os.DirFS(procFixture)); err != nil {
+		t.Fatal(err)
+	}
+	nf := filepath.Join(dir, "sys", "net", "netfilter")
+	if err := os.MkdirAll(filepath.Join(nf, "nf_log"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, v := range map[string]string{"nf_conntrack_log_invalid": "0\n", "nf_log/2": "NONE\n", "nf_log/10": "NONE\n"} {
+		if err := os.WriteFile(filepath.Join(nf, name), []byte(v), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
 
 // acceptingAPI is an API server that has the Node and Service asked for and accepts every
 // patch and Event: the node condition publisher's golden series.

@@ -88,6 +88,8 @@ func testGoldenScrape(t *testing.T, g golden) {
 	clock.set(checkedAt)
 	view := goldenAPIView(t, g.captureDir, scrapedAt.Add(-5*time.Second))
 	kernel := newConntrackKernel(t)
+	kernel.invalid = invalidLogFixture(t, view.Snap, kernel.events.release)
+	procfs := goldenProcfs(t)
 	kp := kubeProxy(t)
 	logPattern, writeLog := kubeProxyLog(t)
 
@@ -104,7 +106,8 @@ func testGoldenScrape(t *testing.T, g golden) {
 	rulesCfg.AddFlags(app)
 	kubeproxyCfg.AddFlags(app)
 	if _, err := app.Parse([]string{
-		"--path.procfs=" + procFixture,
+		"--path.procfs=" + procfs,
+		"--conntrack.invalid-reasons",
 		// Two label sets per series: the conntrack events make three, and the third shows
 		// in the *_unlisted series.
 		"--conntrack.max-service-series=2",
@@ -167,6 +170,7 @@ func testGoldenScrape(t *testing.T, g golden) {
 	// loaded from the API view, as it is a second after start on a node.
 	waitFor(t, "conntrack's Service map", conntrackC, "proxyhealth_conntrack_service_ports_known", float64(len(view.Snap.Ports)))
 	kernel.release(t)
+	waitFor(t, "conntrack's INVALID log read", conntrackC, "proxyhealth_conntrack_invalid_reason_packets_lost_total", 1)
 	// kube-proxy's log is read from its end when the exporter starts: the failures are
 	// written once it follows the file.
 	waitFor(t, "kube-proxy's log followed", kubeproxyC, "proxyhealth_kubeproxy_log_files_followed", 1)

@@ -93,7 +93,7 @@ func runMain(args []string) int {
 	fs.DurationVar(&cfg.stepDur, "step-duration", 5*time.Second, "how long the generator sends in each phase")
 	fs.StringVar(&cfg.exporterBin, "exporter-bin", "", "prebuilt proxyhealth binary (default: go build the repository at --repo)")
 	fs.StringVar(&cfg.repo, "repo", "", "proxyhealth repository root to build (default: found upwards from the working directory)")
-	fs.StringVar(&consumersS, "consumers", "exporter,conntrack", "consumers to measure in each step, in order (exporter, conntrack); the order alternates from step to step")
+	fs.StringVar(&consumersS, "consumers", "exporter,conntrack", "consumers to measure in each step, in order (exporter, conntrack, invalid); the order alternates from step to step. invalid is the exporter with --conntrack.invalid-reasons under a load of INVALID packets (SYN+FIN) instead of new flows")
 	fs.StringVar(&cfg.out, "out", "", "also write the markdown report to this file")
 	fs.BoolVar(&cfg.smoke, "smoke", false, "one short low-rate step; fails only if the harness breaks or a consumer gets no event")
 	fs.Var(&exporterArgs, "exporter-arg", "extra argument for proxyhealth (repeatable)")
@@ -121,7 +121,7 @@ func runMain(args []string) int {
 	}
 	for _, c := range strings.Split(consumersS, ",") {
 		c = strings.TrimSpace(c)
-		if c != "exporter" && c != "conntrack" {
+		if c != "exporter" && c != "conntrack" && c != "invalid" {
 			fmt.Fprintf(os.Stderr, "unknown consumer %q (exporter, conntrack)\n", c)
 			return 2
 		}
@@ -207,7 +207,7 @@ func bench(ctx context.Context, cfg config, argv []string) (results []phaseResul
 	}
 
 	exporterBin := cfg.exporterBin
-	if slices.Contains(cfg.consumers, "exporter") && exporterBin == "" {
+	if (slices.Contains(cfg.consumers, "exporter") || slices.Contains(cfg.consumers, "invalid")) && exporterBin == "" {
 		repo := cfg.repo
 		if repo == "" {
 			if repo, err = findRepo(); err != nil {
@@ -257,7 +257,7 @@ func bench(ctx context.Context, cfg config, argv []string) (results []phaseResul
 		hdr.ConntrackVersion = strings.TrimSpace(out)
 	}
 	var exporterBase []string
-	if exporterBin != "" && slices.Contains(cfg.consumers, "exporter") {
+	if exporterBin != "" && (slices.Contains(cfg.consumers, "exporter") || slices.Contains(cfg.consumers, "invalid")) {
 		out, _ := run(ctx, "", exporterBin, "--version")
 		hdr.ExporterInfo = firstLine(out)
 		if repo := cfg.repo; cfg.exporterBin == "" {
@@ -400,6 +400,8 @@ func (e *phaseEnv) startConsumer(kind string) (*consumer, error) {
 		args = append(base, "conntrack", "-E", "-e", "NEW,UPDATE,DESTROY")
 	case "exporter":
 		args = append(append(base, e.exporterBin), e.exporterArgs...)
+	case "invalid":
+		args = append(append(append(base, e.exporterBin), e.exporterArgs...), "--conntrack.invalid-reasons")
 	}
 	stamp := strconv.FormatInt(time.Now().UnixNano(), 36)
 	c.outPath = filepath.Join(e.eventDir, kind+"-"+stamp+".out")
@@ -598,6 +600,12 @@ func (e *phaseEnv) handled(ctx context.Context, c *consumer) (float64, exporterC
 	if err != nil {
 		return 0, m, err
 	}
+	if c.kind == "invalid" {
+		if !m.HaveInvalidLost {
+			return 0, m, errors.New("the exporter serves no proxyhealth_conntrack_invalid_reason_packets_lost_total (built without --conntrack.invalid-reasons?)")
+		}
+		return m.Invalid, m, nil
+	}
 	if !m.HaveEvents {
 		return 0, m, errors.New("the exporter serves no proxyhealth_conntrack_events_total (conntrack collector missing or not counting events?)")
 	}
@@ -632,10 +640,12 @@ func (e *phaseEnv) runPhase(ctx context.Context, st step, kind string) (res phas
 		}
 		ok, err := c.eventSocket()
 		if err == nil && ok {
-			if kind != "exporter" {
+			if kind == "conntrack" {
 				break
 			}
-			if _, err := e.scrape(ctx); err == nil {
+			// The invalid consumer is ready once its NFLOG reader is: the log's settings
+			// are set then (the exporter serves no collector error).
+			if m, err := e.scrape(ctx); err == nil && (kind == "exporter" || e.invalidLogReady(ctx, m)) {
 				break
 			}
 		}
@@ -686,7 +696,7 @@ func (e *phaseEnv) runPhase(ctx context.Context, st step, kind string) (res phas
 	defer stopSampler()
 
 	// Load.
-	g, err := e.generate(ctx, st)
+	g, err := e.generate(ctx, st, kind == "invalid")
 	if err != nil {
 		return fail(err)
 	}
@@ -743,9 +753,13 @@ func (e *phaseEnv) runPhase(ctx context.Context, st step, kind string) (res phas
 	res.SysTicks = s1 - s0
 	res.MaxEnt = dt.ent
 	res.Table = ctStats{Drop: st1.Drop - st0.Drop, EarlyDrop: st1.EarlyDrop - st0.EarlyDrop, InsertFailed: st1.InsertFailed - st0.InsertFailed}
-	if kind == "exporter" {
+	switch kind {
+	case "exporter":
 		res.HaveExpCt = m0.HaveLost && m1.HaveLost
 		res.ExpLost = m1.Lost - m0.Lost
+	case "invalid":
+		res.HaveExpCt = m0.HaveInvalidLost && m1.HaveInvalidLost
+		res.ExpLost = m1.InvalidLost - m0.InvalidLost
 	}
 	select {
 	case <-c.exited:
@@ -814,8 +828,16 @@ func (e *phaseEnv) waitEmpty(ctx context.Context, entries func(context.Context) 
 	}
 }
 
-// generate runs the flow generator in the namespace, pinned to its CPU.
-func (e *phaseEnv) generate(ctx context.Context, st step) (genResult, error) {
+// invalidLogReady reports whether the exporter reads conntrack's INVALID log: the namespace's
+// nf_conntrack_log_invalid is set, and the exporter serves the log's counters.
+func (e *phaseEnv) invalidLogReady(ctx context.Context, m exporterCounts) bool {
+	out, err := run(ctx, "", "ip", "netns", "exec", e.ns, "cat", "/proc/sys/net/netfilter/nf_conntrack_log_invalid")
+	return err == nil && strings.TrimSpace(out) == "255" && m.HaveInvalidLost
+}
+
+// generate runs the flow generator in the namespace, pinned to its CPU; with invalid, the
+// generator sends INVALID packets instead of new flows.
+func (e *phaseEnv) generate(ctx context.Context, st step, invalid bool) (genResult, error) {
 	gctx, cancel := context.WithTimeout(ctx, e.cfg.stepDur+60*time.Second)
 	defer cancel()
 	args := []string{"netns", "exec", e.ns, "taskset", "-c", strconv.Itoa(e.cfg.genCPU), e.self, "gen",
@@ -823,6 +845,9 @@ func (e *phaseEnv) generate(ctx context.Context, st step) (genResult, error) {
 		"--duration", e.cfg.stepDur.String(),
 		"--sockets", strconv.Itoa(e.cfg.sockets),
 		"--batch", strconv.Itoa(e.cfg.batch)}
+	if invalid {
+		args = append(args, "--invalid")
+	}
 	cmd := exec.CommandContext(gctx, "ip", args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	var stderr bytes.Buffer

@@ -49,6 +49,7 @@ func runGen(args []string) error {
 		dur        = fs.Duration("duration", 5*time.Second, "how long to send")
 		batch      = fs.Int("batch", 32, "datagrams per sendmmsg call")
 		reuseAfter = fs.Duration("reuse-after", 1100*time.Millisecond, "send to a tuple again once this long has passed (longer than the UDP timeout)")
+		invalid    = fs.Bool("invalid", false, "send TCP SYN+FIN segments, which conntrack marks INVALID (invalid tcp flag combination), instead of new UDP flows")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -69,6 +70,9 @@ func runGen(args []string) error {
 	}
 	if *rate < 0 {
 		return errors.New("--rate must be >= 0")
+	}
+	if *invalid {
+		return genInvalid(vip, uint16(*port), *rate, *dur, *batch)
 	}
 
 	// Host addresses of the client prefix, without network and broadcast addresses.
@@ -199,4 +203,76 @@ func errnoName(e syscall.Errno) string {
 		return n
 	}
 	return e.Error()
+}
+
+// genInvalid sends TCP segments with SYN and FIN set to vip:port from a raw socket, batch at a
+// time, each from another source port. conntrack marks each INVALID ("invalid tcp flag
+// combination") in the output hook, before any NAT, and creates no entry: with
+// nf_conntrack_log_invalid set, each is one message of conntrack's log. The segments then go
+// the way of the flow generator's datagrams, to the veth whose peer is down. Checksums are
+// left zero: conntrack checks them only for packets coming in.
+func genInvalid(vip netip.Addr, port uint16, rate float64, dur time.Duration, b int) error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
+	if err != nil {
+		return fmt.Errorf("raw socket: %w", err)
+	}
+	defer unix.Close(fd)
+	const segLen = 20
+	segs := make([]byte, b*segLen)
+	iov := make([]unix.Iovec, b)
+	msgs := make([]unix.Mmsghdr, b)
+	dst := &unix.RawSockaddrInet4{Family: unix.AF_INET, Addr: vip.As4()}
+	for i := 0; i < b; i++ {
+		seg := segs[i*segLen : (i+1)*segLen]
+		binary.BigEndian.PutUint16(seg[2:4], port)
+		binary.BigEndian.PutUint32(seg[4:8], 1)
+		seg[12] = 5 << 4
+		seg[13] = 0x03 // SYN|FIN
+		binary.BigEndian.PutUint16(seg[14:16], 64240)
+		iov[i].Base = &seg[0]
+		iov[i].SetLen(segLen)
+		m := &msgs[i].Hdr
+		m.Name = (*byte)(unsafe.Pointer(dst))
+		m.Namelen = unix.SizeofSockaddrInet4
+		m.Iov = &iov[i]
+		m.SetIovlen(1)
+	}
+	res := genResult{Target: rate, Errors: map[string]uint64{}, Tuples: 1 << 16}
+	var attempted uint64
+	srcPort := uint16(1024)
+	start := time.Now()
+	deadline := start.Add(dur)
+	for iter := 0; iter < genMaxMessages && attempted < genMaxMessages; iter++ {
+		now := time.Now()
+		if !now.Before(deadline) {
+			break
+		}
+		if rate > 0 {
+			due := start.Add(time.Duration(float64(attempted) / rate * float64(time.Second)))
+			if now.Before(due) {
+				time.Sleep(min(due.Sub(now), deadline.Sub(now)))
+				continue
+			}
+		}
+		for i := 0; i < b; i++ {
+			binary.BigEndian.PutUint16(segs[i*segLen:], srcPort)
+			if srcPort++; srcPort == 0 {
+				srcPort = 1024
+			}
+		}
+		r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, uintptr(fd), uintptr(unsafe.Pointer(&msgs[0])), uintptr(b), 0, 0, 0)
+		runtime.KeepAlive(msgs)
+		runtime.KeepAlive(iov)
+		runtime.KeepAlive(segs)
+		runtime.KeepAlive(dst)
+		if e != 0 {
+			res.Errors[errnoName(e)]++
+			attempted++
+			continue
+		}
+		res.Sent += uint64(r)
+		attempted += uint64(r)
+	}
+	res.Seconds = time.Since(start).Seconds()
+	return json.NewEncoder(os.Stdout).Encode(res)
 }

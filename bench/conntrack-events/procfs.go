@@ -200,6 +200,12 @@ type exporterCounts struct {
 	Lost       float64 // proxyhealth_conntrack_events_lost_total
 	HaveEvents bool
 	HaveLost   bool
+	// With --conntrack.invalid-reasons: the sum of
+	// proxyhealth_conntrack_invalid_reason_packets_total (and *_unlisted_total) over every
+	// label set, and proxyhealth_conntrack_invalid_reason_packets_lost_total.
+	Invalid         float64
+	InvalidLost     float64
+	HaveInvalidLost bool
 }
 
 // parseExporterMetrics picks the event stream counters out of a text exposition.
@@ -231,6 +237,19 @@ func parseExporterMetrics(r io.Reader) (exporterCounts, error) {
 			}
 			c.Lost += v
 			c.HaveLost = true
+		case "proxyhealth_conntrack_invalid_reason_packets_total", "proxyhealth_conntrack_invalid_reason_packets_unlisted_total":
+			v, err := strconv.ParseFloat(val, 64)
+			if err != nil {
+				return c, fmt.Errorf("sample %q: %w", line, err)
+			}
+			c.Invalid += v
+		case "proxyhealth_conntrack_invalid_reason_packets_lost_total":
+			v, err := strconv.ParseFloat(val, 64)
+			if err != nil {
+				return c, fmt.Errorf("sample %q: %w", line, err)
+			}
+			c.InvalidLost += v
+			c.HaveInvalidLost = true
 		}
 	}
 	return c, sc.Err()

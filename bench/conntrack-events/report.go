@@ -44,7 +44,7 @@ func renderReport(h *header, rs []phaseResult) string {
 			delivered = fmt.Sprintf("%.2f%%", 100*float64(r.Handled)/float64(r.Handled+r.Lost))
 		}
 		expLost := "-"
-		if r.Consumer == "exporter" {
+		if r.Consumer == "exporter" || r.Consumer == "invalid" {
 			expLost = "not served"
 			if r.HaveExpCt {
 				expLost = fmt.Sprintf("%.0f", r.ExpLost)
@@ -61,7 +61,9 @@ func renderReport(h *header, rs []phaseResult) string {
 		if r.Table.Drop+r.Table.EarlyDrop+r.Table.InsertFailed > 0 {
 			notes = append(notes, fmt.Sprintf("table drop %d early_drop %d insert_failed %d", r.Table.Drop, r.Table.EarlyDrop, r.Table.InsertFailed))
 		}
-		if r.Gen.Sent > 0 {
+		if r.Consumer == "invalid" {
+			notes = append(notes, "INVALID packets (SYN+FIN) instead of flows: events are logged packets, one datagram each")
+		} else if r.Gen.Sent > 0 {
 			notes = append(notes, fmt.Sprintf("%.2f events/flow, peak %d entries", float64(r.Handled+r.Lost)/float64(r.Gen.Sent), r.MaxEnt))
 		}
 		sysShare := "-"

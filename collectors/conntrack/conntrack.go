@@ -54,6 +54,8 @@ type Config struct {
 	// nodeExporterOverlap); off, they are read still (the verdict judges from them) but not
 	// exported.
 	TableStats bool
+	// InvalidReasons reads conntrack's INVALID log from NFLOG group 0 (see invalidLog).
+	InvalidReasons bool
 
 	// Kernel replaces the kernel's conntrack netlink and rtnetlink; nil reads this network
 	// namespace's (see Kernel).
@@ -78,6 +80,8 @@ func (c *Config) AddFlags(app *kingpin.Application) {
 		Default("30s").DurationVar(&c.ResyncMinInterval)
 	app.Flag("conntrack.table-stats", "Export the conntrack table's size and the kernel's per-CPU conntrack statistics that node_exporter's conntrack collector also exports (as node_nf_conntrack_*); --no-conntrack.table-stats where node_exporter runs too. proxyhealth's own alerts and dashboards read these series.").
 		Default("true").BoolVar(&c.TableStats)
+	app.Flag("conntrack.invalid-reasons", "Name the kernel's reason and the Service of each packet conntrack marks INVALID (proxyhealth_conntrack_invalid_reason_packets_total), from conntrack's own log: sets net.netfilter.nf_conntrack_log_invalid=255 and the nf_log backend of IPv4 and IPv6 to nfnetlink_log in the exporter's network namespace, and reads NFLOG group 0, which takes one reader per namespace: another user of group 0 (ulogd, an NFLOG rule without a group) keeps it, and this part fails until it is free. The old values are put back on exit (SIGTERM included); a crash leaves them set, costing a log message per INVALID packet that nobody reads, until the next exit of a restarted exporter puts back what it found then.").
+		Default("false").BoolVar(&c.InvalidReasons)
 }
 
 func (c *Config) validate() error {
@@ -98,6 +102,7 @@ type Collector struct {
 	logger   *slog.Logger
 	tracker  *flowTracker
 	services *rulesServices
+	invalid  *invalidLog // nil without --conntrack.invalid-reasons
 	// The kernel's interfaces, replaced in tests.
 	stats      func() (tableStats, error)
 	openEvents func(bufBytes int) (eventSource, error)
@@ -128,7 +133,7 @@ func New(cfg Config, logger *slog.Logger) (*Collector, error) {
 		cfg:        cfg,
 		logger:     logger,
 		tracker:    newFlowTracker(cfg.MaxTrackedFlows, cfg.MaxServiceSeries),
-		services:   newRulesServices(cfg.Rules, logger),
+		services:   newRulesServices(cfg.Rules, logger, cfg.InvalidReasons),
 		stats:      readStats,
 		openEvents: func(n int) (eventSource, error) { return openEventSocket(n) },
 		dump:       dumpTable,
@@ -138,14 +143,27 @@ func New(cfg Config, logger *slog.Logger) (*Collector, error) {
 		// checking them every 10s keeps the open gauge within that of the truth.
 		silentCheckInterval: 10 * time.Second,
 	}
+	if cfg.InvalidReasons {
+		c.invalid = newInvalidLog(&c.cfg, logger, c.view.Load)
+	}
 	if cfg.Kernel != nil {
 		c.useKernel(cfg.Kernel)
 	}
 	if cfg.Now != nil {
 		c.now = cfg.Now
 	}
-	c.view.Store(&attributionView{services: emptyServiceMap{}, net: &localNet{}})
+	c.view.Store(&attributionView{services: emptyServiceMap{}, endpoints: emptyServiceMap{}, net: &localNet{}})
 	return c, nil
+}
+
+// Close puts back the node settings --conntrack.invalid-reasons changed, at once: the exporter
+// calls it on its way out, since Run's own clean-up may not get to run before the process
+// ends.
+func (c *Collector) Close() error {
+	if c.invalid != nil {
+		c.invalid.restore()
+	}
+	return nil
 }
 
 var _ phcollectors.Runner = (*Collector)(nil)
@@ -154,6 +172,12 @@ var _ phcollectors.Runner = (*Collector)(nil)
 // error, and keeps the Service map and the local network view fresh.
 func (c *Collector) Run(ctx context.Context) {
 	c.warnIfEventsOff()
+	if c.invalid != nil {
+		// Run returns once the node's settings are back.
+		invalidDone := make(chan struct{})
+		go func() { c.invalid.run(ctx); close(invalidDone) }()
+		defer func() { <-invalidDone }()
+	}
 	go c.refreshViewLoop(ctx)
 	go phcollectors.Every(ctx, c.silentCheckInterval, c.checkSilent)
 	c.listenLoop(ctx)
@@ -326,7 +350,33 @@ type eventSource interface {
 // attributionView is the current Service map and local network, swapped as a whole.
 type attributionView struct {
 	services ServiceMap
-	net      *localNet
+	// endpoints maps each endpoint (address, port, protocol) to a Service it serves; built
+	// only for --conntrack.invalid-reasons, empty otherwise.
+	endpoints ServiceMap
+	net       *localNet
+}
+
+// invalidPacketService names the Service an INVALID packet belongs to, whichever way it went:
+// to or from a Service address (the client's side, before DNAT), or from or to one of its
+// endpoints (the endpoint's side: incident 2's out-of-window packets come from the endpoint,
+// not NATed back). The zero Service when nothing matches.
+func (v *attributionView) invalidPacketService(t *tuple) Service {
+	if svc, ok := v.services.Lookup(t.dst, t.dstPort, t.proto); ok {
+		return svc
+	}
+	if svc, ok := v.services.Lookup(t.src, t.srcPort, t.proto); ok {
+		return svc
+	}
+	if v.endpoints == nil {
+		return Service{}
+	}
+	if svc, ok := v.endpoints.Lookup(t.src, t.srcPort, t.proto); ok {
+		return svc
+	}
+	if svc, ok := v.endpoints.Lookup(t.dst, t.dstPort, t.proto); ok {
+		return svc
+	}
+	return Service{}
 }
 
 func (v *attributionView) attribute(orig, reply *tuple) seriesKey {
@@ -352,14 +402,16 @@ func (c *Collector) refreshViewLoop(ctx context.Context) {
 		rulesChanged = sub.Subscribe()
 	}
 	var (
-		lastNetErr string
-		ln         *localNet
-		fromRules  ServiceMap = emptyServiceMap{}
-		lastGen    uint64
-		fromAPI    ServiceMap
-		fromPorts  []*cluster.ServicePort // the ports fromAPI was built from
-		usingAPI   bool
-		dirty      = true // the view must be stored anew
+		lastNetErr    string
+		ln            *localNet
+		fromRules     ServiceMap = emptyServiceMap{}
+		rulesEndpoint ServiceMap = emptyServiceMap{}
+		lastGen       uint64
+		fromAPI       ServiceMap
+		apiEndpoints  ServiceMap             = emptyServiceMap{}
+		fromPorts     []*cluster.ServicePort // the ports fromAPI was built from
+		usingAPI      bool
+		dirty         = true // the view must be stored anew
 	)
 	reload := func() {
 		var err error
@@ -377,24 +429,29 @@ func (c *Collector) refreshViewLoop(ctx context.Context) {
 	reload()
 	for {
 		if c.cfg.View == nil || !c.cfg.View.Snapshot().Synced {
-			if m, changed := c.services.load(); changed {
-				fromRules, dirty = m, true
+			if m, eps, changed := c.services.load(); changed {
+				fromRules, rulesEndpoint, dirty = m, eps, true
 			}
 		}
-		services, api := fromRules, false
+		services, endpoints, api := fromRules, rulesEndpoint, false
 		if c.cfg.View != nil {
 			if snap := c.cfg.View.Snapshot(); snap.Synced {
 				if fromAPI == nil || snap.Generation != lastGen {
 					if fromAPI == nil || !sameServices(fromPorts, snap.Ports) {
 						fromAPI, dirty = apiServiceMap(snap), true
 					}
+					// Endpoints change far more often than Services; their map is built
+					// only for the INVALID log, which needs it.
+					if c.cfg.InvalidReasons {
+						apiEndpoints, dirty = apiEndpointMap(snap), true
+					}
 					fromPorts, lastGen = snap.Ports, snap.Generation
 				}
-				services, api = fromAPI, true
+				services, endpoints, api = fromAPI, apiEndpoints, true
 			}
 		}
 		if dirty || api != usingAPI {
-			c.view.Store(&attributionView{services: services, net: ln})
+			c.view.Store(&attributionView{services: services, endpoints: endpoints, net: ln})
 			dirty, usingAPI = false, api
 		}
 		select {
@@ -448,6 +505,9 @@ var (
 	openUnlistedDesc      = phcollectors.NewDesc("conntrack", "open_unreplied_flows_unlisted", "Open unreplied flows of Service ports left out of the per-service series by --conntrack.max-service-series.", overflowLabels...)
 	tcpBeLiberalDesc      = phcollectors.NewDesc("conntrack", "tcp_be_liberal", "net.netfilter.nf_conntrack_tcp_be_liberal, read from <procfs>/sys/net/netfilter/nf_conntrack_tcp_be_liberal: 1 when conntrack does not mark out-of-window TCP packets INVALID.")
 	eventsSettingDesc     = phcollectors.NewDesc("conntrack", "events_setting", "net.netfilter.nf_conntrack_events, read from <procfs>/sys/net/netfilter/nf_conntrack_events: 0 off (the conntrack event listener sees nothing), 1 on, 2 on while a listener exists.")
+	invalidReasonDesc     = phcollectors.NewDesc("conntrack", "invalid_reason_packets_total", "With --conntrack.invalid-reasons: packets conntrack marked INVALID and logged, from its log on NFLOG group 0, by the kernel's reason (tcp_flags, checksum, invalid_new, icmp_type, seq_over_window, seq_under_window, ack_over_window, ack_under_window, ignored, other) and the Service whose address or endpoint the packet carried (empty when none). Not every INVALID packet is logged and some logged ones (ignored) are not counted INVALID: proxyhealth_conntrack_invalid_packets_total stays the total.", "reason", "service_namespace", "service_name")
+	invalidUnlistedDesc   = phcollectors.NewDesc("conntrack", "invalid_reason_packets_unlisted_total", "With --conntrack.invalid-reasons: logged INVALID packets of Services left out of proxyhealth_conntrack_invalid_reason_packets_total by --conntrack.max-service-series, by reason.", "reason")
+	invalidLostDesc       = phcollectors.NewDesc("conntrack", "invalid_reason_packets_lost_total", "With --conntrack.invalid-reasons: logged INVALID packets that never reached the exporter (gaps in the log's sequence numbers: the socket's buffer was full) or could not be decoded.")
 	servicesKnownDesc     = phcollectors.NewDesc("conntrack", "service_ports_known", "Service addresses (cluster IP, port, protocol) the exporter can attribute flows to, from its API view or, without a synced one, from kube-proxy's KUBE-SERVICES rules; 0 means every flow is no_service.")
 )
 
@@ -455,7 +515,8 @@ var (
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{entriesDesc, entriesLimitDesc, eventsDesc, eventsLostDesc, receiveErrorsDesc,
 		resyncsDesc, untrackedDesc, trackedDesc, unrepliedDesc, openUnrepliedDesc, unrepliedUnlistedDesc,
-		openUnlistedDesc, servicesKnownDesc, tcpBeLiberalDesc, eventsSettingDesc} {
+		openUnlistedDesc, servicesKnownDesc, tcpBeLiberalDesc, eventsSettingDesc, invalidReasonDesc, invalidUnlistedDesc,
+		invalidLostDesc} {
 		ch <- d
 	}
 	for _, d := range cpuStatDescs {
@@ -508,6 +569,12 @@ func (c *Collector) Update(ch chan<- prometheus.Metric) error {
 	ch <- prometheus.MustNewConstMetric(receiveErrorsDesc, prometheus.CounterValue, float64(c.receiveErrors.Load()))
 	ch <- prometheus.MustNewConstMetric(resyncsDesc, prometheus.CounterValue, float64(c.resyncs.Load()))
 
+	if c.invalid != nil {
+		if err := c.updateInvalid(ch); err != nil {
+			errs = append(errs, err)
+		}
+	}
+
 	view := c.view.Load()
 	ch <- prometheus.MustNewConstMetric(servicesKnownDesc, prometheus.GaugeValue, float64(view.services.Len()))
 	snap := c.tracker.snapshot(c.now().Add(-c.cfg.UnrepliedAfter).UnixNano(), view)
@@ -526,6 +593,21 @@ func (c *Collector) Update(ch chan<- prometheus.Metric) error {
 		ch <- prometheus.MustNewConstMetric(openUnlistedDesc, prometheus.GaugeValue, float64(s.value), protocolName(s.key.proto), s.key.reason.String())
 	}
 	return errors.Join(errs...)
+}
+
+// updateInvalid sends the INVALID log's counters, and why it is not running, if it is not.
+func (c *Collector) updateInvalid(ch chan<- prometheus.Metric) error {
+	s := c.invalid.snapshot()
+	for k, v := range s.counts {
+		ch <- prometheus.MustNewConstMetric(invalidReasonDesc, prometheus.CounterValue, float64(v), k.reason.String(), k.namespace, k.name)
+	}
+	for r, v := range s.unlisted {
+		if v > 0 {
+			ch <- prometheus.MustNewConstMetric(invalidUnlistedDesc, prometheus.CounterValue, float64(v), invalidReason(r).String())
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(invalidLostDesc, prometheus.CounterValue, float64(s.lost))
+	return s.err
 }
 
 func (k seriesKey) labels() []string {

@@ -41,9 +41,16 @@ const (
 var errSocketClosed = errors.New("conntrack event socket closed")
 
 // openEventSocket subscribes to the conntrack event groups with a receive buffer of bufBytes.
-// NETLINK_NO_ENOBUFS keeps the socket usable when the kernel drops events for it: the drop
-// count is read from the socket itself (drops) instead of being inferred from an error.
 func openEventSocket(bufBytes int) (*eventSocket, error) {
+	return openBatchSocket(eventGroups, bufBytes, nil)
+}
+
+// openBatchSocket opens a netfilter netlink socket bound to the multicast groups (a bitmask),
+// with a receive buffer of bufBytes, runs configure on its descriptor (nil for none), and
+// readies it for batched reads. NETLINK_NO_ENOBUFS keeps the socket usable when the kernel
+// drops messages for it: the drop count is read from the socket itself (drops) instead of
+// being inferred from an error.
+func openBatchSocket(groups uint32, bufBytes int, configure func(fd int) error) (*eventSocket, error) {
 	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
 	if err != nil {
 		return nil, describeNetlinkError("open conntrack netlink socket", err)
@@ -52,7 +59,7 @@ func openEventSocket(bufBytes int) (*eventSocket, error) {
 		unix.Close(fd)
 		return nil, describeNetlinkError(what, err)
 	}
-	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: eventGroups}); err != nil {
+	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: groups}); err != nil {
 		return fail("subscribe to conntrack events", err)
 	}
 	if err := unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_NO_ENOBUFS, 1); err != nil {
@@ -68,6 +75,12 @@ func openEventSocket(bufBytes int) (*eventSocket, error) {
 	tv := unix.NsecToTimeval(closeCheckInterval.Nanoseconds())
 	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
 		return fail("set receive timeout", err)
+	}
+	if configure != nil {
+		if err := configure(fd); err != nil {
+			unix.Close(fd)
+			return nil, err
+		}
 	}
 	s := &eventSocket{
 		fd:    fd,

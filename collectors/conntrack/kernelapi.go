@@ -27,6 +27,16 @@ type Kernel interface {
 	LocalNetwork() (bridges, local []netip.Prefix, err error)
 }
 
+// InvalidLogKernel is a Kernel that also serves conntrack's INVALID log. With
+// --conntrack.invalid-reasons, a Kernel without it has no log to read: that part of the
+// collector fails, as it does where group 0 is taken.
+type InvalidLogKernel interface {
+	Kernel
+	// LogInvalid binds NFLOG group 0 with a receive buffer of bufBytes; each message is one
+	// netlink message as nfnetlink_log sends it.
+	LogInvalid(bufBytes int) (EventStream, error)
+}
+
 // EventStream is one subscription to the conntrack event groups.
 type EventStream interface {
 	// Receive calls fn with each event, one netlink message (header included) as the kernel
@@ -67,6 +77,19 @@ func (c *Collector) useKernel(k Kernel) {
 			fn(&ev)
 			return nil
 		})
+	}
+	if c.invalid != nil {
+		c.invalid.open = func(n int) (eventSource, error) {
+			ik, ok := k.(InvalidLogKernel)
+			if !ok {
+				return nil, errors.New("the kernel's replacement serves no INVALID log")
+			}
+			s, err := ik.LogInvalid(n)
+			if err != nil {
+				return nil, err
+			}
+			return streamSource{s}, nil
+		}
 	}
 	c.loadNet = func() (*localNet, error) {
 		bridges, local, err := k.LocalNetwork()

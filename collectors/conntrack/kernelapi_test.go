@@ -179,3 +179,21 @@ tcp      6 431999 ESTABLISHED src=10.244.1.2 dst=10.96.0.10 sport=40000 dport=80
 		t.Error("a line without a reply tuple was accepted")
 	}
 }
+
+// A Config.Kernel replaces the INVALID log's socket too; one that has none fails that part
+// alone, and nothing opens this namespace's NFLOG group instead.
+func TestKernelWithoutInvalidLog(t *testing.T) {
+	procfs := invalidProcfs(t, "0", "NONE", "NONE")
+	cfg := Config{ProcPath: procfs, UnrepliedAfter: time.Second, MaxTrackedFlows: 10, MaxServiceSeries: 10, SocketBufferBytes: 1,
+		ServiceRefreshInterval: time.Hour, ResyncMinInterval: time.Hour, Kernel: &fakeKernel{}, InvalidReasons: true}
+	c, err := New(cfg, promslog.NewNopLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.invalid.start(); err == nil || !strings.Contains(err.Error(), "serves no INVALID log") {
+		t.Errorf("start with a Kernel without the log: %v", err)
+	}
+	if got := readSettings(t, procfs); got != "0 NONE NONE" {
+		t.Errorf("settings changed: %s", got)
+	}
+}

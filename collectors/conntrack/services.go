@@ -43,6 +43,28 @@ func apiServiceMap(snap *cluster.Snapshot) serviceMap {
 	return m
 }
 
+// apiEndpointMap maps each endpoint of the API view (address, port, protocol) to the first
+// Service port, in the view's order, that sends to it.
+func apiEndpointMap(snap *cluster.Snapshot) serviceMap {
+	m := make(serviceMap)
+	for _, sp := range snap.Ports {
+		proto, ok := protocolNumbers[strings.ToLower(sp.Name.Protocol)]
+		if !ok {
+			continue
+		}
+		svc := Service{Namespace: sp.Name.Namespace, Name: sp.Name.Name, Port: sp.Port}
+		for _, eps := range [][]netip.AddrPort{sp.ClusterEndpoints, sp.LocalEndpoints} {
+			for _, ep := range eps {
+				k := serviceKey{ep.Addr().Unmap(), ep.Port(), proto}
+				if _, taken := m[k]; !taken {
+					m[k] = svc
+				}
+			}
+		}
+	}
+	return m
+}
+
 // sameServices reports whether two snapshots' ports map the same cluster IPs, ports and
 // protocols to the same Services, so that the map built from the first serves the second.
 // Endpoint changes, most of a busy cluster's, leave them so. The view shares the ports a
@@ -79,28 +101,31 @@ type Rules interface {
 // mode above 1,000 endpoints kube-proxy leaves out the comments that name a Service: the port
 // is then known, its name is not.
 type rulesServices struct {
-	rules    Rules
-	logger   *slog.Logger
-	lastNote string
-	lastSeq  uint64
-	last     serviceMap
+	rules     Rules
+	logger    *slog.Logger
+	endpoints bool // build the map of endpoints too
+	lastNote  string
+	lastSeq   uint64
+	last      serviceMap
+	lastEps   serviceMap
 }
 
-func newRulesServices(rules Rules, logger *slog.Logger) *rulesServices {
-	return &rulesServices{rules: rules, logger: logger}
+func newRulesServices(rules Rules, logger *slog.Logger, endpoints bool) *rulesServices {
+	return &rulesServices{rules: rules, logger: logger, endpoints: endpoints}
 }
 
-// load returns the map of the last read, rebuilt only when a new read was published, and
-// whether it is new since the last call.
-func (k *rulesServices) load() (ServiceMap, bool) {
+// load returns the maps of Service addresses and of endpoints of the last read, rebuilt only
+// when a new read was published, and whether they are new since the last call. The endpoints
+// are those of each Service's chain, and the map is empty unless asked for.
+func (k *rulesServices) load() (services, endpoints ServiceMap, changed bool) {
 	var st *hostrules.State
 	if k.rules != nil {
 		st = k.rules.State()
 	}
 	if st != nil && k.last != nil && st.Seq == k.lastSeq {
-		return k.last, false
+		return k.last, k.lastEps, false
 	}
-	m := serviceMap{}
+	m, eps := serviceMap{}, serviceMap{}
 	var note string
 	switch {
 	case st == nil:
@@ -111,7 +136,16 @@ func (k *rulesServices) load() (ServiceMap, bool) {
 				continue
 			}
 			for _, sp := range t.Services {
-				m[serviceKey{sp.ClusterIP.Unmap(), sp.Port, sp.Protocol}] = Service{Namespace: sp.Namespace, Name: sp.Name, Port: sp.Port}
+				svc := Service{Namespace: sp.Namespace, Name: sp.Name, Port: sp.Port}
+				m[serviceKey{sp.ClusterIP.Unmap(), sp.Port, sp.Protocol}] = svc
+				if !k.endpoints {
+					continue
+				}
+				for _, ep := range t.Chains[sp.Chain] {
+					if key := (serviceKey{ep.Addr().Unmap(), ep.Port(), sp.Protocol}); eps[key] == (Service{}) {
+						eps[key] = svc
+					}
+				}
 			}
 		}
 		switch {
@@ -122,7 +156,7 @@ func (k *rulesServices) load() (ServiceMap, bool) {
 		default:
 			note = fmt.Sprintf("attributing flows to %d Service ports from kube-proxy's rules (%s)", len(m), st.Backend)
 		}
-		k.lastSeq, k.last = st.Seq, m
+		k.lastSeq, k.last, k.lastEps = st.Seq, m, eps
 	}
 	if note != k.lastNote {
 		// Said once, and again only when it changes.
@@ -133,7 +167,7 @@ func (k *rulesServices) load() (ServiceMap, bool) {
 		}
 		k.lastNote = note
 	}
-	return m, true
+	return m, eps, true
 }
 
 var protocolNumbers = map[string]uint8{"tcp": ruleset.ProtoTCP, "udp": ruleset.ProtoUDP, "sctp": ruleset.ProtoSCTP}

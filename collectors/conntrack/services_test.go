@@ -26,8 +26,8 @@ func TestRulesServicesLoad(t *testing.T) {
 			{ClusterIP: dns, Port: 53, Protocol: ruleset.ProtoTCP, Namespace: "kube-system", Name: "kube-dns", PortName: "dns-tcp"},
 			{ClusterIP: netip.MustParseAddr("10.96.0.1"), Port: 443, Protocol: ruleset.ProtoTCP},
 		}}}}}
-	k := newRulesServices(rules, promslog.NewNopLogger())
-	m, changed := k.load()
+	k := newRulesServices(rules, promslog.NewNopLogger(), false)
+	m, _, changed := k.load()
 	if !changed || m.Len() != 3 {
 		t.Fatalf("first load: Len() = %d, changed %v; want 3, true", m.Len(), changed)
 	}
@@ -37,7 +37,7 @@ func TestRulesServicesLoad(t *testing.T) {
 	if svc, ok := m.Lookup(netip.MustParseAddr("10.96.0.1"), 443, ruleset.ProtoTCP); !ok || svc.Port != 443 || svc.Name != "" {
 		t.Errorf("Lookup(uncommented) = %+v, %v", svc, ok)
 	}
-	if _, changed := k.load(); changed {
+	if _, _, changed := k.load(); changed {
 		t.Error("the same read loaded twice reports a change")
 	}
 	if !strings.Contains(k.lastNote, "3 Service ports") {
@@ -45,12 +45,12 @@ func TestRulesServicesLoad(t *testing.T) {
 	}
 	// A refusal is passed on in the log, not taken for "no kube-proxy".
 	rules.st = &hostrules.State{Seq: 2, Mode: hostrules.ModeNone, ProxyErr: errors.New("operation not permitted")}
-	if m, changed := k.load(); !changed || m.Len() != 0 || !strings.Contains(k.lastNote, "operation not permitted") {
+	if m, _, changed := k.load(); !changed || m.Len() != 0 || !strings.Contains(k.lastNote, "operation not permitted") {
 		t.Errorf("refused: Len() %d, changed %v, note %q", m.Len(), changed, k.lastNote)
 	}
 	// No reader at all: flows stay unattributed until the API view syncs.
-	k = newRulesServices(nil, promslog.NewNopLogger())
-	if m, _ := k.load(); m.Len() != 0 || !strings.Contains(k.lastNote, "not read") {
+	k = newRulesServices(nil, promslog.NewNopLogger(), false)
+	if m, _, _ := k.load(); m.Len() != 0 || !strings.Contains(k.lastNote, "not read") {
 		t.Errorf("no reader: Len() %d, note %q", m.Len(), k.lastNote)
 	}
 }

@@ -9,6 +9,13 @@
 //	get <url> [--timeout 5s]                 HTTP GET, print the body (how the lab scrapes)
 //	send-invalid <ip:port> [--count N]       send N crafted TCP SYN+FIN packets from a raw socket;
 //	                                         conntrack marks every one INVALID
+//	send-tcp <ip:port> --src <ip:port> [--flags SAFR] [--seq N] [--ack N] [--bad-checksum] [--count N]
+//	                                         send N crafted TCP segments from a raw socket
+//	serve-hold <addr>                        accept connections and keep them open, printing
+//	                                         "reset <peer>" when one is reset
+//	hold <addr> [--for 30s]                  connect, print "local <addr> rcvnxt <n> sndnxt <m>"
+//	                                         (the connection's next sequence numbers, read in
+//	                                         TCP repair mode), and keep it open
 //	fault-proxy <listen> --to <addr> --control <addr>
 //	                                         TCP proxy that black-holes and heals on command
 //	                                         (test/kubelab's FaultProxy)
@@ -23,11 +30,14 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"strconv"
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
 )
@@ -57,6 +67,23 @@ func main() {
 		count := fs.Int("count", 1, "packets to send")
 		_ = fs.Parse(rest)
 		err = sendInvalid(target, *count)
+	case "send-tcp":
+		fs := flag.NewFlagSet(cmd, flag.ExitOnError)
+		src := fs.String("src", "", "source ip:port (an address of this namespace)")
+		flags := fs.String("flags", "A", "TCP flags: any of S, A, F, R, P")
+		seq := fs.Uint("seq", 1, "sequence number")
+		ack := fs.Uint("ack", 0, "acknowledgment number")
+		bad := fs.Bool("bad-checksum", false, "send a wrong TCP checksum")
+		count := fs.Int("count", 1, "segments to send")
+		_ = fs.Parse(rest)
+		err = sendTCP(target, *src, *flags, uint32(*seq), uint32(*ack), *bad, *count)
+	case "serve-hold":
+		err = serveHold(target)
+	case "hold":
+		fs := flag.NewFlagSet(cmd, flag.ExitOnError)
+		d := fs.Duration("for", 30*time.Second, "how long to keep the connection")
+		_ = fs.Parse(rest)
+		err = hold(target, *d)
 	case "fault-proxy":
 		fs := flag.NewFlagSet(cmd, flag.ExitOnError)
 		to := fs.String("to", "", "upstream address")
@@ -225,6 +252,12 @@ func sendInvalid(dst string, count int) error {
 }
 
 func synFinPacket(src, dst net.IP, sport, dport, id uint16) []byte {
+	return tcpPacket(src, dst, sport, dport, id, 0x1000000+uint32(id), 0, 0x02|0x01, false)
+}
+
+// tcpPacket builds an IPv4/TCP packet (no options, no data); with badChecksum its TCP checksum
+// is off by one.
+func tcpPacket(src, dst net.IP, sport, dport, id uint16, seq, ack uint32, flags byte, badChecksum bool) []byte {
 	const ipLen, tcpLen = 20, 20
 	p := make([]byte, ipLen+tcpLen)
 	ip, tcp := p[:ipLen], p[ipLen:]
@@ -240,9 +273,10 @@ func synFinPacket(src, dst net.IP, sport, dport, id uint16) []byte {
 
 	binary.BigEndian.PutUint16(tcp[0:], sport)
 	binary.BigEndian.PutUint16(tcp[2:], dport)
-	binary.BigEndian.PutUint32(tcp[4:], 0x1000000+uint32(id))
-	tcp[12] = 5 << 4      // data offset
-	tcp[13] = 0x02 | 0x01 // SYN | FIN
+	binary.BigEndian.PutUint32(tcp[4:], seq)
+	binary.BigEndian.PutUint32(tcp[8:], ack)
+	tcp[12] = 5 << 4 // data offset
+	tcp[13] = flags
 	binary.BigEndian.PutUint16(tcp[14:], 65535)
 	// Pseudo-header: src, dst, zero, protocol, TCP length.
 	var sum uint32
@@ -250,7 +284,11 @@ func synFinPacket(src, dst net.IP, sport, dport, id uint16) []byte {
 		sum += uint32(binary.BigEndian.Uint16(src[i:])) + uint32(binary.BigEndian.Uint16(dst[i:]))
 	}
 	sum += syscall.IPPROTO_TCP + tcpLen
-	binary.BigEndian.PutUint16(tcp[16:], checksum(tcp, sum))
+	csum := checksum(tcp, sum)
+	if badChecksum {
+		csum++
+	}
+	binary.BigEndian.PutUint16(tcp[16:], csum)
 	return p
 }
 
@@ -265,4 +303,119 @@ func checksum(b []byte, sum uint32) uint16 {
 		sum = sum&0xffff + sum>>16
 	}
 	return ^uint16(sum)
+}
+
+// sendTCP writes count crafted TCP segments from src to dst through a raw socket.
+func sendTCP(dst, src, flags string, seq, ack uint32, badChecksum bool, count int) error {
+	if count < 1 || count > 100000 {
+		return fmt.Errorf("--count %d out of range 1..100000", count)
+	}
+	d, err := netip.ParseAddrPort(dst)
+	if err != nil || !d.Addr().Is4() {
+		return fmt.Errorf("destination %q: want ipv4:port", dst)
+	}
+	s, err := netip.ParseAddrPort(src)
+	if err != nil || !s.Addr().Is4() {
+		return fmt.Errorf("--src %q: want ipv4:port", src)
+	}
+	var f byte
+	for _, c := range flags {
+		bit, ok := map[rune]byte{'F': 0x01, 'S': 0x02, 'R': 0x04, 'P': 0x08, 'A': 0x10}[c]
+		if !ok {
+			return fmt.Errorf("--flags %q: want letters of SAFRP", flags)
+		}
+		f |= bit
+	}
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_RAW, syscall.IPPROTO_RAW) // implies IP_HDRINCL
+	if err != nil {
+		return fmt.Errorf("raw socket: %w", err)
+	}
+	defer syscall.Close(fd)
+	sa := &syscall.SockaddrInet4{Addr: d.Addr().As4()}
+	srcIP, dstIP := s.Addr().AsSlice(), d.Addr().AsSlice()
+	for i := 0; i < count; i++ {
+		pkt := tcpPacket(srcIP, dstIP, s.Port(), d.Port(), uint16(i), seq, ack, f, badChecksum)
+		if err := syscall.Sendto(fd, pkt, 0, sa); err != nil {
+			return fmt.Errorf("segment %d: %w", i, err)
+		}
+	}
+	fmt.Printf("sent %d\n", count)
+	return nil
+}
+
+// serveHold accepts connections and keeps each open until its peer closes or resets it.
+func serveHold(addr string) error {
+	ln, err := net.Listen("tcp4", addr)
+	if err != nil {
+		return err
+	}
+	fmt.Println("ready")
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		go func() {
+			defer c.Close()
+			_, err := io.Copy(io.Discard, c)
+			if errors.Is(err, syscall.ECONNRESET) {
+				fmt.Printf("reset %s\n", c.RemoteAddr())
+			} else {
+				fmt.Printf("closed %s: %v\n", c.RemoteAddr(), err)
+			}
+		}()
+	}
+}
+
+// hold connects to addr and keeps the connection for d, after printing its local address and
+// the next sequence numbers it expects and sends, read in TCP repair mode (CAP_NET_ADMIN), so
+// that a segment can be crafted in or out of its window.
+func hold(addr string, d time.Duration) error {
+	c, err := net.DialTimeout("tcp4", addr, 3*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	raw, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		return err
+	}
+	var rcvNxt, sndNxt int
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		set := func(opt, v int) {
+			if serr == nil {
+				serr = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, opt, v)
+			}
+		}
+		get := func(queue int, into *int) {
+			set(unix.TCP_REPAIR_QUEUE, queue)
+			if serr == nil {
+				*into, serr = unix.GetsockoptInt(int(fd), syscall.IPPROTO_TCP, unix.TCP_QUEUE_SEQ)
+			}
+		}
+		set(unix.TCP_REPAIR, unix.TCP_REPAIR_ON)
+		// TCP_RECV_QUEUE and TCP_SEND_QUEUE of linux/tcp.h (not in x/sys/unix).
+		const recvQueue, sendQueue = 1, 2
+		get(recvQueue, &rcvNxt)
+		get(sendQueue, &sndNxt)
+		set(unix.TCP_REPAIR, unix.TCP_REPAIR_OFF)
+	}); err != nil {
+		return err
+	}
+	if serr != nil {
+		return fmt.Errorf("TCP repair mode: %w", serr)
+	}
+	fmt.Printf("local %s rcvnxt %d sndnxt %d\n", c.LocalAddr(), uint32(rcvNxt), uint32(sndNxt))
+	_ = c.SetReadDeadline(time.Now().Add(d))
+	_, err = io.Copy(io.Discard, c)
+	switch {
+	case errors.Is(err, syscall.ECONNRESET):
+		fmt.Println("reset")
+	case err != nil:
+		fmt.Printf("ended: %v\n", err)
+	default:
+		fmt.Println("closed")
+	}
+	return nil
 }

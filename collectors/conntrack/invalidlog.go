@@ -1,0 +1,273 @@
+package conntrack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/proxyhealth/proxyhealth/internal/sysctl"
+)
+
+// The settings that route conntrack's INVALID log to NFLOG group 0, relative to the procfs
+// mountpoint, and the values --conntrack.invalid-reasons gives them. Both are per network
+// namespace: /proc/sys/net resolves to the namespace of the process that opens it.
+var invalidLogSettings = []struct{ path, value string }{
+	// Log every protocol's INVALID packets (255: all; the value is a protocol number).
+	{filepath.Join(sysctl.NetfilterDir, "nf_conntrack_log_invalid"), "255"},
+	// nf_log's backend per family (NFPROTO_IPV4, NFPROTO_IPV6): nfnetlink_log sends to NFLOG
+	// group 0, where conntrack's log has no group of its own.
+	{filepath.Join(sysctl.NetfilterDir, "nf_log", "2"), "nfnetlink_log"},
+	{filepath.Join(sysctl.NetfilterDir, "nf_log", "10"), "nfnetlink_log"},
+}
+
+// savedSetting is a setting's value before the exporter changed it.
+type savedSetting struct{ path, value string }
+
+// invalidKey is one label set of proxyhealth_conntrack_invalid_reason_packets_total.
+type invalidKey struct {
+	reason          invalidReason
+	namespace, name string
+}
+
+// invalidLog is the collector's --conntrack.invalid-reasons part: it points conntrack's
+// INVALID log at NFLOG group 0, reads it, and counts packets by reason and Service. It
+// changes the node's settings only while it reads, and puts them back when it stops (restore).
+type invalidLog struct {
+	procPath  string
+	bufBytes  int
+	maxSeries int
+	logger    *slog.Logger
+	open      func(bufBytes int) (eventSource, error)
+	view      func() *attributionView
+
+	mu       sync.Mutex
+	stopped  bool           // restore ran: nothing may be set again
+	saved    []savedSetting // what the settings were before we set them; nil while not set
+	sock     eventSource
+	err      error // why the part is not running; nil while it is
+	counts   map[invalidKey]uint64
+	unlisted [invalidReasonCount]uint64
+	lost     uint64 // packets the kernel logged that never reached us (sequence gaps)
+	nextSeq  uint32
+	seqKnown bool
+}
+
+func newInvalidLog(cfg *Config, logger *slog.Logger, view func() *attributionView) *invalidLog {
+	return &invalidLog{
+		procPath:  cfg.ProcPath,
+		bufBytes:  cfg.SocketBufferBytes,
+		maxSeries: cfg.MaxServiceSeries,
+		logger:    logger,
+		open:      func(n int) (eventSource, error) { return openInvalidLog(n) },
+		view:      view,
+		counts:    make(map[invalidKey]uint64),
+		err:       errors.New("conntrack INVALID log (--conntrack.invalid-reasons): not started yet"),
+	}
+}
+
+// run binds the group, sets the settings and reads until ctx is done, then restores the
+// settings. A bind or a setting that fails is retried with a growing pause, so a group another
+// reader holds is taken once it is free; the error is what Update reports meanwhile.
+func (l *invalidLog) run(ctx context.Context) {
+	defer l.restore()
+	const maxBackoff = time.Minute
+	backoff := time.Second
+	for ctx.Err() == nil {
+		err := l.start()
+		if err == nil {
+			backoff = time.Second
+			err = l.consume(ctx)
+			if ctx.Err() != nil {
+				return
+			}
+			// The settings stay while the socket is replaced: with no reader, the kernel
+			// drops what it logs.
+			err = fmt.Errorf("reading NFLOG group 0: %w", err)
+		}
+		l.setErr(fmt.Errorf("conntrack INVALID log (--conntrack.invalid-reasons): %w", err))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, maxBackoff)
+	}
+}
+
+func (l *invalidLog) setErr(err error) {
+	l.mu.Lock()
+	l.err = err
+	l.mu.Unlock()
+}
+
+// start binds the group first (it loads nfnetlink_log, without which nf_log refuses the
+// backend, and fails early when the group is taken), then sets the settings.
+func (l *invalidLog) start() error {
+	sock, err := l.open(l.bufBytes)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stopped {
+		sock.Close()
+		return errors.New("stopped")
+	}
+	if l.saved == nil {
+		saved, err := l.setLocked()
+		if err != nil {
+			sock.Close()
+			return err
+		}
+		l.saved = saved
+		l.logger.Info("conntrack's INVALID log is read from NFLOG group 0; the settings are put back on exit",
+			"previous", fmt.Sprint(saved))
+	}
+	l.sock, l.seqKnown, l.err = sock, false, nil
+	return nil
+}
+
+// setLocked saves and sets each setting; on a failure it puts back those already set.
+func (l *invalidLog) setLocked() ([]savedSetting, error) {
+	var saved []savedSetting
+	for _, s := range invalidLogSettings {
+		path := filepath.Join(l.procPath, s.path)
+		old, err := os.ReadFile(path)
+		if err == nil {
+			err = os.WriteFile(path, []byte(s.value), 0)
+		}
+		if err != nil {
+			if restoreErr := restoreSettings(saved); restoreErr != nil {
+				err = errors.Join(err, restoreErr)
+			}
+			switch {
+			case errors.Is(err, os.ErrNotExist):
+				return nil, fmt.Errorf("set %s: %w (is nf_conntrack loaded?)", path, err)
+			case errors.Is(err, syscall.EROFS):
+				// Container runtimes mount /proc/sys read-only.
+				return nil, fmt.Errorf("set %s: %w (in a container /proc/sys is read-only: mount the host's /proc writable and point --path.procfs at it)", path, err)
+			}
+			return nil, fmt.Errorf("set %s: %w", path, err)
+		}
+		saved = append(saved, savedSetting{path, strings.TrimSpace(string(old))})
+	}
+	return saved, nil
+}
+
+// restoreSettings writes the saved values back, last set first.
+func restoreSettings(saved []savedSetting) error {
+	var errs []error
+	for i := len(saved) - 1; i >= 0; i-- {
+		if err := os.WriteFile(saved[i].path, []byte(saved[i].value), 0); err != nil {
+			errs = append(errs, fmt.Errorf("put back %s=%q: %w", saved[i].path, saved[i].value, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// restore puts the settings back and closes the socket, once; nothing is set after it. The
+// settings go first, so the kernel stops logging before the reader goes.
+func (l *invalidLog) restore() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stopped {
+		return
+	}
+	l.stopped = true
+	if l.saved != nil {
+		if err := restoreSettings(l.saved); err != nil {
+			l.logger.Error("cannot put conntrack's INVALID log settings back", "err", err)
+		} else {
+			l.logger.Info("conntrack's INVALID log settings put back", "settings", fmt.Sprint(l.saved))
+		}
+		l.saved = nil
+	}
+	if l.sock != nil {
+		l.sock.Close()
+	}
+}
+
+func (s savedSetting) String() string {
+	return filepath.Base(filepath.Dir(s.path)) + "/" + filepath.Base(s.path) + "=" + s.value
+}
+
+// consume reads the socket until it fails or ctx is done.
+func (l *invalidLog) consume(ctx context.Context) error {
+	l.mu.Lock()
+	sock := l.sock
+	l.mu.Unlock()
+	stop := context.AfterFunc(ctx, func() { sock.Close() })
+	defer stop()
+	return l.consumeFrom(sock)
+}
+
+// consumeFrom counts each packet of sock's messages until sock fails.
+func (l *invalidLog) consumeFrom(sock eventSource) error {
+	var (
+		p  loggedPacket
+		tp tuple
+	)
+	return sock.receiveBatches(func(msg []byte) error {
+		if err := decodeLogMessage(msg, &p); err != nil {
+			if !errors.Is(err, errNotLogPacket) {
+				l.mu.Lock()
+				l.lost++
+				l.mu.Unlock()
+			}
+			return nil
+		}
+		r := normaliseInvalidReasonBytes(p.prefix)
+		var svc Service
+		if err := decodePacketTuple(p.payload, &tp); err == nil {
+			svc = l.view().invalidPacketService(&tp)
+		}
+		l.count(&p, invalidKey{r, svc.Namespace, svc.Name})
+		return nil
+	})
+}
+
+func (l *invalidLog) count(p *loggedPacket, k invalidKey) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if p.hasSeq {
+		// The kernel numbers the packets it logs; a gap is packets dropped for our socket
+		// (its buffer was full) or lost before that.
+		if l.seqKnown && p.seq != l.nextSeq {
+			if gap := p.seq - l.nextSeq; gap < 1<<31 {
+				l.lost += uint64(gap)
+			}
+		}
+		l.nextSeq, l.seqKnown = p.seq+1, true
+	}
+	if _, listed := l.counts[k]; listed || k.name == "" && k.namespace == "" || len(l.counts) < l.maxSeries {
+		// Packets of no Service carry no service labels: one series per reason, outside the cap.
+		l.counts[k]++
+		return
+	}
+	l.unlisted[k.reason]++
+}
+
+// invalidSnapshot is what a scrape reads.
+type invalidSnapshot struct {
+	counts   map[invalidKey]uint64
+	unlisted [invalidReasonCount]uint64
+	lost     uint64
+	err      error
+}
+
+func (l *invalidLog) snapshot() invalidSnapshot {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := invalidSnapshot{counts: make(map[invalidKey]uint64, len(l.counts)), unlisted: l.unlisted, lost: l.lost, err: l.err}
+	for k, v := range l.counts {
+		s.counts[k] = v
+	}
+	return s
+}

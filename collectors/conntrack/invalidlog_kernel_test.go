@@ -1,0 +1,359 @@
+package conntrack
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/promslog"
+	"golang.org/x/sys/unix"
+
+	"github.com/proxyhealth/proxyhealth/internal/hostrules"
+	"github.com/proxyhealth/proxyhealth/internal/ruleset"
+)
+
+// webServiceRules is kube-proxy's iptables-mode shape for default/web, TCP port 80 on cluster
+// IP 10.96.0.20, with one endpoint 10.0.0.1:8080 on this node.
+const webServiceRules = `*nat
+:PREROUTING ACCEPT [0:0]
+:INPUT ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:POSTROUTING ACCEPT [0:0]
+:KUBE-SERVICES - [0:0]
+:KUBE-SVC-WEBWEBWEBWEBWEB1 - [0:0]
+:KUBE-SEP-WEBWEBWEBWEBWEB1 - [0:0]
+-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A KUBE-SERVICES -d 10.96.0.20/32 -p tcp -m comment --comment "default/web:http cluster IP" -m tcp --dport 80 -j KUBE-SVC-WEBWEBWEBWEBWEB1
+-A KUBE-SVC-WEBWEBWEBWEBWEB1 -m comment --comment "default/web:http -> 10.0.0.1:8080" -j KUBE-SEP-WEBWEBWEBWEBWEB1
+-A KUBE-SEP-WEBWEBWEBWEBWEB1 -p tcp -m comment --comment "default/web:http" -m tcp -j DNAT --to-destination 10.0.0.1:8080
+COMMIT
+`
+
+// webServiceState is webServiceRules as internal/hostrules reads them, with an IPv6 twin of
+// the Service (cluster IP fd00:96::20, endpoint [fd00::1]:8080).
+var webServiceState = &hostrules.State{Seq: 1, Mode: hostrules.ModeIPTables, Proxy: map[bool]*ruleset.ProxyTable{
+	false: {
+		Chains:   map[string][]netip.AddrPort{"KUBE-SVC-WEBWEBWEBWEBWEB1": {netip.MustParseAddrPort("10.0.0.1:8080")}},
+		Services: []ruleset.Service{{ClusterIP: netip.MustParseAddr("10.96.0.20"), Port: 80, Protocol: ruleset.ProtoTCP, Namespace: "default", Name: "web", PortName: "http", Chain: "KUBE-SVC-WEBWEBWEBWEBWEB1"}},
+	},
+	true: {
+		Chains:   map[string][]netip.AddrPort{"KUBE-SVC-WEB6WEB6WEB6WEB6": {netip.MustParseAddrPort("[fd00::1]:8080")}},
+		Services: []ruleset.Service{{ClusterIP: netip.MustParseAddr("fd00:96::20"), Port: 80, Protocol: ruleset.ProtoTCP, Namespace: "default", Name: "web6", PortName: "http", Chain: "KUBE-SVC-WEB6WEB6WEB6WEB6"}},
+	},
+}}
+
+// clientNetns starts a network namespace of its own, held by a sleeping process, joined to
+// this one by a veth pair: ph-c (the client, 10.0.1.2, fd00:1::2) there, ph-n (10.0.1.1,
+// fd00:1::1) here. It returns the holder's pid.
+func clientNetns(t *testing.T) int {
+	t.Helper()
+	holder := exec.Command("unshare", "--net", "sleep", "120")
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { holder.Process.Kill(); holder.Wait() })
+	pid := holder.Process.Pid
+	// unshare has made the namespace once the holder's differs from ours.
+	own, _ := os.Readlink("/proc/self/ns/net")
+	waitFor(t, "the client namespace", func() bool {
+		ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", pid))
+		return err == nil && ns != own
+	})
+	in := fmt.Sprintf("nsenter --net=/proc/%d/ns/net ", pid)
+	// A pair of an earlier run (-count) goes first.
+	sh(t, fmt.Sprintf(`ip link del ph-n 2>/dev/null || true
+ip link add ph-n type veth peer name ph-c
+ip link set ph-c netns %[1]d
+ip addr add 10.0.1.1/24 dev ph-n
+ip addr add fd00:1::1/64 dev ph-n nodad
+ip link set ph-n up
+%[2]s ip link set lo up
+%[2]s ip addr add 10.0.1.2/24 dev ph-c
+%[2]s ip addr add fd00:1::2/64 dev ph-c nodad
+%[2]s ip link set ph-c up
+%[2]s ip route add default via 10.0.1.1
+%[2]s ip -6 route add default via fd00:1::1`, pid, in))
+	return pid
+}
+
+// inNetns runs fn on a thread moved into the network namespace of pid; sockets it opens stay
+// there.
+func inNetns(t *testing.T, pid int, fn func()) {
+	t.Helper()
+	runtime.LockOSThread()
+	own, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(own)
+	target, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(target)
+	if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
+		t.Fatal(err)
+	}
+	fn()
+	if err := unix.Setns(own, unix.CLONE_NEWNET); err != nil {
+		// The thread stays locked and ends with the goroutine, in the wrong namespace.
+		t.Fatal(err)
+	}
+	runtime.UnlockOSThread()
+}
+
+const (
+	tcpFIN = 0x01
+	tcpSYN = 0x02
+	tcpRST = 0x04
+	tcpACK = 0x10
+)
+
+// tcpSegment builds a TCP header (no options, no data) from src to dst, its checksum right
+// or, with badChecksum, off by one.
+func tcpSegment(src, dst netip.AddrPort, flags byte, seq, ack uint32, badChecksum bool) []byte {
+	b := make([]byte, 20)
+	binary.BigEndian.PutUint16(b[0:2], src.Port())
+	binary.BigEndian.PutUint16(b[2:4], dst.Port())
+	binary.BigEndian.PutUint32(b[4:8], seq)
+	binary.BigEndian.PutUint32(b[8:12], ack)
+	b[12] = 5 << 4
+	b[13] = flags
+	binary.BigEndian.PutUint16(b[14:16], 64240)
+	// The pseudo-header: addresses, protocol, length.
+	var sum uint32
+	add := func(p []byte) {
+		for i := 0; i+1 < len(p); i += 2 {
+			sum += uint32(binary.BigEndian.Uint16(p[i:]))
+		}
+	}
+	add(src.Addr().AsSlice())
+	add(dst.Addr().AsSlice())
+	sum += 6 + uint32(len(b))
+	add(b)
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	csum := ^uint16(sum)
+	if badChecksum {
+		csum++
+	}
+	binary.BigEndian.PutUint16(b[16:18], csum)
+	return b
+}
+
+// rawTCPSender opens a raw TCP socket of src's family bound to src's address; the kernel adds
+// the IP header.
+func rawTCPSender(t *testing.T, src netip.AddrPort) func(dst netip.AddrPort, seg []byte) {
+	t.Helper()
+	family := unix.AF_INET
+	if src.Addr().Is6() {
+		family = unix.AF_INET6
+	}
+	fd, err := unix.Socket(family, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	sockaddr := func(a netip.AddrPort) unix.Sockaddr {
+		if a.Addr().Is6() {
+			return &unix.SockaddrInet6{Addr: a.Addr().As16()}
+		}
+		return &unix.SockaddrInet4{Addr: a.Addr().As4()}
+	}
+	if err := unix.Bind(fd, sockaddr(src)); err != nil {
+		t.Fatal(err)
+	}
+	return func(dst netip.AddrPort, seg []byte) {
+		t.Helper()
+		if err := unix.Sendto(fd, seg, 0, sockaddr(dst)); err != nil {
+			t.Fatalf("send to %s: %v", dst, err)
+		}
+	}
+}
+
+func readProcSettings(t *testing.T) string {
+	t.Helper()
+	return readSettings(t, "/proc")
+}
+
+func TestKernelInvalidReasons(t *testing.T) {
+	requireOwnNetns(t, "ip", "iptables-restore", "ip6tables-restore", "iptables-nft", "unshare", "nsenter")
+	sh(t, `ip link set lo up
+ip addr replace 10.0.0.1/32 dev lo
+ip addr replace fd00::1/128 dev lo nodad
+sysctl -qw net.ipv4.ip_forward=1`)
+	// The IPv6 twin: conntrack tracks a family in a namespace only once something there
+	// needs it (here, as on a node, kube-proxy's nat rules).
+	web6 := strings.NewReplacer("10.96.0.20/32", "fd00:96::20/128", "10.0.0.1:8080", "[fd00::1]:8080", "WEBWEBWEBWEBWEB1", "WEB6WEB6WEB6WEB6", "default/web:", "default/web6:").Replace(webServiceRules)
+	for tool, rules := range map[string]string{"iptables-restore": webServiceRules, "ip6tables-restore": web6} {
+		restore := exec.Command(tool)
+		restore.Stdin = strings.NewReader(rules)
+		if out, err := restore.CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v\n%s", tool, err, out)
+		}
+	}
+	client := clientNetns(t)
+	// Loaded by the bind at the latest; the values here are this namespace's defaults.
+	sh(t, "modprobe nfnetlink_log 2>/dev/null || true; sysctl -qw net.netfilter.nf_conntrack_log_invalid=0")
+	before := readProcSettings(t)
+
+	cfg := Config{UnrepliedAfter: time.Second, MaxTrackedFlows: 100, MaxServiceSeries: 10, SocketBufferBytes: 1 << 20,
+		ServiceRefreshInterval: time.Hour, ResyncMinInterval: time.Hour, ProcPath: "/proc",
+		Rules: &rulesAt{webServiceState}, InvalidReasons: true}
+	c, err := New(cfg, promslog.NewNopLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { c.Run(ctx); close(done) }()
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
+			cancel()
+			<-done
+		}
+	}
+	t.Cleanup(stop)
+	waitFor(t, "the INVALID log to be read", func() bool {
+		return c.invalid.snapshot().err == nil && c.view.Load().endpoints.Len() == 2
+	})
+	if got := readProcSettings(t); got != "255 nfnetlink_log nfnetlink_log" {
+		t.Fatalf("settings while reading: %s", got)
+	}
+
+	client4 := netip.MustParseAddrPort("10.0.1.2:40000")
+	client6 := netip.MustParseAddrPort("[fd00:1::2]:40000")
+	clusterIP := netip.MustParseAddrPort("10.96.0.20:80")
+	endpoint4 := netip.MustParseAddrPort("10.0.0.1:8080")
+	endpoint6 := netip.MustParseAddrPort("[fd00::1]:8080")
+	inNetns(t, client, func() {
+		send4, send6 := rawTCPSender(t, client4), rawTCPSender(t, client6)
+		// SYN+FIN to the cluster IP: the flags are checked before any DNAT.
+		send4(clusterIP, tcpSegment(client4, clusterIP, tcpSYN|tcpFIN, 1, 0, false))
+		// A SYN with a bad checksum to the endpoint itself (as over a bridge, after DNAT
+		// elsewhere); checked at PRE_ROUTING only, so it comes over the veth.
+		send4(endpoint4, tcpSegment(client4, endpoint4, tcpSYN, 1, 0, true))
+		send4(endpoint4, tcpSegment(client4, endpoint4, tcpSYN, 1, 0, true))
+		// IPv6: SYN+FIN to the endpoint.
+		send6(endpoint6, tcpSegment(client6, endpoint6, tcpSYN|tcpFIN, 1, 0, false))
+	})
+	for _, want := range []string{
+		`proxyhealth_conntrack_invalid_reason_packets_total{reason="tcp_flags",service_name="web",service_namespace="default"} 1`,
+		`proxyhealth_conntrack_invalid_reason_packets_total{reason="checksum",service_name="web",service_namespace="default"} 2`,
+		`proxyhealth_conntrack_invalid_reason_packets_total{reason="tcp_flags",service_name="web6",service_namespace="default"} 1`,
+	} {
+		waitForScrape(t, c, want)
+	}
+	out := scrape(t, c)
+	if !strings.Contains(out, "proxyhealth_conntrack_invalid_reason_packets_lost_total 0") {
+		t.Errorf("packets lost:\n%s", out)
+	}
+	stop()
+	if got := readProcSettings(t); got != before {
+		t.Errorf("settings after the collector stopped: %s, want %s", got, before)
+	}
+}
+
+func TestKernelInvalidReasonsGroupTaken(t *testing.T) {
+	requireOwnNetns(t)
+	sh(t, "modprobe nf_conntrack 2>/dev/null || true; sysctl -qw net.netfilter.nf_conntrack_log_invalid=0")
+	before := readProcSettings(t)
+	other, err := openInvalidLog(1 << 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+
+	cfg := Config{UnrepliedAfter: time.Second, MaxTrackedFlows: 100, MaxServiceSeries: 10, SocketBufferBytes: 1 << 20,
+		ServiceRefreshInterval: time.Hour, ResyncMinInterval: time.Hour, ProcPath: "/proc", InvalidReasons: true}
+	c, err := New(cfg, promslog.NewNopLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { c.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	waitFor(t, "the taken group to be reported", func() bool { return errors.Is(c.invalid.snapshot().err, errGroupTaken) })
+	if got := readProcSettings(t); got != before {
+		t.Errorf("settings changed although the group is taken: %s, was %s", got, before)
+	}
+	// The rest of the collector works: the event listener runs.
+	waitFor(t, "the event listener", func() bool { return c.resyncs.Load() >= 1 })
+	t.Logf("reported: %v", c.invalid.snapshot().err)
+}
+
+// noNetAdminEnv makes TestKernelInvalidLogWithoutNetAdmin do its check: it is set in the
+// copy of the test binary run without capabilities.
+const noNetAdminEnv = "PROXYHEALTH_TEST_NO_NET_ADMIN"
+
+// Without CAP_NET_ADMIN the bind's EPERM names the missing privilege, not a taken group.
+func TestKernelInvalidLogWithoutNetAdmin(t *testing.T) {
+	if os.Getenv(noNetAdminEnv) == "1" {
+		if hasNetAdmin() {
+			t.Fatal("still holds CAP_NET_ADMIN")
+		}
+		_, err := openInvalidLog(1 << 16)
+		if err == nil || errors.Is(err, errGroupTaken) || !strings.Contains(err.Error(), "CAP_NET_ADMIN") {
+			t.Fatalf("openInvalidLog without CAP_NET_ADMIN: %v, want the missing privilege named", err)
+		}
+		t.Logf("reported: %v", err)
+		return
+	}
+	requireOwnNetns(t, "setpriv")
+	// Root's uid, so the test binary stays readable, with no capability at all.
+	cmd := exec.Command("setpriv", "--bounding-set=-all", "--inh-caps=-all", os.Args[0],
+		"-test.run=^TestKernelInvalidLogWithoutNetAdmin$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), noNetAdminEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "reported:") {
+		t.Fatalf("without CAP_NET_ADMIN: %v\n%s", err, out)
+	}
+	t.Logf("%s", out)
+}
+
+// readOnlySysEnv makes TestKernelInvalidLogReadOnlyProcSys do its check: it is set in the copy
+// of the test binary run with /proc/sys read-only, as container runtimes mount it.
+const readOnlySysEnv = "PROXYHEALTH_TEST_RO_PROC_SYS"
+
+// A read-only /proc/sys fails the part with the way out named, and binds nothing.
+func TestKernelInvalidLogReadOnlyProcSys(t *testing.T) {
+	if os.Getenv(readOnlySysEnv) == "1" {
+		l := newInvalidLog(&Config{ProcPath: "/proc", SocketBufferBytes: 1 << 16, MaxServiceSeries: 1}, promslog.NewNopLogger(), nil)
+		err := l.start()
+		if err == nil || !strings.Contains(err.Error(), "read-only") || !strings.Contains(err.Error(), "--path.procfs") {
+			t.Fatalf("start with /proc/sys read-only: %v, want the read-only file system and the way out named", err)
+		}
+		// The group is free again: the socket was closed.
+		other, err2 := openInvalidLog(1 << 16)
+		if err2 != nil {
+			t.Fatalf("group 0 still held after the failure: %v", err2)
+		}
+		other.Close()
+		t.Logf("reported: %v", err)
+		return
+	}
+	requireOwnNetns(t, "unshare", "mount")
+	sh(t, "modprobe nf_conntrack 2>/dev/null || true")
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-ec",
+		`mount --bind /proc/sys /proc/sys; mount -o remount,ro,bind /proc/sys; exec "$@"`, "sh",
+		os.Args[0], "-test.run=^TestKernelInvalidLogReadOnlyProcSys$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), readOnlySysEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "reported:") {
+		t.Fatalf("with /proc/sys read-only: %v\n%s", err, out)
+	}
+	t.Logf("%s", out)
+}
