@@ -244,8 +244,14 @@ func (o *options) proxyReader(core corev1client.CoreV1Interface, tokens *viewerT
 			if detail := proxyErrorDetail(err, body); detail != "" {
 				msg = detail
 			}
-			if tokenErr != nil && apierrors.IsUnauthorized(err) {
-				msg += "; " + tokenErr.Error()
+			if apierrors.IsUnauthorized(err) {
+				switch {
+				case tokenErr != nil:
+					msg += "; " + tokenErr.Error()
+				case token != "":
+					msg += fmt.Sprintf("; the exporter rejected the token of ServiceAccount %s/%s for audience %q (is it one of the exporter's --web.kubernetes-auth.audience?)",
+						pod.Namespace, tokens.name, tokens.audience)
+				}
 			}
 			return nil, fmt.Errorf("GET /status through the pod proxy: %s", msg)
 		}

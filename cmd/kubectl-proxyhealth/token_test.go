@@ -34,6 +34,7 @@ type authAPIServer struct {
 	proxied       int
 }
 
+// testViewerToken is the viewer's token for audience proxyhealth, the one the exporters accept.
 const testViewerToken = "viewer-token-for-proxyhealth"
 
 func newAuthAPIServer(t *testing.T, mayCreateToken bool) *authAPIServer {
@@ -73,7 +74,7 @@ func newAuthAPIServer(t *testing.T, mayCreateToken bool) *authAPIServer {
 				return
 			}
 			req.TypeMeta = metav1.TypeMeta{Kind: "TokenRequest", APIVersion: "authentication.k8s.io/v1"}
-			req.Status.Token = testViewerToken
+			req.Status.Token = "viewer-token-for-" + strings.Join(req.Spec.Audiences, ",")
 			writeJSON(w, http.StatusCreated, req)
 		case r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/api/v1/namespaces/monitoring/pods/proxyhealth-worker-") &&
 			strings.HasSuffix(r.URL.Path, ":9869/proxy/status"):
@@ -119,6 +120,12 @@ func TestViewerTokenReachesTheExporters(t *testing.T) {
 	}
 	if spec := a.tokenRequests[0]; !slices.Equal(spec.Audiences, []string{"proxyhealth"}) || spec.ExpirationSeconds == nil || *spec.ExpirationSeconds != 600 {
 		t.Errorf("TokenRequest %+v", spec)
+	}
+	// A token for an audience the exporters do not accept: the nodes say so.
+	out, errOut, code = a.run(t, "--token-audience=elsewhere")
+	want := `HTTP 401: Unauthorized: a Kubernetes bearer token is required; the exporter rejected the token of ServiceAccount monitoring/proxyhealth-viewer for audience "elsewhere" (is it one of the exporter's --web.kubernetes-auth.audience?)`
+	if code != exitCannotRun || strings.Count(out, want) != 2 {
+		t.Errorf("--token-audience=elsewhere: exit %d, want 3 with both nodes naming the audience:\n%s%s", code, out, errOut)
 	}
 }
 
