@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/proxyhealth/proxyhealth/internal/netnsdial"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -261,7 +264,8 @@ func (cp *ControlPlane) shippedViewer() string {
 // (a static token in system:masters) and by an on-call user with only
 // deploy/components/kubectl-plugin's RBAC, it names the node's stale rules (incident 3, kube-proxy
 // black-holed) and exits 2. A user who may not create the viewer's token is told why the node
-// refused; without a token every node answers 401, as before.
+// refused; without a token every node answers 401, as before. The audiences the component sets
+// let in a token for the API server (a Prometheus's) and one for proxyhealth, not others.
 func TestPluginKubernetesAuth(t *testing.T) {
 	requireKube(t)
 	requireExporter(t)
@@ -308,6 +312,44 @@ func TestPluginKubernetesAuth(t *testing.T) {
 	})
 	if log := exporterLog(); !strings.Contains(log, "accepting tokens for these audiences only") || !strings.Contains(log, "https://kubernetes.default.svc.cluster.local") {
 		t.Errorf("the exporter did not log the API server's audience it accepts:\n%s", log)
+	}
+	// The audiences as the real API server reviews them: a token for the API server (what a
+	// Prometheus's ServiceAccount token is) passes, in either header, and so does one for
+	// proxyhealth; one for another audience does not.
+	client := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{DialContext: netnsdial.Dialer(l.Node)}}
+	for _, tc := range []struct {
+		what, header string
+		audiences    []string
+		want         int
+	}{
+		{"the API server's audience, in Authorization", "Authorization", nil, http.StatusOK},
+		{"the API server's audience, in X-Proxyhealth-Token", "X-Proxyhealth-Token", nil, http.StatusOK},
+		{"audience proxyhealth", "X-Proxyhealth-Token", []string{"proxyhealth"}, http.StatusOK},
+		{"audience vault", "X-Proxyhealth-Token", []string{"vault"}, http.StatusUnauthorized},
+	} {
+		tok, err := cp.Client.CoreV1().ServiceAccounts(exporterNamespace).CreateToken(context.Background(), viewer, &authenticationv1.TokenRequest{
+			Spec: authenticationv1.TokenRequestSpec{Audiences: tc.audiences, ExpirationSeconds: ptrTo(int64(600))},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		req, err := http.NewRequest(http.MethodGet, "http://"+addr+"/status", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		value := tok.Status.Token
+		if tc.header == "Authorization" {
+			value = "Bearer " + value
+		}
+		req.Header.Set(tc.header, value)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("GET /status with the viewer's token for %s: %d, want %d", tc.what, resp.StatusCode, tc.want)
+		}
 	}
 
 	// The symptom of old: the pod proxy drops Authorization, so without the viewer's token
