@@ -7,10 +7,12 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/alecthomas/kingpin/v2"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
@@ -31,7 +33,13 @@ type serverFlags struct {
 type kubeAuthFlags struct {
 	enabled           bool
 	allowTTL, denyTTL time.Duration
+	audiences         []string
 }
+
+// apiServerAudience, as a value of --web.kubernetes-auth.audience, stands for the API server's
+// own audiences, read from the exporter's own token: those of a Prometheus's ServiceAccount
+// token, which differ from cluster to cluster.
+const apiServerAudience = "kube-apiserver"
 
 func (f *serverFlags) addFlags(app *kingpin.Application) {
 	app.Flag("web.telemetry-path", "Path under which to expose metrics.").Default("/metrics").StringVar(&f.telemetryPath)
@@ -40,6 +48,8 @@ func (f *serverFlags) addFlags(app *kingpin.Application) {
 	app.Flag("web.enable-pprof", "Serve Go's profiler under /debug/pprof/ (behind the web config's TLS and auth). Off by default: a profile or trace costs CPU on the node, and the command line it shows may hold secrets.").BoolVar(&f.enablePprof)
 	app.Flag("web.kubernetes-auth", "Serve only callers with a Kubernetes bearer token (a TokenReview) whose user may get the request's path as a non-resource URL (a SubjectAccessReview), as kube-rbac-proxy does; every path is covered. Needs the API (--kubeconfig or in-cluster) and create on tokenreviews and subjectaccessreviews; cannot be combined with the web config's basic_auth_users.").
 		BoolVar(&f.kubeAuth.enabled)
+	app.Flag("web.kubernetes-auth.audience", "Accept only tokens for this audience (repeatable): the TokenReview's audiences. "+apiServerAudience+" stands for the API server's own, read from the exporter's own ServiceAccount token (a Prometheus's token is for those). None: the API server's own.").
+		StringsVar(&f.kubeAuth.audiences)
 	app.Flag("web.kubernetes-auth.allow-ttl", "How long an accepted token and an allowed request are remembered: taking a caller's access away takes effect within it.").
 		Default(kubeauth.DefaultAllowTTL.String()).DurationVar(&f.kubeAuth.allowTTL)
 	app.Flag("web.kubernetes-auth.deny-ttl", "How long a rejected token and a denied request are remembered: granting access takes effect within it.").
@@ -66,6 +76,8 @@ func (f *serverFlags) validate() error {
 		return fmt.Errorf("--web.kubernetes-auth.allow-ttl must be positive, got %v", f.kubeAuth.allowTTL)
 	case f.kubeAuth.denyTTL <= 0:
 		return fmt.Errorf("--web.kubernetes-auth.deny-ttl must be positive, got %v", f.kubeAuth.denyTTL)
+	case slices.Contains(f.kubeAuth.audiences, ""):
+		return errors.New("--web.kubernetes-auth.audience must not be empty")
 	}
 	return nil
 }
@@ -80,7 +92,14 @@ func (f *kubeAuthFlags) newKubeAuth(api *cluster.Config, webConfigFile string, l
 	if err != nil {
 		return nil, fmt.Errorf("--web.kubernetes-auth needs the Kubernetes API: %w", err)
 	}
-	reviewer, err := kubeauth.NewAPIReviewer(cfg)
+	audiences, err := f.resolveAudiences(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if len(audiences) > 0 {
+		logger.Info("accepting tokens for these audiences only (--web.kubernetes-auth.audience)", "audiences", audiences)
+	}
+	reviewer, err := kubeauth.NewAPIReviewer(cfg, audiences)
 	if err != nil {
 		return nil, fmt.Errorf("--web.kubernetes-auth: %w", err)
 	}
@@ -89,6 +108,25 @@ func (f *kubeAuthFlags) newKubeAuth(api *cluster.Config, webConfigFile string, l
 		return nil, fmt.Errorf("--web.kubernetes-auth: %w", err)
 	}
 	return auth, nil
+}
+
+// resolveAudiences is --web.kubernetes-auth.audience with apiServerAudience replaced by the
+// audiences of the exporter's own token, each once.
+func (f *kubeAuthFlags) resolveAudiences(cfg *rest.Config) ([]string, error) {
+	var out []string
+	for _, a := range f.audiences {
+		if a != apiServerAudience {
+			out = append(out, a)
+			continue
+		}
+		own, err := kubeauth.APIServerAudiences(cfg)
+		if err != nil {
+			return nil, fmt.Errorf("--web.kubernetes-auth.audience=%s: the API server's audiences: %w; name them instead", apiServerAudience, err)
+		}
+		out = append(out, own...)
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
 }
 
 // refuseBasicAuth fails when the web config asks for basic auth: its users and a bearer token

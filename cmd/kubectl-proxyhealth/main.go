@@ -3,8 +3,11 @@
 // through the API server's pod proxy and prints one line per node: its verdict, its causes and
 // its worst Service. With --service it shows which nodes have stale rules for that Service.
 //
-// It needs, in the API: list pods (in the exporters' namespace, or everywhere) and get
-// pods/proxy (deploy/components/kubectl-plugin, or the chart's kubectlPlugin.rbac).
+// It needs, in the API: list pods (in the exporters' namespace, or everywhere), get pods/proxy,
+// and, for exporters with --web.kubernetes-auth, create on the viewer ServiceAccount's token
+// (deploy/components/kubectl-plugin, or the chart's kubectlPlugin.clusterRole): the API server's
+// pod proxy lets no Authorization header through, so the plugin sends a short-lived token of
+// the viewer ServiceAccount in X-Proxyhealth-Token, which the exporter reviews as any other.
 package main
 
 import (
@@ -25,6 +28,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -51,14 +55,17 @@ Flags:
 
 // options are the plugin's own flags.
 type options struct {
-	selector     string
-	port         string
-	scheme       string
-	service      string
-	output       string
-	timeout      time.Duration
-	parallel     int
-	clientConfig clientcmd.ClientConfig
+	selector string
+	port     string
+	scheme   string
+	service  string
+	output   string
+	timeout  time.Duration
+	parallel int
+	// viewer and audience: the ServiceAccount whose token is sent to the exporters ("" for
+	// none), and the token's audience.
+	viewer, audience string
+	clientConfig     clientcmd.ClientConfig
 	// namespace is --namespace: only an explicit one narrows the search (the exporters live
 	// in a namespace of their own, rarely the context's); "" is every namespace.
 	namespace string
@@ -104,6 +111,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVarP(&o.output, "output", "o", "text", "Output format: text or json.")
 	fs.DurationVar(&o.timeout, "timeout", 15*time.Second, "Limit on reading one exporter's /status.")
 	fs.IntVar(&o.parallel, "parallel", 16, "Exporters read at once.")
+	fs.StringVar(&o.viewer, "viewer-serviceaccount", "proxyhealth-viewer", "The ServiceAccount, in each exporter's namespace, whose short-lived token is sent to exporters with --web.kubernetes-auth (in the X-Proxyhealth-Token header; the pod proxy passes no Authorization). Empty: send none.")
+	fs.StringVar(&o.audience, "token-audience", "proxyhealth", "The audience of that token: one the exporters' --web.kubernetes-auth.audience accepts. Empty: the API server's own.")
 	fs.BoolVar(&o.version, "version", false, "Print the version and exit.")
 
 	// kubectl's connection flags: --kubeconfig, --context, --namespace/-n, --server, --token,
@@ -171,7 +180,7 @@ func (o *options) run(ctx context.Context, stdout io.Writer) (int, error) {
 	if len(pods.Items) == 0 {
 		return exitCannotRun, fmt.Errorf("no exporter pods found (%s); set --namespace or --selector", where(namespace, o.selector))
 	}
-	nodes := readAll(ctx, pods.Items, o.proxyReader(core), o.parallel, o.timeout)
+	nodes := readAll(ctx, pods.Items, o.proxyReader(core, newViewerTokens(core, o.viewer, o.audience)), o.parallel, o.timeout)
 	sortNodes(nodes)
 
 	if o.service != "" {
@@ -209,8 +218,9 @@ func where(namespace, selector string) string {
 }
 
 // proxyReader reads /status through the API server's pod proxy:
-// GET /api/v1/namespaces/NS/pods/[https:]NAME:PORT/proxy/status.
-func (o *options) proxyReader(core corev1client.CoreV1Interface) statusReader {
+// GET /api/v1/namespaces/NS/pods/[https:]NAME:PORT/proxy/status, with the namespace's viewer
+// token when there is one.
+func (o *options) proxyReader(core corev1client.CoreV1Interface, tokens *viewerTokens) statusReader {
 	return func(ctx context.Context, pod *corev1.Pod) ([]byte, error) {
 		port, err := podPort(pod, o.port)
 		if err != nil {
@@ -220,12 +230,31 @@ func (o *options) proxyReader(core corev1client.CoreV1Interface) statusReader {
 		if o.scheme == "https" {
 			scheme = "https"
 		}
-		body, err := core.Pods(pod.Namespace).ProxyGet(scheme, pod.Name, port, "status", nil).DoRaw(ctx)
+		// An exporter without --web.kubernetes-auth needs no token: failing to get one
+		// matters only when the exporter asks for it.
+		token, tokenErr := tokens.get(ctx, pod.Namespace)
+		// As Pods().ProxyGet, with the header.
+		req := core.RESTClient().Get().Namespace(pod.Namespace).Resource("pods").SubResource("proxy").
+			Name(utilnet.JoinSchemeNamePort(scheme, pod.Name, port)).Suffix("status")
+		if token != "" {
+			req.SetHeader(tokenHeader, token)
+		}
+		body, err := req.DoRaw(ctx)
 		if err != nil {
+			msg := err.Error()
 			if detail := proxyErrorDetail(err, body); detail != "" {
-				return nil, fmt.Errorf("GET /status through the pod proxy: %s", detail)
+				msg = detail
 			}
-			return nil, fmt.Errorf("GET /status through the pod proxy: %w", err)
+			if apierrors.IsUnauthorized(err) {
+				switch {
+				case tokenErr != nil:
+					msg += "; " + tokenErr.Error()
+				case token != "":
+					msg += fmt.Sprintf("; the exporter rejected the token of ServiceAccount %s/%s for audience %q (is it one of the exporter's --web.kubernetes-auth.audience?)",
+						pod.Namespace, tokens.name, tokens.audience)
+				}
+			}
+			return nil, fmt.Errorf("GET /status through the pod proxy: %s", msg)
 		}
 		return body, nil
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -15,42 +16,63 @@ import (
 	"k8s.io/client-go/rest"
 )
 
+// apiAudience is the fake API server's own audience: its default for a TokenReview without
+// audiences, and that of the tokens added without any.
+const apiAudience = "https://kubernetes.default.svc.cluster.local"
+
 // fakeAPIServer answers TokenReviews and SubjectAccessReviews over HTTP as the API server
-// does, from a table of tokens and of the non-resource URLs each user may get.
+// does, from a table of tokens (and the audiences each is for) and of the non-resource URLs
+// each user may get.
 type fakeAPIServer struct {
 	srv *httptest.Server
 
-	mu      sync.Mutex
-	users   map[string]authenticationv1.UserInfo // by token
-	allowed map[string][]string                  // user -> "verb path" it may use
-	down    bool                                 // answer 500 to everything
-	hold    chan struct{}                        // when set, reviews wait for it to close
+	mu             sync.Mutex
+	users          map[string]authenticationv1.UserInfo // by token
+	tokenAudiences map[string][]string                  // by token; none is apiAudience
+	allowed        map[string][]string                  // user -> "verb path" it may use
+	down           bool                                 // answer 500 to everything
+	hold           chan struct{}                        // when set, reviews wait for it to close
+	holdUnknown    chan struct{}                        // when set, TokenReviews of unknown tokens wait for it to close
+	delay          time.Duration                        // each review takes this long
+	// ignoreAudiences answers as an authenticator that knows nothing of audiences: no
+	// status.audiences, whatever was asked.
+	ignoreAudiences bool
 	// What was asked.
 	tokenReviews, accessReviews int
 	lastAccess                  authorizationv1.SubjectAccessReviewSpec
+	lastTokenAudiences          []string
 }
 
 func newFakeAPIServer(t *testing.T) *fakeAPIServer {
-	f := &fakeAPIServer{users: map[string]authenticationv1.UserInfo{}, allowed: map[string][]string{}}
+	f := &fakeAPIServer{users: map[string]authenticationv1.UserInfo{}, tokenAudiences: map[string][]string{}, allowed: map[string][]string{}}
 	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
 	t.Cleanup(f.srv.Close)
 	return f
 }
 
-// reviewer is a Reviewer talking to f through the real REST clients.
-func (f *fakeAPIServer) reviewer(t *testing.T) Reviewer {
+// reviewer is a Reviewer talking to f through the real REST clients, accepting tokens for
+// audiences (none: the API server's own).
+func (f *fakeAPIServer) reviewer(t *testing.T, audiences ...string) Reviewer {
 	t.Helper()
-	r, err := NewAPIReviewer(&rest.Config{Host: f.srv.URL, BearerToken: "exporter-token"})
+	r, err := NewAPIReviewer(&rest.Config{Host: f.srv.URL, BearerToken: "exporter-token"}, audiences)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return r
 }
 
-func (f *fakeAPIServer) addUser(token string, u authenticationv1.UserInfo) {
+// addUser makes token u's, for audiences (none: the API server's).
+func (f *fakeAPIServer) addUser(token string, u authenticationv1.UserInfo, audiences ...string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.users[token] = u
+	f.tokenAudiences[token] = audiences
+}
+
+func (f *fakeAPIServer) removeUser(token string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.users, token)
 }
 
 func (f *fakeAPIServer) allow(user, verb, path string) {
@@ -73,11 +95,12 @@ func (f *fakeAPIServer) counts() (tokenReviews, accessReviews int) {
 
 func (f *fakeAPIServer) serve(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
-	hold, down := f.hold, f.down
+	hold, holdUnknown, down, delay := f.hold, f.holdUnknown, f.down, f.delay
 	f.mu.Unlock()
 	if hold != nil {
 		<-hold
 	}
+	time.Sleep(delay)
 	if r.Header.Get("Authorization") != "Bearer exporter-token" {
 		http.Error(w, "the exporter's own credentials are missing", http.StatusUnauthorized)
 		return
@@ -98,11 +121,39 @@ func (f *fakeAPIServer) serve(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		f.mu.Lock()
-		f.tokenReviews++
-		u, ok := f.users[review.Spec.Token]
+		_, known := f.users[review.Spec.Token]
 		f.mu.Unlock()
-		review.Status = authenticationv1.TokenReviewStatus{Authenticated: ok, User: u}
-		if !ok {
+		if holdUnknown != nil && !known {
+			<-holdUnknown
+		}
+		f.mu.Lock()
+		f.tokenReviews++
+		f.lastTokenAudiences = review.Spec.Audiences
+		u, ok := f.users[review.Spec.Token]
+		tokenAuds, ignore := f.tokenAudiences[review.Spec.Token], f.ignoreAudiences
+		f.mu.Unlock()
+		// As the API server: the audiences asked for, or its own; the token must be for one.
+		wanted := review.Spec.Audiences
+		if len(wanted) == 0 {
+			wanted = []string{apiAudience}
+		}
+		if len(tokenAuds) == 0 {
+			tokenAuds = []string{apiAudience}
+		}
+		var both []string
+		for _, a := range wanted {
+			if slices.Contains(tokenAuds, a) {
+				both = append(both, a)
+			}
+		}
+		switch {
+		case ignore && ok:
+			review.Status = authenticationv1.TokenReviewStatus{Authenticated: true, User: u}
+		case ok && len(both) > 0:
+			review.Status = authenticationv1.TokenReviewStatus{Authenticated: true, User: u, Audiences: both}
+		case ok:
+			review.Status.Error = "token audiences are invalid for the target audiences"
+		default:
 			review.Status.Error = "invalid bearer token"
 		}
 		writeObject(w, &review.TypeMeta, &review)

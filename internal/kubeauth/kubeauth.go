@@ -6,14 +6,28 @@
 // bounded size, so that a Prometheus scraping every 30 seconds costs the API server two
 // reviews per TTL, not two per scrape.
 //
+// The token is read from the Authorization header ("Bearer <token>") or, where that header
+// cannot pass, from TokenHeader: the API server's pod proxy (pods/proxy) removes Authorization
+// from every request it has authenticated, so a client reading the exporter through it sends
+// a token of its own in TokenHeader (the kubectl plugin sends a short-lived one of a viewer
+// ServiceAccount). Either is reviewed the same way.
+//
+// Known callers are not starved by unknown ones: an answer is cached, and when it expires, a
+// credential that was accepted before is reviewed again at once, while a new one (an
+// invented token, say) waits in a bounded queue with bounded concurrency and rate, and past
+// that queue is refused at once with 429. A cached acceptance ends no later than the token's
+// own expiry.
+//
 // Anything but an allowed answer fails closed: no token or a rejected one is 401, a denied
-// access 403, and a review the API server did not answer 503.
+// access 403, a review refused by the exporter's own limit 429, and a review the API server
+// did not answer 503.
 package kubeauth
 
 import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -38,7 +52,25 @@ const (
 	DefaultCacheSize = 1024
 	// DefaultReviewTimeout bounds one review, as in controller-runtime's filter.
 	DefaultReviewTimeout = 10 * time.Second
+	// DefaultKnownTTL is how long a credential once accepted, or a user and path once
+	// reviewed, counts as known: its next review does not queue behind new ones. A
+	// ServiceAccount token lives an hour before the kubelet replaces it.
+	DefaultKnownTTL = time.Hour
+	// DefaultReviewQPS and DefaultReviewBurst bound the reviews sent to the API server: each
+	// new token costs one, so callers inventing tokens could otherwise turn every request into
+	// one.
+	DefaultReviewQPS   = 10
+	DefaultReviewBurst = 20
+	// DefaultMaxReviewing and DefaultMaxWaiting bound the reviews of new credentials running
+	// at once and waiting for their turn: what waits clears within a few seconds at the
+	// review rate.
+	DefaultMaxReviewing = 4
+	DefaultMaxWaiting   = 2 * DefaultReviewBurst
 )
+
+// TokenHeader carries a bearer token where the Authorization header cannot: the API server's
+// pod proxy removes Authorization from the requests it forwards. Its value is the token alone.
+const TokenHeader = "X-Proxyhealth-Token"
 
 // Config shapes an Auth. The zero value is the defaults.
 type Config struct {
@@ -52,8 +84,17 @@ type Config struct {
 	// entries; the least recently used goes first. Rejected tokens have their own cache, so
 	// that callers inventing tokens cannot push a known caller out.
 	CacheSize int
-	// ReviewTimeout bounds one review.
+	// ReviewTimeout bounds one review, its wait for a turn included.
 	ReviewTimeout time.Duration
+	// KnownTTL is how long a credential once accepted, and a user and path once reviewed,
+	// are known: reviewed again without queueing behind new ones.
+	KnownTTL time.Duration
+	// ReviewQPS and ReviewBurst bound the rate of reviews sent to the API server.
+	ReviewQPS   float64
+	ReviewBurst int
+	// MaxReviewing bounds the reviews of new credentials sent at once; MaxWaiting, those
+	// waiting for their turn. Past both a request is refused at once with 429.
+	MaxReviewing, MaxWaiting int
 	// Realm is named in the WWW-Authenticate header of a 401.
 	Realm string
 	// Clock reads the time for the caches' expiry; nil is the real clock (tests set one).
@@ -73,6 +114,21 @@ func (c *Config) setDefaults() error {
 	if c.ReviewTimeout == 0 {
 		c.ReviewTimeout = DefaultReviewTimeout
 	}
+	if c.KnownTTL == 0 {
+		c.KnownTTL = DefaultKnownTTL
+	}
+	if c.ReviewQPS == 0 {
+		c.ReviewQPS = DefaultReviewQPS
+	}
+	if c.ReviewBurst == 0 {
+		c.ReviewBurst = DefaultReviewBurst
+	}
+	if c.MaxReviewing == 0 {
+		c.MaxReviewing = DefaultMaxReviewing
+	}
+	if c.MaxWaiting == 0 {
+		c.MaxWaiting = DefaultMaxWaiting
+	}
 	switch {
 	case c.AllowTTL < 0:
 		return fmt.Errorf("allow TTL must be positive, got %v", c.AllowTTL)
@@ -82,6 +138,12 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("cache size must be positive, got %d", c.CacheSize)
 	case c.ReviewTimeout < 0:
 		return fmt.Errorf("review timeout must be positive, got %v", c.ReviewTimeout)
+	case c.KnownTTL < 0:
+		return fmt.Errorf("known TTL must be positive, got %v", c.KnownTTL)
+	case c.ReviewQPS < 0 || c.ReviewBurst < 0:
+		return fmt.Errorf("review rate must be positive, got %v a second, burst %d", c.ReviewQPS, c.ReviewBurst)
+	case c.MaxReviewing < 0 || c.MaxWaiting < 0:
+		return fmt.Errorf("review queue must be positive, got %d reviewing and %d waiting", c.MaxReviewing, c.MaxWaiting)
 	}
 	if c.Clock == nil {
 		c.Clock = realClock{}
@@ -105,12 +167,19 @@ type Auth struct {
 	acceptedTokens, rejectedTokens *cache.LRUExpireCache
 	// Keyed by accessKey: a decision.
 	access *cache.LRUExpireCache
+	// Keyed by the reviews' flight keys: the credentials and accesses reviewed before, whose
+	// next review does not queue behind new ones.
+	known *cache.LRUExpireCache
+	queue *reviewQueue
 	// Concurrent requests with the same token, or the same user and request, wait on one
 	// review.
 	flight singleflight.Group
 	// failing is set while the API server does not answer reviews: its first failure is
 	// logged, then nothing until it answers again.
 	failing atomic.Bool
+	// throttling is set while new credentials are refused for want of a place in the queue:
+	// logged once, then nothing until one is admitted to an empty queue.
+	throttling atomic.Bool
 
 	metrics *metrics
 }
@@ -132,7 +201,10 @@ func New(cfg Config, reviewer Reviewer, logger *slog.Logger) (*Auth, error) {
 		acceptedTokens: cache.NewLRUExpireCacheWithClock(cfg.CacheSize, cfg.Clock),
 		rejectedTokens: cache.NewLRUExpireCacheWithClock(cfg.CacheSize, cfg.Clock),
 		access:         cache.NewLRUExpireCacheWithClock(cfg.CacheSize, cfg.Clock),
-		metrics:        newMetrics(),
+		// Twice the size: tokens and accesses.
+		known:   cache.NewLRUExpireCacheWithClock(2*cfg.CacheSize, cfg.Clock),
+		queue:   newReviewQueue(cfg.MaxReviewing, cfg.MaxWaiting, cfg.ReviewQPS, cfg.ReviewBurst),
+		metrics: newMetrics(),
 	}, nil
 }
 
@@ -150,7 +222,7 @@ func (a *Auth) Wrap(next http.Handler) http.Handler {
 		}
 		user, authenticated, err := a.authenticate(r.Context(), token)
 		if err != nil {
-			a.unavailable(w, r, err)
+			a.failed(w, r, err)
 			return
 		}
 		if !authenticated {
@@ -161,7 +233,7 @@ func (a *Auth) Wrap(next http.Handler) http.Handler {
 		verb, path := strings.ToLower(r.Method), r.URL.Path
 		d, err := a.authorize(r.Context(), user, verb, path)
 		if err != nil {
-			a.unavailable(w, r, err)
+			a.failed(w, r, err)
 			return
 		}
 		if !d.allowed {
@@ -171,19 +243,23 @@ func (a *Auth) Wrap(next http.Handler) http.Handler {
 			return
 		}
 		a.metrics.requests.WithLabelValues(resultAllowed).Inc()
-		// The token is the caller's credential for the API server: nothing behind needs it.
+		// The token is the caller's credential: nothing behind needs it.
 		r.Header.Del("Authorization")
+		r.Header.Del(TokenHeader)
 		next.ServeHTTP(w, r)
 	})
 }
 
-// bearerToken reads "Authorization: Bearer <token>" as the API server does.
+// bearerToken reads "Authorization: Bearer <token>" as the API server does, or else
+// TokenHeader.
 func bearerToken(r *http.Request) (string, bool) {
 	scheme, token, ok := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
-	if !ok || !strings.EqualFold(scheme, "bearer") {
-		return "", false
+	if ok && strings.EqualFold(scheme, "bearer") {
+		if token = strings.TrimSpace(token); token != "" {
+			return token, true
+		}
 	}
-	token = strings.TrimSpace(token)
+	token = strings.TrimSpace(r.Header.Get(TokenHeader))
 	return token, token != ""
 }
 
@@ -204,10 +280,14 @@ func (a *Auth) unauthorized(w http.ResponseWriter, bearerError string) {
 	http.Error(w, "Unauthorized: a Kubernetes bearer token is required", http.StatusUnauthorized)
 }
 
-// unavailable answers a request whose review failed. A caller that went away meanwhile is
-// not the API server's failure.
-func (a *Auth) unavailable(w http.ResponseWriter, r *http.Request, err error) {
+// failed answers a request whose review failed: refused by the exporter's own queue (429), or
+// not answered by the API server (503). A caller that went away meanwhile is neither.
+func (a *Auth) failed(w http.ResponseWriter, r *http.Request, err error) {
 	if r.Context().Err() != nil {
+		return
+	}
+	if errors.Is(err, errThrottled) {
+		a.throttled(w, err)
 		return
 	}
 	a.metrics.requests.WithLabelValues(resultUnavailable).Inc()
@@ -217,6 +297,20 @@ func (a *Auth) unavailable(w http.ResponseWriter, r *http.Request, err error) {
 		a.logger.Debug("review failed", "err", err)
 	}
 	http.Error(w, "Service Unavailable: the Kubernetes API server could not review this request", http.StatusServiceUnavailable)
+}
+
+// throttled answers a request whose credential the exporter did not send for review: too many
+// new ones wait already. Nothing here is the API server's doing, and the log says so.
+func (a *Auth) throttled(w http.ResponseWriter, err error) {
+	a.metrics.requests.WithLabelValues(resultThrottled).Inc()
+	if a.throttling.CompareAndSwap(false, true) {
+		a.logger.Warn("throttled: requests with new credentials are refused with 429 while the exporter's queue of reviews is full; callers with credentials reviewed before are still served (not an API server failure)",
+			"reviewing", a.cfg.MaxReviewing, "waiting", a.cfg.MaxWaiting, "reviews_per_second", a.cfg.ReviewQPS, "err", err)
+	} else {
+		a.logger.Debug("throttled", "err", err)
+	}
+	w.Header().Set("Retry-After", "1")
+	http.Error(w, "Too Many Requests: throttled: too many new credentials are waiting for review by this exporter; retry shortly", http.StatusTooManyRequests)
 }
 
 // answered notes that the API server answered a review.
@@ -237,7 +331,7 @@ func (a *Auth) authenticate(ctx context.Context, token string) (authenticationv1
 		a.metrics.cacheHits.WithLabelValues(reviewToken).Inc()
 		return authenticationv1.UserInfo{}, false, nil
 	}
-	v, err := a.shared(ctx, "token\x00"+string(key[:]), func(ctx context.Context) (any, error) {
+	v, err := a.shared(ctx, "token\x00"+string(key[:]), func(ctx context.Context, flightKey string) (any, error) {
 		user, ok, err := a.reviewer.ReviewToken(ctx, token)
 		switch {
 		case err != nil:
@@ -245,7 +339,18 @@ func (a *Auth) authenticate(ctx context.Context, token string) (authenticationv1
 			return nil, err
 		case ok:
 			a.metrics.reviews.WithLabelValues(reviewToken, resultAuthenticated).Inc()
-			a.acceptedTokens.Add(key, user, a.cfg.AllowTTL)
+			// Neither the acceptance nor the token's standing as known outlive the token.
+			ttl, known := a.cfg.AllowTTL, a.cfg.KnownTTL
+			if exp, ok := tokenExpiry(token); ok {
+				left := exp.Sub(a.cfg.Clock.Now())
+				ttl, known = min(ttl, left), min(known, left)
+			}
+			if ttl > 0 {
+				a.acceptedTokens.Add(key, user, ttl)
+			}
+			if known > 0 {
+				a.known.Add(flightKey, struct{}{}, known)
+			}
 		default:
 			a.metrics.reviews.WithLabelValues(reviewToken, resultUnauthenticated).Inc()
 			a.rejectedTokens.Add(key, struct{}{}, a.cfg.DenyTTL)
@@ -272,13 +377,14 @@ func (a *Auth) authorize(ctx context.Context, user authenticationv1.UserInfo, ve
 		a.metrics.cacheHits.WithLabelValues(reviewAccess).Inc()
 		return v.(decision), nil
 	}
-	v, err := a.shared(ctx, "access\x00"+string(key[:]), func(ctx context.Context) (any, error) {
+	v, err := a.shared(ctx, "access\x00"+string(key[:]), func(ctx context.Context, flightKey string) (any, error) {
 		allowed, reason, err := a.reviewer.ReviewAccess(ctx, user, verb, path)
 		if err != nil {
 			a.metrics.reviews.WithLabelValues(reviewAccess, resultError).Inc()
 			return nil, err
 		}
 		d := decision{allowed: allowed, reason: reason}
+		a.known.Add(flightKey, struct{}{}, a.cfg.KnownTTL)
 		if allowed {
 			a.metrics.reviews.WithLabelValues(reviewAccess, resultAllowed).Inc()
 			a.access.Add(key, d, a.cfg.AllowTTL)
@@ -295,14 +401,28 @@ func (a *Auth) authorize(ctx context.Context, user authenticationv1.UserInfo, ve
 	return v.(decision), nil
 }
 
-// shared runs review once for every concurrent caller with the same key. The review has its
-// own deadline, not the first caller's: a scrape that gives up must not fail the others
-// waiting on the same answer. Each caller still stops waiting when its own request ends.
-func (a *Auth) shared(ctx context.Context, key string, review func(context.Context) (any, error)) (any, error) {
+// shared runs review once for every concurrent caller with the same key, at once for a known
+// key and in the queue for a new one. The review has its own deadline, not the first
+// caller's: a scrape that gives up must not fail the others waiting on the same answer. Each
+// caller still stops waiting when its own request ends.
+func (a *Auth) shared(ctx context.Context, key string, review func(ctx context.Context, key string) (any, error)) (any, error) {
 	ch := a.flight.DoChan(key, func() (any, error) {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.ReviewTimeout)
 		defer cancel()
-		return review(rctx)
+		var v any
+		run := func() error {
+			var err error
+			v, err = review(rctx, key)
+			return err
+		}
+		if _, known := a.known.Get(key); known {
+			return v, a.queue.known(run)
+		}
+		err := a.queue.unknown(rctx, run)
+		if !errors.Is(err, errThrottled) && a.queue.waiting() == 0 {
+			a.throttling.Store(false)
+		}
+		return v, err
 	})
 	select {
 	case res := <-ch:

@@ -79,7 +79,8 @@ type fixture struct {
 	}
 }
 
-func newFixture(t *testing.T, cfg Config) *fixture {
+// newFixture's Auth accepts tokens for audiences (none: the API server's own).
+func newFixture(t *testing.T, cfg Config, audiences ...string) *fixture {
 	t.Helper()
 	f := &fixture{api: newFakeAPIServer(t), clock: &fakeClock{now: time.Unix(1_700_000_000, 0)}, log: &syncBuffer{}}
 	f.api.addUser(promToken, authenticationv1.UserInfo{
@@ -92,7 +93,7 @@ func newFixture(t *testing.T, cfg Config) *fixture {
 	cfg.Clock = f.clock
 	cfg.Realm = testRealm
 	logger := slog.New(slog.NewTextHandler(f.log, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	a, err := New(cfg, f.api.reviewer(t), logger)
+	a, err := New(cfg, f.api.reviewer(t, audiences...), logger)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +101,7 @@ func newFixture(t *testing.T, cfg Config) *fixture {
 	f.h = a.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		f.served.Lock()
 		f.served.n++
-		f.served.authorization = append(f.served.authorization, r.Header.Get("Authorization"))
+		f.served.authorization = append(f.served.authorization, r.Header.Get("Authorization")+r.Header.Get(TokenHeader))
 		f.served.Unlock()
 		io.WriteString(w, wantBody)
 	}))
@@ -395,7 +396,8 @@ func TestAccessKeyTellsFieldsApart(t *testing.T) {
 }
 
 func TestBadConfig(t *testing.T) {
-	for _, cfg := range []Config{{AllowTTL: -1}, {DenyTTL: -1}, {CacheSize: -1}, {ReviewTimeout: -1}} {
+	for _, cfg := range []Config{{AllowTTL: -1}, {DenyTTL: -1}, {CacheSize: -1}, {ReviewTimeout: -1},
+		{KnownTTL: -1}, {ReviewQPS: -1}, {ReviewBurst: -1}, {MaxReviewing: -1}, {MaxWaiting: -1}} {
 		if _, err := New(cfg, nil, slog.Default()); err == nil {
 			t.Errorf("%+v accepted", cfg)
 		}

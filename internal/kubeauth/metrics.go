@@ -10,6 +10,7 @@ const (
 	resultAuthenticated   = "authenticated"
 	resultUnauthenticated = "unauthenticated"
 	resultUnavailable     = "unavailable"
+	resultThrottled       = "throttled"
 	resultError           = "error"
 
 	reviewToken  = "token"
@@ -26,7 +27,7 @@ func newMetrics() *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "proxyhealth_kubernetes_auth_requests_total",
-			Help: "HTTP requests checked with Kubernetes authentication and authorization (--web.kubernetes-auth), by result: allowed, unauthenticated (401), forbidden (403), unavailable (503: the API server did not answer a review).",
+			Help: "HTTP requests checked with Kubernetes authentication and authorization (--web.kubernetes-auth), by result: allowed, unauthenticated (401), forbidden (403), throttled (429: too many new credentials were waiting for review, the exporter's own limit), unavailable (503: the API server did not answer a review).",
 		}, []string{"result"}),
 		reviews: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "proxyhealth_kubernetes_auth_reviews_total",
@@ -38,7 +39,7 @@ func newMetrics() *metrics {
 		}, []string{"review"}),
 	}
 	// Every series from the start, so that rate() sees the first one.
-	for _, r := range []string{resultAllowed, resultUnauthenticated, resultForbidden, resultUnavailable} {
+	for _, r := range []string{resultAllowed, resultUnauthenticated, resultForbidden, resultThrottled, resultUnavailable} {
 		m.requests.WithLabelValues(r)
 	}
 	for _, r := range []string{resultAuthenticated, resultUnauthenticated, resultError} {

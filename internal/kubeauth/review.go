@@ -3,6 +3,7 @@ package kubeauth
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -34,20 +35,14 @@ type Reviewer interface {
 // apiReviewer reviews with the API server.
 type apiReviewer struct {
 	tokens, access *rest.RESTClient
+	audiences      []string
 }
-
-// reviewQPS and reviewBurst bound what the exporter asks the API server for: each unknown
-// token costs one TokenReview, so callers inventing tokens could otherwise turn every request
-// into one. Known callers are answered from the caches meanwhile.
-const (
-	reviewQPS   = 10
-	reviewBurst = 20
-)
 
 // NewAPIReviewer returns a Reviewer that sends TokenReviews and SubjectAccessReviews to the API
 // server cfg points at, with cfg's credentials (the exporter's ServiceAccount, which needs
-// create on both: the ClusterRole system:auth-delegator grants it).
-func NewAPIReviewer(cfg *rest.Config) (Reviewer, error) {
+// create on both: the ClusterRole system:auth-delegator grants it). A token is accepted when
+// it is for one of audiences; none is the API server's own.
+func NewAPIReviewer(cfg *rest.Config, audiences []string) (Reviewer, error) {
 	scheme := runtime.NewScheme()
 	if err := authenticationv1.AddToScheme(scheme); err != nil {
 		return nil, fmt.Errorf("registering authentication/v1: %w", err)
@@ -59,7 +54,9 @@ func NewAPIReviewer(cfg *rest.Config) (Reviewer, error) {
 	base := rest.CopyConfig(cfg)
 	// Reviews are small; JSON is what every API server and proxy in between speaks.
 	base.ContentType, base.AcceptContentTypes = runtime.ContentTypeJSON, runtime.ContentTypeJSON
-	base.QPS, base.Burst, base.RateLimiter = reviewQPS, reviewBurst, nil
+	// No client-side rate limiter: Auth's queue bounds the reviews, known callers first, and
+	// tells its throttling apart from the API server's failures.
+	base.QPS, base.Burst, base.RateLimiter = -1, 0, nil
 	if base.UserAgent == "" {
 		base.UserAgent = rest.DefaultKubernetesUserAgent()
 	}
@@ -86,13 +83,13 @@ func NewAPIReviewer(cfg *rest.Config) (Reviewer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &apiReviewer{tokens: tokens, access: access}, nil
+	return &apiReviewer{tokens: tokens, access: access, audiences: slices.Clone(audiences)}, nil
 }
 
 func (r *apiReviewer) ReviewToken(ctx context.Context, token string) (authenticationv1.UserInfo, bool, error) {
-	// No audiences: the API server's own, which a ServiceAccount token from the TokenRequest
+	// No audiences is the API server's own, which a ServiceAccount token from the TokenRequest
 	// API or a projected volume carries unless asked otherwise.
-	review := &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: token}}
+	review := &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: token, Audiences: r.audiences}}
 	out := &authenticationv1.TokenReview{}
 	err := r.tokens.Post().Resource("tokenreviews").
 		Body(review).Do(ctx).Into(out)
@@ -102,6 +99,11 @@ func (r *apiReviewer) ReviewToken(ctx context.Context, token string) (authentica
 	// Not authenticated is an answer (Status.Error says why: an expired or unknown token),
 	// not a failure to review.
 	if !out.Status.Authenticated {
+		return authenticationv1.UserInfo{}, false, nil
+	}
+	// An authenticator that ignores audiences answers with none: the token may be for anyone,
+	// so it is not accepted (the TokenReview API's advice to clients that set audiences).
+	if len(r.audiences) > 0 && !slices.ContainsFunc(out.Status.Audiences, func(a string) bool { return slices.Contains(r.audiences, a) }) {
 		return authenticationv1.UserInfo{}, false, nil
 	}
 	return out.Status.User, true, nil

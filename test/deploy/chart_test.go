@@ -196,6 +196,38 @@ func checkComponents(t *testing.T, k map[string]object) {
 	}
 }
 
+// checkViewer checks what scrape auth ships for `kubectl proxyhealth`, rendered by the chart or
+// kustomize: the exporter accepts the plugin's audience and the API server's, and the viewer
+// ServiceAccount, in the DaemonSet's namespace, is bound to deploy/components/kubernetes-auth's
+// ClusterRole (get on /status).
+func checkViewer(t *testing.T, k map[string]object) {
+	t.Helper()
+	var ds appsv1.DaemonSet
+	var sa corev1.ServiceAccount
+	var role rbacv1.ClusterRole
+	var binding rbacv1.ClusterRoleBinding
+	k["DaemonSet"].decodeStrict(t, &ds)
+	k["ServiceAccount/viewer"].decodeStrict(t, &sa)
+	k["ClusterRole/viewer"].decodeStrict(t, &role)
+	k["ClusterRoleBinding/viewer"].decodeStrict(t, &binding)
+	args := ds.Spec.Template.Spec.Containers[0].Args
+	for _, want := range []string{"--web.kubernetes-auth.audience=proxyhealth", "--web.kubernetes-auth.audience=kube-apiserver"} {
+		if !slices.Contains(args, want) {
+			t.Errorf("args %q lack %s", args, want)
+		}
+	}
+	if sa.Name != "proxyhealth-viewer" || sa.Namespace != ds.Namespace {
+		t.Errorf("viewer ServiceAccount %s/%s, want proxyhealth-viewer in %s (the plugin's default)", sa.Namespace, sa.Name, ds.Namespace)
+	}
+	if !slices.EqualFunc(role.Rules, shippedRules(t, "deploy/components/kubernetes-auth/viewer-clusterrole.yaml"), rulesEqual) {
+		t.Errorf("viewer rules %+v", role.Rules)
+	}
+	want := []rbacv1.Subject{{Kind: "ServiceAccount", Name: sa.Name, Namespace: sa.Namespace}}
+	if binding.RoleRef.Name != role.Name || !slices.Equal(binding.Subjects, want) {
+		t.Errorf("the viewer binding %+v -> %s does not bind %s to %s/%s", binding.Subjects, binding.RoleRef.Name, role.Name, sa.Namespace, sa.Name)
+	}
+}
+
 func rulesEqual(a, b rbacv1.PolicyRule) bool {
 	ja, _ := json.Marshal(a)
 	jb, _ := json.Marshal(b)
@@ -377,6 +409,7 @@ func TestChartTemplate(t *testing.T) {
 			if !hasRules(cr.Rules, reviewRules) {
 				t.Errorf("the exporter's ClusterRole %+v cannot create TokenReviews and SubjectAccessReviews", cr.Rules)
 			}
+			checkViewer(t, k)
 			var reader rbacv1.ClusterRole
 			var readerBinding rbacv1.ClusterRoleBinding
 			k["ClusterRole/metrics-reader"].decodeStrict(t, &reader)
@@ -630,6 +663,9 @@ func TestChartMatchesKustomize(t *testing.T) {
 			}
 		}
 	}
+
+	checkViewer(t, kust)
+	checkViewer(t, chart)
 
 	var kpr, cpr monitoringv1.PrometheusRule
 	kust["PrometheusRule"].decodeStrict(t, &kpr)

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,6 +26,7 @@ import (
 const (
 	kubeAuthExporterPort = 19895
 	plainExporterPort    = 19896
+	floodExporterPort    = 19898
 )
 
 // TestKubernetesAuth runs the exporter with --web.kubernetes-auth against the lab's real
@@ -192,6 +194,58 @@ func TestKubernetesAuth(t *testing.T) {
 			without = append(without, took)
 		}
 		t.Logf("a whole scrape, median of %d: %v with the check (answers cached), %v without", len(with), median(with), median(without))
+	})
+
+	// 300 invented tokens at once while Prometheus's answers have just expired (an exporter
+	// with a 1 s allow TTL): Prometheus's scrape is served at once, ahead of them, while they
+	// get 401 or a fast 429, never 503, and the log says throttled without blaming the API
+	// server. Before, the scrape waited 9.8 s in the client-side rate limiter and the invented
+	// tokens got 503 "the API server does not answer".
+	t.Run("flood", func(t *testing.T) {
+		floodAddr := fmt.Sprintf("127.0.0.1:%d", floodExporterPort)
+		flood := l.In(t).Start(l.Node, "proxyhealth-flood", append([]string{exporterBin, "--web.listen-address=" + floodAddr,
+			"--web.kubernetes-auth", "--web.kubernetes-auth.allow-ttl=1s"}, exporterArgs...)...)
+		waitFor(t, 15*time.Second, "the flood exporter serving Prometheus", func() (bool, string) {
+			if flood.Exited() {
+				t.Fatalf("the flood exporter exited at start")
+			}
+			code, body, _ := get(t, floodAddr, "/metrics", prometheusToken)
+			return code == http.StatusOK, fmt.Sprintf("%d %.100s", code, body)
+		})
+		time.Sleep(1500 * time.Millisecond) // Prometheus's answers expired, Prometheus known
+		const n = 300
+		codes, took := make([]int, n), make([]time.Duration, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() { codes[i], _, took[i] = get(t, floodAddr, "/metrics", fmt.Sprintf("invented-token-%d", i)) })
+		}
+		time.Sleep(200 * time.Millisecond) // the queue is full by now
+		code, body, promTook := get(t, floodAddr, "/metrics", prometheusToken)
+		wg.Wait()
+		count := map[int]int{}
+		var slowest429 time.Duration
+		for i, c := range codes {
+			count[c]++
+			if c == http.StatusTooManyRequests {
+				slowest429 = max(slowest429, took[i])
+			}
+		}
+		t.Logf("during a flood of %d invented tokens: Prometheus's scrape with its answers expired %d in %v; the invented tokens %v, the slowest 429 in %v",
+			n, code, promTook.Round(time.Millisecond), count, slowest429.Round(time.Millisecond))
+		if code != http.StatusOK || promTook > 2*time.Second {
+			t.Errorf("Prometheus's scrape during the flood: %d in %v, want 200 ahead of the invented tokens: %.200s", code, promTook, body)
+		}
+		if count[http.StatusUnauthorized]+count[http.StatusTooManyRequests] != n || count[http.StatusTooManyRequests] == 0 || slowest429 > time.Second {
+			t.Errorf("the invented tokens: %v, slowest 429 %v; want 401 or a fast 429 only, some 429", count, slowest429)
+		}
+		b, err := os.ReadFile(flood.log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if log := string(b); strings.Contains(log, "does not answer authentication or authorization reviews") || !strings.Contains(log, "level=WARN source=kubeauth.go") ||
+			!strings.Contains(log, "throttled") {
+			t.Errorf("the flood exporter's log blames the API server, or does not say throttled:\n%s", log)
+		}
 	})
 
 	exporterLog := func() string {

@@ -7,12 +7,20 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/netnsdial"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -206,4 +214,192 @@ func describeCondition(c *corev1.NodeCondition) string {
 		return "no ProxyHealthy condition"
 	}
 	return string(c.Status) + " " + c.Reason + " " + strconv.Quote(c.Message) + " transition " + c.LastTransitionTime.UTC().String()
+}
+
+// pluginAuthExporterPort is where TestPluginKubernetesAuth's exporter listens.
+const pluginAuthExporterPort = 19897
+
+// shippedViewer creates deploy/components/kubernetes-auth's viewer in the exporters' namespace:
+// its ServiceAccount, and its ClusterRole bound to it, as kustomize renders them there.
+func (cp *ControlPlane) shippedViewer() string {
+	t := cp.t
+	t.Helper()
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := func(file string, into any) {
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join(root, "deploy/components/kubernetes-auth", file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := yaml.UnmarshalStrict(b, into); err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+	}
+	var sa corev1.ServiceAccount
+	var binding rbacv1.ClusterRoleBinding
+	read("viewer-serviceaccount.yaml", &sa)
+	read("viewer-clusterrolebinding.yaml", &binding)
+	cp.shippedClusterRole("deploy/components/kubernetes-auth/viewer-clusterrole.yaml")
+	ctx := context.Background()
+	cp.EnsureNamespace(exporterNamespace)
+	if _, err := cp.Client.CoreV1().ServiceAccounts(exporterNamespace).Create(ctx, &sa, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range binding.Subjects {
+		binding.Subjects[i].Namespace = exporterNamespace // kustomize's namespace transformer
+	}
+	if _, err := cp.Client.RbacV1().ClusterRoleBindings().Create(ctx, &binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return sa.Name
+}
+
+// TestPluginKubernetesAuth: with --web.kubernetes-auth, as deploy/components/kubernetes-auth
+// runs the exporter, `kubectl proxyhealth` reads /status through the real kube-apiserver's pod
+// proxy, which lets no Authorization header through: the plugin sends a short-lived token of
+// the shipped viewer ServiceAccount instead, which the exporter reviews. Run by a cluster admin
+// (a static token in system:masters) and by an on-call user with only
+// deploy/components/kubectl-plugin's RBAC, it names the node's stale rules (incident 3, kube-proxy
+// black-holed) and exits 2. A user who may not create the viewer's token is told why the node
+// refused; without a token every node answers 401, as before. The audiences the component sets
+// let in a token for the API server (a Prometheus's) and one for proxyhealth, not others.
+func TestPluginKubernetesAuth(t *testing.T) {
+	requireKube(t)
+	requireExporter(t)
+	requirePlugin(t)
+	l := newLabRules(t, labRawRules)
+	cp := StartControlPlane(t, l, ControlPlaneOptions{})
+	kubeconfig := cp.readOnlyKubeconfig("proxyhealth.kubeconfig", apiserverAddr)
+	cp.bindClusterRole("proxyhealth-kubernetes-auth", []rbacv1.PolicyRule{
+		{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"tokenreviews"}, Verbs: []string{"create"}},
+		{APIGroups: []string{"authorization.k8s.io"}, Resources: []string{"subjectaccessreviews"}, Verbs: []string{"create"}},
+	}, "kube-system", "proxyhealth")
+	viewer := cp.shippedViewer()
+	oncall := cp.pluginKubeconfig()
+	// Allowed what the plugin needed before: pods list and pods/proxy get, not the viewer's token.
+	cp.bindClusterRole("proxyhealth-no-token", []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list"}},
+		{APIGroups: []string{""}, Resources: []string{"pods/proxy"}, Verbs: []string{"get"}},
+	}, exporterNamespace, "no-token")
+	noToken := cp.tokenKubeconfig(t, exporterNamespace, "no-token", "no-token.kubeconfig", apiserverAddr)
+
+	addr := uplinkN + ":" + strconv.Itoa(pluginAuthExporterPort)
+	exporter := l.Start(l.Node, "proxyhealth-plugin-auth", append([]string{exporterBin, "--web.listen-address=" + addr,
+		"--web.kubernetes-auth", "--web.kubernetes-auth.audience=proxyhealth", "--web.kubernetes-auth.audience=kube-apiserver"},
+		append(driftExporterArgs(kubeconfig), kubeProxyExporterArgs(cp)...)...)...)
+	exporterLog := func() string {
+		b, _ := os.ReadFile(exporter.log)
+		return string(b)
+	}
+	cp.registerExporterPod("proxyhealth-lab", labNodeName, uplinkN, pluginAuthExporterPort)
+
+	const ns, name = "lab", "backend"
+	cp.CreateService(httpService(ns, name, "10.96.0.50", nil))
+	oldEps, oldAddrs := remoteEndpoints(3, 1, 10)
+	cp.ApplySlice(EndpointSlice(ns, name, name+"-1", httpSlicePorts, oldEps))
+	cp.WaitServicePortEndpoints(30*time.Second, ns+"/"+name+":http", "tcp", oldAddrs)
+
+	healthy := regexp.MustCompile(`(?m)^lab-node\s+healthy\s+-\s+-$`)
+	waitFor(t, 60*time.Second, "kubectl proxyhealth as the cluster admin: lab-node healthy", func() (bool, string) {
+		if exporter.Exited() {
+			t.Fatalf("the exporter exited:\n%s", exporterLog())
+		}
+		out, perr, code := pluginRun(t, cp, cp.AdminKubeconfig)
+		return code == 0 && healthy.MatchString(out), fmt.Sprintf("exit %d\n%s%s", code, out, perr)
+	})
+	if log := exporterLog(); !strings.Contains(log, "accepting tokens for these audiences only") || !strings.Contains(log, "https://kubernetes.default.svc.cluster.local") {
+		t.Errorf("the exporter did not log the API server's audience it accepts:\n%s", log)
+	}
+	// The audiences as the real API server reviews them: a token for the API server (what a
+	// Prometheus's ServiceAccount token is) passes, in either header, and so does one for
+	// proxyhealth; one for another audience does not.
+	client := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{DialContext: netnsdial.Dialer(l.Node)}}
+	for _, tc := range []struct {
+		what, header string
+		audiences    []string
+		want         int
+	}{
+		{"the API server's audience, in Authorization", "Authorization", nil, http.StatusOK},
+		{"the API server's audience, in X-Proxyhealth-Token", "X-Proxyhealth-Token", nil, http.StatusOK},
+		{"audience proxyhealth", "X-Proxyhealth-Token", []string{"proxyhealth"}, http.StatusOK},
+		{"audience vault", "X-Proxyhealth-Token", []string{"vault"}, http.StatusUnauthorized},
+	} {
+		tok, err := cp.Client.CoreV1().ServiceAccounts(exporterNamespace).CreateToken(context.Background(), viewer, &authenticationv1.TokenRequest{
+			Spec: authenticationv1.TokenRequestSpec{Audiences: tc.audiences, ExpirationSeconds: ptrTo(int64(600))},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		req, err := http.NewRequest(http.MethodGet, "http://"+addr+"/status", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		value := tok.Status.Token
+		if tc.header == "Authorization" {
+			value = "Bearer " + value
+		}
+		req.Header.Set(tc.header, value)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("GET /status with the viewer's token for %s: %d, want %d", tc.what, resp.StatusCode, tc.want)
+		}
+	}
+
+	// The symptom of old: the pod proxy drops Authorization, so without the viewer's token
+	// every node answers 401.
+	unauthorized := regexp.MustCompile(`(?m)^lab-node\s+unknown\s+-\s+error: GET /status through the pod proxy: HTTP 401: Unauthorized: a Kubernetes bearer token is required`)
+	if out, perr, code := pluginRun(t, cp, cp.AdminKubeconfig, "--viewer-serviceaccount="); code != 3 || !unauthorized.MatchString(out) {
+		t.Errorf("kubectl proxyhealth without the viewer's token: exit %d, want 3 and 401\n%s%s", code, out, perr)
+	}
+	// A user who may not create the viewer's token is told so.
+	out, perr, code := pluginRun(t, cp, noToken)
+	if code != 3 || !unauthorized.MatchString(out) ||
+		!strings.Contains(out, `no token of ServiceAccount `+exporterNamespace+`/`+viewer+` to send (--viewer-serviceaccount): serviceaccounts "`+viewer+`" is forbidden`) {
+		t.Errorf("kubectl proxyhealth by a user who may not create the viewer's token: exit %d, want 3 saying why\n%s%s", code, out, perr)
+	}
+
+	// Incident 3: kube-proxy's connection black-holed, the API moves on.
+	t.Logf("kube-proxy's fault proxy: %s", cp.Blackhole())
+	t.Cleanup(func() { cp.Heal() })
+	newEps, _ := remoteEndpoints(3, 3, 13)
+	cp.ApplySlice(EndpointSlice(ns, name, name+"-1", httpSlicePorts, newEps))
+	stale := regexp.MustCompile(`(?m)^lab-node\s+broken\s+stale_rules\s+lab/backend:http \(80/tcp\)$`)
+	waitFor(t, 60*time.Second, "kubectl proxyhealth as the cluster admin: lab-node broken, stale_rules", func() (bool, string) {
+		out, perr, code := pluginRun(t, cp, cp.AdminKubeconfig)
+		return code == 2 && stale.MatchString(out), fmt.Sprintf("exit %d\n%s%s", code, out, perr)
+	})
+	out, _, _ = pluginRun(t, cp, cp.AdminKubeconfig)
+	t.Logf("kubectl proxyhealth by the cluster admin during the incident:\n%s", out)
+	out, perr, code = pluginRun(t, cp, oncall)
+	if code != 2 || !stale.MatchString(out) {
+		t.Errorf("kubectl proxyhealth by the on-call user (deploy/components/kubectl-plugin's RBAC): exit %d, want 2\n%s%s", code, out, perr)
+	}
+	var bySvc struct {
+		Nodes []struct {
+			Node       string `json:"node"`
+			StaleRules []struct {
+				Missing []string `json:"missing"`
+				Stale   []string `json:"stale"`
+			} `json:"stale_rules"`
+		} `json:"nodes"`
+	}
+	out, perr, code = pluginRun(t, cp, cp.AdminKubeconfig, "--service="+ns+"/"+name, "-o", "json")
+	parsePluginJSON(t, out, &bySvc)
+	if code != 2 || len(bySvc.Nodes) != 1 || len(bySvc.Nodes[0].StaleRules) != 1 ||
+		!slices.Equal(bySvc.Nodes[0].StaleRules[0].Stale, []string{"10.244.3.1:8080", "10.244.3.2:8080"}) ||
+		!slices.Equal(bySvc.Nodes[0].StaleRules[0].Missing, []string{"10.244.3.11:8080", "10.244.3.12:8080", "10.244.3.13:8080"}) {
+		t.Errorf("kubectl proxyhealth --service as the cluster admin: exit %d\n%s%s", code, out, perr)
+	}
+	// Every read was the viewer's, reviewed by the exporter: allowed, never throttled or
+	// unavailable, and the API server was never blamed.
+	if log := exporterLog(); strings.Contains(log, "does not answer") || strings.Contains(log, "throttled") {
+		t.Errorf("the exporter's log:\n%s", log)
+	}
 }

@@ -1,0 +1,74 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+)
+
+// tokenHeader is where an exporter with --web.kubernetes-auth reads a token the API server's pod
+// proxy lets through (kubeauth.TokenHeader): the proxy removes Authorization from every request
+// it has authenticated, whatever the plugin's user authenticated with.
+const tokenHeader = "X-Proxyhealth-Token"
+
+// viewerTokenSeconds is the lifetime of the viewer tokens the plugin asks for: the shortest the
+// TokenRequest API issues. A token lives beyond the run, but only for this long, and only for
+// the exporters' audience.
+const viewerTokenSeconds = 600
+
+// viewerTokens gets, once per namespace, a short-lived token of the viewer ServiceAccount in the
+// exporters' namespace (TokenRequest: create on serviceaccounts/token). Whether the plugin's
+// user may create it is the cluster's RBAC; what the token may read, the viewer's.
+type viewerTokens struct {
+	core     corev1client.CoreV1Interface
+	name     string // the ServiceAccount; "" asks for none
+	audience string
+
+	mu   sync.Mutex
+	byNS map[string]*viewerToken
+}
+
+type viewerToken struct {
+	once  sync.Once
+	token string
+	err   error
+}
+
+func newViewerTokens(core corev1client.CoreV1Interface, name, audience string) *viewerTokens {
+	return &viewerTokens{core: core, name: name, audience: audience, byNS: map[string]*viewerToken{}}
+}
+
+// get returns namespace's viewer token, asking for it the first time; "" and no error when
+// the plugin is to send none.
+func (v *viewerTokens) get(ctx context.Context, namespace string) (string, error) {
+	if v.name == "" {
+		return "", nil
+	}
+	v.mu.Lock()
+	t, ok := v.byNS[namespace]
+	if !ok {
+		t = &viewerToken{}
+		v.byNS[namespace] = t
+	}
+	v.mu.Unlock()
+	t.once.Do(func() {
+		req := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptrTo(int64(viewerTokenSeconds))}}
+		if v.audience != "" {
+			req.Spec.Audiences = []string{v.audience}
+		}
+		// Not the caller's ctx: the first node's read may end early, the others still need it.
+		resp, err := v.core.ServiceAccounts(namespace).CreateToken(context.WithoutCancel(ctx), v.name, req, metav1.CreateOptions{})
+		if err != nil {
+			t.err = fmt.Errorf("no token of ServiceAccount %s/%s to send (--viewer-serviceaccount): %w", namespace, v.name, err)
+			return
+		}
+		t.token = resp.Status.Token
+	})
+	return t.token, t.err
+}
+
+func ptrTo[T any](v T) *T { return &v }

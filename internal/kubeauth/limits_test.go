@@ -1,0 +1,232 @@
+package kubeauth
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	authenticationv1 "k8s.io/api/authentication/v1"
+)
+
+// doHeader sends a GET of path with the token in TokenHeader, as through the pod proxy.
+func (f *fixture) doHeader(path, token string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(http.MethodGet, path, nil)
+	r.Header.Set(TokenHeader, token)
+	w := httptest.NewRecorder()
+	f.h.ServeHTTP(w, r)
+	return w
+}
+
+// The API server's pod proxy drops Authorization: a token in TokenHeader is reviewed the same
+// way, and hidden from the handler too.
+func TestTokenHeader(t *testing.T) {
+	f := newFixture(t, Config{})
+	expectStatus(t, f.doHeader(metricsPath, promToken), http.StatusOK)
+	expectStatus(t, f.doHeader(metricsPath, noRBACToken), http.StatusForbidden)
+	expectStatus(t, f.doHeader(metricsPath, garbageToken), http.StatusUnauthorized)
+	expectStatus(t, f.doHeader(metricsPath, "  "), http.StatusUnauthorized)
+	expectReviews(t, f, 3, 2)
+	// Authorization, when it holds a bearer token, is the one reviewed.
+	r := httptest.NewRequest(http.MethodGet, metricsPath, nil)
+	r.Header.Set("Authorization", "Bearer "+noRBACToken)
+	r.Header.Set(TokenHeader, promToken)
+	w := httptest.NewRecorder()
+	f.h.ServeHTTP(w, r)
+	expectStatus(t, w, http.StatusForbidden)
+	for _, h := range f.served.authorization {
+		if h != "" {
+			t.Errorf("the handler saw the caller's token: %q", h)
+		}
+	}
+}
+
+// A cached acceptance ends no later than the token does: a token expiring 30 s after its review
+// is reviewed again at 30 s, not after the allow TTL.
+func TestAcceptanceEndsWithTheToken(t *testing.T) {
+	f := newFixture(t, Config{AllowTTL: 2 * time.Minute})
+	now := f.clock.Now().Unix()
+	expiring := fakeJWT(fmt.Sprintf(`{"aud":[%q],"exp":%d}`, apiAudience, now+30))
+	f.api.addUser(expiring, authenticationv1.UserInfo{Username: promUser})
+	expectStatus(t, f.do(metricsPath, "Bearer "+expiring), http.StatusOK)
+	f.clock.Step(29 * time.Second)
+	expectStatus(t, f.do(metricsPath, "Bearer "+expiring), http.StatusOK)
+	expectReviews(t, f, 1, 1)
+	// Expired: the API server rejects it, and its acceptance is no longer cached.
+	f.api.removeUser(expiring)
+	f.clock.Step(2 * time.Second)
+	expectStatus(t, f.do(metricsPath, "Bearer "+expiring), http.StatusUnauthorized)
+	expectReviews(t, f, 2, 1)
+
+	// A token already expired by this clock (the API server's runs behind) is not cached.
+	past := fakeJWT(fmt.Sprintf(`{"exp":%d}`, now))
+	f.api.addUser(past, authenticationv1.UserInfo{Username: promUser})
+	expectStatus(t, f.do(metricsPath, "Bearer "+past), http.StatusOK)
+	expectStatus(t, f.do(metricsPath, "Bearer "+past), http.StatusOK)
+	expectReviews(t, f, 4, 1)
+	// An opaque token, or a JWT without exp, is cached for the allow TTL (the access, cached
+	// since the start, is reviewed again meanwhile).
+	expectStatus(t, f.do(metricsPath, "Bearer "+promToken), http.StatusOK)
+	f.clock.Step(119 * time.Second)
+	expectStatus(t, f.do(metricsPath, "Bearer "+promToken), http.StatusOK)
+	expectReviews(t, f, 5, 2)
+}
+
+// The TokenReview names the configured audiences; a token for none of them is rejected, and so
+// is an answer that names none (an authenticator ignoring audiences).
+func TestAudiences(t *testing.T) {
+	const pluginToken, pluginUser, otherToken = "plugin-token", "system:serviceaccount:monitoring:proxyhealth-viewer", "vault-token"
+	f := newFixture(t, Config{}, "proxyhealth", apiAudience)
+	f.api.addUser(pluginToken, authenticationv1.UserInfo{Username: pluginUser}, "proxyhealth")
+	f.api.addUser(otherToken, authenticationv1.UserInfo{Username: promUser}, "vault")
+	f.api.allow(pluginUser, "get", statusPath)
+	expectStatus(t, f.doHeader(statusPath, pluginToken), http.StatusOK)
+	if got := f.api.lastTokenAudiences; !slices.Equal(got, []string{"proxyhealth", apiAudience}) {
+		t.Errorf("TokenReview audiences %q", got)
+	}
+	expectStatus(t, f.do(metricsPath, "Bearer "+promToken), http.StatusOK) // the API server's audience
+	expectStatus(t, f.do(metricsPath, "Bearer "+otherToken), http.StatusUnauthorized)
+
+	ignoring := newFixture(t, Config{}, "proxyhealth")
+	ignoring.api.ignoreAudiences = true
+	expectStatus(t, ignoring.do(metricsPath, "Bearer "+promToken), http.StatusUnauthorized)
+
+	// None configured: the API server's own, and only those.
+	plain := newFixture(t, Config{})
+	plain.api.addUser(pluginToken, authenticationv1.UserInfo{Username: pluginUser}, "proxyhealth")
+	plain.api.allow(pluginUser, "get", statusPath)
+	expectStatus(t, plain.doHeader(statusPath, pluginToken), http.StatusUnauthorized)
+	if got := plain.api.lastTokenAudiences; len(got) != 0 {
+		t.Errorf("TokenReview audiences %q, want none", got)
+	}
+}
+
+// flood sends one request for each of n invented tokens at once and returns each one's status
+// and how long it took.
+func flood(f *fixture, n int) (codes []int, took []time.Duration, wait func()) {
+	codes, took = make([]int, n), make([]time.Duration, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			began := time.Now()
+			w := f.do(metricsPath, fmt.Sprintf("Bearer invented-%d", i))
+			codes[i], took[i] = w.Code, time.Since(began)
+			if w.Code == http.StatusTooManyRequests && (!strings.Contains(w.Body.String(), "throttled") || w.Header().Get("Retry-After") == "") {
+				panic(fmt.Sprintf("429 without the word throttled or Retry-After: %q %v", w.Body.String(), w.Header()))
+			}
+		})
+	}
+	return codes, took, wg.Wait
+}
+
+// Prometheus's answers have expired when 300 invented tokens arrive at once: its token and
+// access were reviewed before, so they are reviewed again at once, ahead of the flood, and its
+// scrape is served while the invented ones wait or are refused.
+func TestKnownCallersAreServedDuringAFlood(t *testing.T) {
+	f := newFixture(t, Config{ReviewTimeout: 3 * time.Second})
+	expectStatus(t, f.do(metricsPath, "Bearer "+promToken), http.StatusOK)
+	f.clock.Step(DefaultAllowTTL + time.Second)
+	// The invented tokens' reviews are not answered until Prometheus has been served: if its
+	// scrape waited behind them, it would never be.
+	invented := make(chan struct{})
+	f.api.mu.Lock()
+	f.api.holdUnknown = invented
+	f.api.mu.Unlock()
+
+	const n = 300
+	codes, _, wait := flood(f, n)
+	for deadline := time.Now().Add(5 * time.Second); f.auth.queue.waiting() < DefaultMaxReviewing+DefaultMaxWaiting; {
+		if time.Now().After(deadline) {
+			close(invented)
+			t.Fatalf("the queue never filled: %d waiting", f.auth.queue.waiting())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	began := time.Now()
+	served := make(chan *httptest.ResponseRecorder, 1)
+	go func() { served <- f.do(metricsPath, "Bearer "+promToken) }()
+	select {
+	case w := <-served:
+		expectStatus(t, w, http.StatusOK)
+	case <-time.After(30 * time.Second):
+		close(invented)
+		t.Fatal("Prometheus's scrape waited behind the invented tokens")
+	}
+	t.Logf("Prometheus's scrape with its answers expired, during a flood of %d invented tokens: %v", n, time.Since(began))
+	close(invented)
+	wait()
+	count := map[int]int{}
+	for _, c := range codes {
+		count[c]++
+	}
+	t.Logf("the invented tokens: %v", count)
+	if count[http.StatusUnauthorized]+count[http.StatusTooManyRequests] != n || count[http.StatusTooManyRequests] == 0 {
+		t.Errorf("the invented tokens got %v, want 401 or 429 only, some 429", count)
+	}
+	if got := f.requests(resultThrottled); got != float64(count[http.StatusTooManyRequests]) {
+		t.Errorf("throttled requests counted %v, want %d", got, count[http.StatusTooManyRequests])
+	}
+	if log := f.log.String(); strings.Contains(log, "does not answer") || !strings.Contains(log, "throttled") {
+		t.Errorf("the log blames the API server, or does not say throttled:\n%s", log)
+	}
+}
+
+// Past the queue, a new credential is refused at once with 429 and the word throttled, and the
+// log says the exporter throttled it, once, without blaming the API server. Those admitted are
+// reviewed once the API server answers.
+func TestQueueOverflowIsThrottledAtOnce(t *testing.T) {
+	f := newFixture(t, Config{MaxReviewing: 2, MaxWaiting: 3})
+	hold := make(chan struct{})
+	f.api.mu.Lock()
+	f.api.hold = hold
+	f.api.mu.Unlock()
+	codes, _, wait := flood(f, 5)
+	for deadline := time.Now().Add(5 * time.Second); f.auth.queue.waiting() < 5; {
+		if time.Now().After(deadline) {
+			close(hold)
+			t.Fatalf("the queue never filled: %d waiting", f.auth.queue.waiting())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	answered := make(chan *httptest.ResponseRecorder, 2)
+	began := time.Now()
+	for i := range 2 {
+		go func() { answered <- f.do(metricsPath, fmt.Sprintf("Bearer one-too-many-%d", i)) }()
+	}
+	for range 2 {
+		select {
+		case w := <-answered:
+			expectStatus(t, w, http.StatusTooManyRequests)
+			if !strings.Contains(w.Body.String(), "throttled") || w.Header().Get("Retry-After") != "1" {
+				t.Errorf("429 body %q, Retry-After %q", w.Body.String(), w.Header().Get("Retry-After"))
+			}
+		case <-time.After(2 * time.Second):
+			close(hold)
+			t.Fatal("no answer within 2 s past a full queue")
+		}
+	}
+	// Answered while the API server holds every review: refused without waiting for one.
+	t.Logf("past a full queue, refused in %v", time.Since(began))
+	log := f.log.String()
+	if n := strings.Count(log, "level=WARN"); n != 1 || !strings.Contains(log, "throttled") || strings.Contains(log, "does not answer") {
+		t.Errorf("want one warning saying throttled, not blaming the API server:\n%s", log)
+	}
+	if got := testutil.ToFloat64(f.auth.metrics.requests.WithLabelValues(resultThrottled)); got != 2 {
+		t.Errorf("throttled requests counted %v, want 2", got)
+	}
+	close(hold)
+	wait()
+	for i, c := range codes {
+		if c != http.StatusUnauthorized {
+			t.Errorf("admitted invented token %d: %d, want 401", i, c)
+		}
+	}
+	if tok, _ := f.api.counts(); tok != 5 {
+		t.Errorf("%d TokenReviews, want 5: the refused ones are never sent", tok)
+	}
+}
