@@ -1,0 +1,240 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// TestDriftCutOff holds the drift the exporter reports while kube-proxy is cut off from the
+// API to kube-proxy's own answer: the difference between the rules it kept while cut off and
+// the rules it writes once healed, per Service. The Services are the three kube-proxy v1.37.2
+// in nftables mode was reported to disagree on (issue 20, item 4):
+//
+//   - cutoff/local-only, internalTrafficPolicy: Local with remote endpoints only (no local
+//     chain); while cut off a ready endpoint on this node is added and a remote one turns not
+//     ready: 1 missing;
+//   - cutoff/two-families, a ClusterIP Service with an IPv4 slice (port http = 8787, one of its
+//     two endpoints on this node) and an IPv6 slice (port http = 8080, which this IPv4 node
+//     ignores); while cut off the IPv4 slice loses its remote endpoint: 1 stale, and kube-proxy
+//     v1.37 then programs the one endpoint left as a plain `dnat to`, no numgen map;
+//   - cutoff/renumbered, internalTrafficPolicy: Local whose endpoints are all serving and
+//     terminating, one on this node; while cut off its slice is deleted and its port renumbered
+//     from 80 to 6015: 1 stale, reported for port 6015 (the chains are named by the port's name).
+//
+// One subtest per proxy mode, each with its own lab. Run against other kube-proxy versions
+// with PROXYHEALTH_KUBE_VERSION (test/kubelab).
+func TestDriftCutOff(t *testing.T) {
+	requireKube(t)
+	requireExporter(t)
+	for _, mode := range []string{"nftables", "iptables"} {
+		t.Run(mode, func(t *testing.T) { testDriftCutOff(t, mode) })
+	}
+}
+
+const cutoffNS = "cutoff"
+
+// cutoffServices are the Services of TestDriftCutOff, in the order they are reported.
+var cutoffServices = []string{"local-only", "two-families", "renumbered"}
+
+func testDriftCutOff(t *testing.T, mode string) {
+	start := time.Now()
+	l := newLabRules(t, labRawRules)
+	cp := StartControlPlane(t, l, ControlPlaneOptions{NoKubeProxy: true})
+	cp.StartKubeProxy(KubeProxyOptions{Mode: mode})
+	if mode == "nftables" {
+		cp.WaitNFTServicePort(60*time.Second, "default", "kubernetes", "tcp", "https", false, []string{uplinkN + ":6443"})
+	}
+	kubeconfig := cp.readOnlyKubeconfig("proxyhealth.kubeconfig", apiserverAddr)
+	e := l.StartExporter("proxyhealth", driftExporterPort, nil, driftExporterArgs(kubeconfig)...)
+	waitConverged(t, e, cp, "the exporter's API view synced and every service port checked")
+	t.Logf("control plane (%s), kube-proxy (%s) and exporter synced in %s", cp.Bins.Version, mode, time.Since(start).Round(time.Millisecond))
+
+	local := func(ip string) LabEndpoint { return LabEndpoint{IP: ip, NodeName: labNodeName, Zone: "zone-a"} }
+	remote := func(ip string) LabEndpoint { return LabEndpoint{IP: ip, NodeName: "node-b", Zone: "zone-b"} }
+	itpLocal := func(spec *corev1.ServiceSpec) {
+		spec.InternalTrafficPolicy = ptrTo(corev1.ServiceInternalTrafficPolicyLocal)
+	}
+
+	cp.CreateService(httpService(cutoffNS, "local-only", "10.96.0.71", itpLocal))
+	cp.ApplySlice(EndpointSlice(cutoffNS, "local-only", "local-only-1", httpSlicePorts,
+		[]LabEndpoint{remote("10.244.7.1"), remote("10.244.7.2")}))
+
+	cp.CreateService(httpService(cutoffNS, "two-families", "10.96.0.72", nil))
+	v4Ports := []discoveryv1.EndpointPort{SlicePort("http", corev1.ProtocolTCP, 8787)}
+	cp.ApplySlice(EndpointSlice(cutoffNS, "two-families", "two-families-v4", v4Ports,
+		[]LabEndpoint{local("10.244.8.1"), remote("10.244.8.2")}))
+	v6 := EndpointSlice(cutoffNS, "two-families", "two-families-v6", httpSlicePorts, []LabEndpoint{remote("fd00:10:244:8::1")})
+	v6.AddressType = discoveryv1.AddressTypeIPv6
+	cp.ApplySlice(v6)
+
+	cp.CreateService(httpService(cutoffNS, "renumbered", "10.96.0.73", itpLocal))
+	cp.ApplySlice(terminating(EndpointSlice(cutoffNS, "renumbered", "renumbered-1", httpSlicePorts,
+		[]LabEndpoint{local("10.244.9.1"), remote("10.244.9.2")})))
+
+	waitFor(t, 30*time.Second, "kube-proxy's rules for the cutoff Services", func() (bool, string) {
+		got := cp.cutoffRules(mode)
+		want := map[string][]string{
+			"local-only":   {},
+			"two-families": {"10.244.8.1:8787", "10.244.8.2:8787"},
+			"renumbered":   {"10.244.9.1:8080"},
+		}
+		for _, name := range cutoffServices {
+			if !equalStrings(got[name], want[name]) {
+				return false, fmt.Sprintf("%v", got)
+			}
+		}
+		return true, ""
+	})
+	waitConverged(t, e, cp, "the cutoff Services checked without drift")
+
+	t.Logf("kube-proxy's fault proxy: %s", cp.Blackhole())
+	t.Cleanup(func() { cp.Heal() })
+	cp.ApplySlice(EndpointSlice(cutoffNS, "local-only", "local-only-1", httpSlicePorts,
+		[]LabEndpoint{remote("10.244.7.1"), {IP: "10.244.7.2", NodeName: "node-b", Zone: "zone-b", NotReady: true}, local("10.244.7.3")}))
+	cp.ApplySlice(EndpointSlice(cutoffNS, "two-families", "two-families-v4", v4Ports, []LabEndpoint{local("10.244.8.1")}))
+	cp.deleteSlice(cutoffNS, "renumbered-1")
+	cp.renumberPort(cutoffNS, "renumbered", 6015)
+
+	// What the exporter reports, once every change has lasted the grace period.
+	want := map[string]staleMissing{"local-only": {0, 1}, "two-families": {1, 0}, "renumbered": {1, 0}}
+	timeout := driftGrace + 2*driftCheckInterval + 5*time.Second
+	var reported map[string]staleMissing
+	s := e.Poll(t, timeout, "the three cutoff Services drifting", nil, func(s Scrape) (bool, string) {
+		reported = driftByService(s, cutoffNS)
+		return gauge(t, s, servicesDrifted, nil) == 3 && mapsEqual(reported, want), driftSummary(s)
+	})
+	checkValue(t, s, serviceDrift, map[string]string{"service_namespace": cutoffNS, "service_name": "renumbered",
+		"service_port": "6015", "protocol": "tcp", "kind": "stale"}, 1)
+	frozen := cp.cutoffRules(mode)
+	t.Logf("while cut off: rules %v, the exporter's drift %v", frozen, reported)
+
+	t.Logf("kube-proxy's fault proxy: %s", cp.Heal())
+	e.Poll(t, 30*time.Second, "no drift once kube-proxy's connection is healed", nil, func(s Scrape) (bool, string) {
+		return gauge(t, s, servicesDrifted, nil) == 0 && s[serviceDrift] == nil, driftSummary(s)
+	})
+	checkNoDrift(t, waitConverged(t, e, cp, "every service port checked after healing"), "after healing")
+	healed := cp.cutoffRules(mode)
+
+	// kube-proxy's own answer: what its healed rules hold that its frozen ones did not
+	// (missing while cut off), and the reverse (stale).
+	for _, name := range cutoffServices {
+		var own staleMissing
+		for _, ep := range frozen[name] {
+			if !slices.Contains(healed[name], ep) {
+				own.stale++
+			}
+		}
+		for _, ep := range healed[name] {
+			if !slices.Contains(frozen[name], ep) {
+				own.missing++
+			}
+		}
+		if reported[name] != own {
+			t.Errorf("%s/%s: the exporter reported %+v while kube-proxy was cut off; kube-proxy's rules went from %v to %v once healed (%+v)",
+				cutoffNS, name, reported[name], frozen[name], healed[name], own)
+		}
+	}
+	t.Logf("healed: rules %v", healed)
+	t.Logf("TestDriftCutOff/%s took %s", mode, time.Since(start).Round(time.Millisecond))
+}
+
+// staleMissing is one Service's drift: endpoints in the rules and not in the API, and the
+// reverse.
+type staleMissing struct{ stale, missing int }
+
+// driftByService sums proxyhealth_service_drift_endpoints per Service of namespace ns.
+func driftByService(s Scrape, ns string) map[string]staleMissing {
+	out := map[string]staleMissing{}
+	for _, m := range s[serviceDrift].GetMetric() {
+		labels := map[string]string{}
+		for _, lp := range m.GetLabel() {
+			labels[lp.GetName()] = lp.GetValue()
+		}
+		if labels["service_namespace"] != ns {
+			continue
+		}
+		d := out[labels["service_name"]]
+		switch labels["kind"] {
+		case "stale":
+			d.stale += int(m.GetGauge().GetValue())
+		case "missing":
+			d.missing += int(m.GetGauge().GetValue())
+		}
+		out[labels["service_name"]] = d
+	}
+	return out
+}
+
+func mapsEqual[K comparable, V comparable](a, b map[K]V) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// cutoffRules reads kube-proxy's rules for the cutoff Services' port http: per Service the
+// endpoints of its cluster and local chains together (ip:port, sorted, distinct).
+func (cp *ControlPlane) cutoffRules(mode string) map[string][]string {
+	cp.t.Helper()
+	out := map[string][]string{}
+	if mode == "nftables" {
+		rs := cp.NFTKubeProxy()
+		for _, name := range cutoffServices {
+			eps := []string{}
+			if rs != nil {
+				for _, prefix := range []string{"service-", "local-"} {
+					got, _ := NFTChainEndpoints(rs, nftServiceChain(prefix, cutoffNS, name, "tcp", "http"))
+					eps = append(eps, got...)
+				}
+			}
+			out[name] = slices.Compact(sortedCopy(eps))
+		}
+		return out
+	}
+	nat := cp.IptablesSave("nat")
+	for _, name := range cutoffServices {
+		portName := cutoffNS + "/" + name + ":http"
+		cluster, _ := ServicePortEndpoints(nat, portName, "tcp")
+		local, _ := LocalServicePortEndpoints(nat, portName, "tcp")
+		out[name] = slices.Compact(sortedCopy(append(cluster, local...)))
+	}
+	return out
+}
+
+// terminating marks every endpoint of s serving and terminating (not ready), as the
+// EndpointSlice controller marks a terminating pod that still passes its readiness probe.
+func terminating(s *discoveryv1.EndpointSlice) *discoveryv1.EndpointSlice {
+	for i := range s.Endpoints {
+		s.Endpoints[i].Conditions = discoveryv1.EndpointConditions{Ready: ptrTo(false), Serving: ptrTo(true), Terminating: ptrTo(true)}
+	}
+	return s
+}
+
+// renumberPort gives the Service's only port the number port.
+func (cp *ControlPlane) renumberPort(ns, name string, port int32) {
+	cp.t.Helper()
+	ctx := context.Background()
+	api := cp.Client.CoreV1().Services(ns)
+	svc, err := api.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		cp.t.Fatalf("getting Service %s/%s: %v", ns, name, err)
+	}
+	svc.Spec.Ports[0].Port = port
+	if _, err := api.Update(ctx, svc, metav1.UpdateOptions{}); err != nil {
+		cp.t.Fatalf("renumbering Service %s/%s: %v", ns, name, err)
+	}
+}
