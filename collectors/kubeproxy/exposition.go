@@ -31,6 +31,7 @@ const (
 	famEndpointChanges
 	famServiceChanges
 	famFullSyncs
+	famBuildInfo
 	numFamilies
 )
 
@@ -45,6 +46,7 @@ var familyNames = [numFamilies]string{
 	famEndpointChanges:  kpEndpointChanges,
 	famServiceChanges:   kpServiceChanges,
 	famFullSyncs:        kpFullSyncs,
+	famBuildInfo:        kpBuildInfo,
 }
 
 const (
@@ -60,7 +62,7 @@ const (
 // familyOf is the index of the family read that a sample's name belongs to, or -1. A quoted
 // name with an escape in it matches none: no family read has a quote, backslash or newline.
 func familyOf(name []byte, escaped bool) int {
-	if escaped || len(name) < len("kubeproxy_") || string(name[:len("kubeproxy_")]) != "kubeproxy_" {
+	if escaped || !bytes.HasPrefix(name, []byte("kubeproxy_")) && !bytes.HasPrefix(name, []byte("kubernetes_")) {
 		return -1
 	}
 	for i, f := range familyNames {
@@ -80,7 +82,13 @@ type kpMetrics struct {
 	droppedFamilies int // samples of IP families past maxIPFamilies, left out
 	sums            [numFamilies]float64
 	has             [numFamilies]bool
+	// version is kubernetes_build_info's git_version: the version kube-proxy was built at.
+	version string
 }
+
+// maxVersionBytes bounds the version kept from kube-proxy's build info (a release's is
+// "v1.37.2", a distribution's a few dozen bytes more at most).
+const maxVersionBytes = 128
 
 type ipFamilySyncs struct {
 	name         string
@@ -100,6 +108,11 @@ func (k *kpMetrics) add(fam int, s *sampleLine) {
 			f.last = secondsTime(s.value)
 		} else {
 			f.queued = secondsTime(s.value)
+		}
+	case famBuildInfo:
+		// Compared first: a repeated sample allocates nothing.
+		if s.hasGitVersion && len(s.gitVersion) <= maxVersionBytes && string(s.gitVersion) != k.version {
+			k.version = string(s.gitVersion)
 		}
 	default:
 		k.sums[fam] += s.value
@@ -147,6 +160,7 @@ func (k *kpMetrics) apply(res *probeResult) {
 	res.changes.fullSyncs = k.sums[famFullSyncs]
 	res.changes.known = k.has[famEndpointChanges] && k.has[famServiceChanges] && k.has[famFullSyncs] &&
 		k.has[famEndpointsPending] && k.has[famServicesPending]
+	res.version = k.version
 }
 
 // metricsScan says how a scan of kube-proxy's metrics went, beyond the families read.
@@ -242,14 +256,17 @@ const (
 	expoEOF                    // OpenMetrics' "# EOF": the end of the exposition
 )
 
-// sampleLine is one sample line. name and ipFamily point into the line or the parser's
-// scratch buffer: they are valid until the next line is parsed.
+// sampleLine is one sample line. name, ipFamily and gitVersion point into the line or the
+// parser's scratch buffers: they are valid until the next line is parsed.
 type sampleLine struct {
 	name        []byte // the metric name as written, without its quotes when quoted
 	nameEscaped bool   // name is quoted and holds an escape, left as written
 	ipFamily    []byte // the ip_family label's value, unescaped; empty when absent
 	hasIPFamily bool
-	value       float64
+	// gitVersion is the git_version label's value, unescaped (kubernetes_build_info has it).
+	gitVersion    []byte
+	hasGitVersion bool
+	value         float64
 }
 
 // expoParser parses lines of the Prometheus text format (0.0.4, with the quoted UTF-8 names
@@ -257,7 +274,8 @@ type sampleLine struct {
 // buffer, which never grows past the longest line.
 type expoParser struct {
 	openMetrics bool
-	scratch     []byte
+	// scratch and versionScratch hold the ip_family and git_version values unescaped.
+	scratch, versionScratch []byte
 }
 
 // expoError is a syntax error in one line.
@@ -357,7 +375,9 @@ func (p *expoParser) parseLabels(line []byte, i int, nameInside bool, s *sampleL
 				return i, err
 			}
 			i += n
-			if !escaped && string(name) == "ip_family" {
+			switch {
+			case escaped:
+			case string(name) == "ip_family":
 				if s.hasIPFamily {
 					return i, expoError("duplicate label ip_family")
 				}
@@ -366,6 +386,16 @@ func (p *expoParser) parseLabels(line []byte, i int, nameInside bool, s *sampleL
 				if vescaped {
 					p.scratch = unescape(p.scratch[:0], value)
 					s.ipFamily = p.scratch
+				}
+			case string(name) == "git_version":
+				if s.hasGitVersion {
+					return i, expoError("duplicate label git_version")
+				}
+				s.hasGitVersion = true
+				s.gitVersion = value
+				if vescaped {
+					p.versionScratch = unescape(p.versionScratch[:0], value)
+					s.gitVersion = p.versionScratch
 				}
 			}
 		case nameInside:

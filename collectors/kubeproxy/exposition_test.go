@@ -89,6 +89,11 @@ func referenceRead(body string) (probeResult, error) {
 	nft, _ := sum(kpNFTablesSync)
 	res.restoreFailures = ipt + nft
 	res.invalidDropped, res.hasInvalidDropped = sum(kpInvalidDropped)
+	for _, m := range families[kpBuildInfo].GetMetric() {
+		if v := labelValue(m, "git_version"); len(v) <= maxVersionBytes {
+			res.version = v
+		}
+	}
 	res.up = true
 	return res, nil
 }
@@ -113,7 +118,8 @@ func sameReading(a, b probeResult) bool {
 		a.endpointsPending == b.endpointsPending && a.hasEndpointsPending == b.hasEndpointsPending &&
 		a.servicesPending == b.servicesPending && a.hasServicesPending == b.hasServicesPending &&
 		a.restoreFailures == b.restoreFailures &&
-		a.invalidDropped == b.invalidDropped && a.hasInvalidDropped == b.hasInvalidDropped
+		a.invalidDropped == b.invalidDropped && a.hasInvalidDropped == b.hasInvalidDropped &&
+		a.version == b.version
 }
 
 const stuckBody = `# TYPE kubeproxy_sync_proxy_rules_last_timestamp_seconds gauge
@@ -162,6 +168,12 @@ kubeproxy_sync_proxy_rules_service_changes_pending{} 0
 kubeproxy_other_total{"label.with.dots"="x",ip_family=""} 9
 # a comment
 #
+`
+	bodies["build info"] = `# TYPE kubernetes_build_info gauge
+kubernetes_build_info{build_date="2026-10-01T00:00:00Z",compiler="gc",git_commit="abc",git_tree_state="clean",git_version="v1.37.2",go_version="go1.26.8",major="1",minor="37",platform="linux/amd64"} 1
+kubernetes_feature_enabled{name="NFTablesNetlink",stage="BETA"} 1
+`
+	bodies["build info escaped"] = `kubernetes_build_info{git_version="v1.38.0-\"dev\"\\x",ip_family="IPv4"} 1
 `
 	bodies["queued without a sync, and no ip_family"] = `kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds 1500
 kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"} 1400
@@ -362,7 +374,7 @@ func FuzzExpositionLine(f *testing.F) {
 		}
 		sc := bufio.NewScanner(bytes.NewReader(data))
 		for i := 0; sc.Scan(); i++ {
-			if i%20 == 0 || strings.Contains(sc.Text(), "kubeproxy_sync") {
+			if i%20 == 0 || strings.Contains(sc.Text(), "kubeproxy_sync") || strings.Contains(sc.Text(), "build_info") {
 				f.Add(sc.Text(), false)
 			}
 		}
@@ -375,6 +387,7 @@ func FuzzExpositionLine(f *testing.F) {
 		`kubeproxy_sync_proxy_rules_last_timestamp_seconds { "ip_family" = "IPv6" , zone="a", } 900 1700000000000`,
 		`	{"kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",ip_family="IPv6"} 950`,
 		`{"kubeproxy.some.utf8.name",ip_family="IPv4"} 7`,
+		`kubernetes_build_info{git_version="v1.\"37\"",ip_family="IPv\\6"} 1`,
 		`"kubeproxy\"x"{ip_family="IPv4"} NaN`,
 		`# HELP x a \\ help \n with "escapes"`,
 		`# TYPE x gaugehistogram`,
@@ -388,8 +401,8 @@ func FuzzExpositionLine(f *testing.F) {
 		line, _, _ = strings.Cut(line, "\n")
 		p := expoParser{openMetrics: openMetrics}
 		kind, s, err := p.parseLine([]byte(line + "\n"))
-		if cap(p.scratch) > 2*len(line)+8 {
-			t.Errorf("scratch of %d bytes for a line of %d", cap(p.scratch), len(line))
+		if cap(p.scratch) > 2*len(line)+8 || cap(p.versionScratch) > 2*len(line)+8 {
+			t.Errorf("scratch of %d and %d bytes for a line of %d", cap(p.scratch), cap(p.versionScratch), len(line))
 		}
 		if err != nil {
 			return
@@ -430,15 +443,21 @@ func FuzzExpositionLine(f *testing.F) {
 		if s.value != want && !(math.IsNaN(s.value) && math.IsNaN(want)) {
 			t.Errorf("value %v, expfmt %v", s.value, want)
 		}
-		var ipFamily string
-		var hasIPFamily bool
+		var ipFamily, gitVersion string
+		var hasIPFamily, hasGitVersion bool
 		for _, l := range m.GetLabel() {
-			if l.GetName() == "ip_family" {
+			switch l.GetName() {
+			case "ip_family":
 				ipFamily, hasIPFamily = l.GetValue(), true
+			case "git_version":
+				gitVersion, hasGitVersion = l.GetValue(), true
 			}
 		}
 		if string(s.ipFamily) != ipFamily || s.hasIPFamily != hasIPFamily {
 			t.Errorf("ip_family %q (%v), expfmt %q (%v)", s.ipFamily, s.hasIPFamily, ipFamily, hasIPFamily)
+		}
+		if string(s.gitVersion) != gitVersion || s.hasGitVersion != hasGitVersion {
+			t.Errorf("git_version %q (%v), expfmt %q (%v)", s.gitVersion, s.hasGitVersion, gitVersion, hasGitVersion)
 		}
 	})
 }

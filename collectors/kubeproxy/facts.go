@@ -37,6 +37,8 @@ type Status struct {
 	// PendingSince is its oldest queued change not yet applied, zero when none.
 	LastSync     time.Time
 	PendingSince time.Time
+	// Version is the version kube-proxy reported at the last poll it answered ("" for none).
+	Version string
 
 	// LogsRead: the follower has looked for the log files once.
 	LogsRead bool
@@ -50,9 +52,10 @@ type Status struct {
 // Status returns the last poll's and the follower's results; it waits on nothing.
 func (c *Collector) Status() Status {
 	c.mu.Lock()
-	logs, logsRead, res := c.logs, c.logsRead, c.probe
+	logs, logsRead, res, version := c.logs, c.logsRead, c.probe, c.version
 	c.mu.Unlock()
 	s := Status{
+		Version:       version,
 		LogsRead:      logsRead,
 		LogFiles:      slices.Clone(logs.files),
 		LogErr:        logs.err,

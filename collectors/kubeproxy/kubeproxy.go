@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
+	"github.com/proxyhealth/proxyhealth/internal/proxyversion"
 )
 
 // Name is the collector's name (--[no-]collector.kubeproxy).
@@ -53,6 +54,10 @@ type Config struct {
 	// last poll that may have changed its Service rules (syncs.go): the exporter's netfilter
 	// reader then reads the legacy tables, whose changes the kernel does not announce.
 	OnSync func()
+	// OnVersion, when set, is called with kube-proxy's version when a poll finds it changed
+	// (the unknown version when kube-proxy reports none, or one without version information):
+	// the API view computes what kube-proxy programs the way that version does.
+	OnVersion func(proxyversion.Version)
 
 	// Now is the clock kube-proxy's sync times and undated log lines are measured by; nil
 	// means time.Now.
@@ -116,6 +121,10 @@ type Collector struct {
 	upNote     string
 	healthNote string
 	scanNote   string
+	// version is the version kube-proxy last reported while it answered ("" for none); it
+	// stays while kube-proxy does not answer. versionSeen: a poll has answered.
+	version     string
+	versionSeen bool
 }
 
 // New builds the collector; it opens and asks nothing until Run.
@@ -174,7 +183,17 @@ func (c *Collector) pollOnce(ctx context.Context) {
 	c.mu.Lock()
 	prev := c.probe
 	c.probe = &res
+	versionChanged := res.up && (!c.versionSeen || res.version != c.version)
+	if res.up {
+		c.version, c.versionSeen = res.version, true
+	}
 	c.mu.Unlock()
+	if versionChanged {
+		v := c.noteVersion(res.version)
+		if c.cfg.OnVersion != nil {
+			c.cfg.OnVersion(v)
+		}
+	}
 	// A sync of any IP family: each family's proxier syncs only for its own changes.
 	newSync := !res.newestSync.IsZero() && prev != nil && !prev.newestSync.IsZero() && !res.newestSync.Equal(prev.newestSync)
 	if c.syncs.observe(&res, newSync) && c.cfg.OnSync != nil {
@@ -230,6 +249,26 @@ func (c *Collector) note(res *probeResult) {
 	}
 }
 
+// noteVersion logs kube-proxy's version, which changed (polls are sequential), and says
+// when proxyhealth is not tested with it; it returns the version parsed.
+func (c *Collector) noteVersion(reported string) proxyversion.Version {
+	v, ok := proxyversion.Parse(reported)
+	switch {
+	case reported == "":
+		c.logger.Warn("kube-proxy reports no version (no kubernetes_build_info in its metrics): what it programs is computed as the newest tested version does",
+			"tested", proxyversion.TestedRange(), "as", proxyversion.NewestTested.String())
+	case !ok:
+		c.logger.Warn("kube-proxy's version is not known (a build without version information?): what it programs is computed as the newest tested version does",
+			"version", reported, "tested", proxyversion.TestedRange(), "as", proxyversion.NewestTested.String())
+	case !v.Tested():
+		c.logger.Warn("kube-proxy's version is outside the versions proxyhealth is tested with: drift may be misjudged where kube-proxy changed how it picks endpoints",
+			"version", reported, "tested", proxyversion.TestedRange())
+	default:
+		c.logger.Info("kube-proxy's version", "version", reported)
+	}
+	return v
+}
+
 // scanNote says what a poll could not read of kube-proxy's metrics, if anything.
 func scanNote(res *probeResult) string {
 	if !res.up {
@@ -275,6 +314,8 @@ var (
 		"Service changes kube-proxy has received but not yet applied (kubeproxy_sync_proxy_rules_service_changes_pending).")
 	restoreFailuresDesc = phcollectors.NewDesc("kubeproxy", "sync_failures_total",
 		"Rule syncs kube-proxy failed to apply: iptables-restore failures (kubeproxy_sync_proxy_rules_iptables_restore_failures_total) plus nftables sync failures (kubeproxy_sync_proxy_rules_nftables_sync_failures_total), over IP families; resets when kube-proxy restarts.")
+	buildInfoDesc = phcollectors.NewDesc("kubeproxy", "build_info",
+		"1, labelled with the version kube-proxy reports (the git_version of its kubernetes_build_info) at the last poll it answered, kept while it does not answer; absent when it reports none. proxyhealth is tested with kube-proxy v1.34 to v1.37.", "version")
 	invalidDroppedDesc = phcollectors.NewDesc("kubeproxy", "invalid_dropped_packets_total",
 		"Packets kube-proxy's conntrack INVALID drop rule dropped (kubeproxy_iptables_ct_state_invalid_dropped_packets_total, iptables mode with nfacct); absent when kube-proxy does not export it.")
 )
@@ -283,7 +324,7 @@ var (
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{listErrorsDesc, lastListErrorDesc, logLinesDesc, logSkippedDesc, logFilesDesc,
 		upDesc, healthyDesc, lastSyncAgeDesc, syncPendingDesc, endpointsPendingDesc, servicesPendingDesc,
-		restoreFailuresDesc, invalidDroppedDesc} {
+		restoreFailuresDesc, invalidDroppedDesc, buildInfoDesc} {
 		ch <- d
 	}
 }
@@ -292,7 +333,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 // answering is a state (proxyhealth_kubeproxy_up 0), not a failure; an unreadable log file is.
 func (c *Collector) Update(ch chan<- prometheus.Metric) error {
 	c.mu.Lock()
-	logs, logsRead, res := c.logs, c.logsRead, c.probe
+	logs, logsRead, res, version := c.logs, c.logsRead, c.probe, c.version
 	c.mu.Unlock()
 	now := c.now()
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
@@ -342,6 +383,9 @@ func (c *Collector) Update(ch chan<- prometheus.Metric) error {
 			if res.hasInvalidDropped {
 				counter(invalidDroppedDesc, res.invalidDropped)
 			}
+		}
+		if version != "" {
+			gauge(buildInfoDesc, 1, version)
 		}
 	}
 	return logs.err

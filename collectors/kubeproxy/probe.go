@@ -23,6 +23,7 @@ const (
 	kpEndpointChanges   = "kubeproxy_sync_proxy_rules_endpoint_changes_total"
 	kpServiceChanges    = "kubeproxy_sync_proxy_rules_service_changes_total"
 	kpFullSyncs         = "kubeproxy_sync_full_proxy_rules_duration_seconds_count"
+	kpBuildInfo         = "kubernetes_build_info" // component-base's, with the git_version label
 	maxMetricsBodyBytes = 32 << 20
 )
 
@@ -57,6 +58,9 @@ type probeResult struct {
 	hasInvalidDropped   bool
 	changes             changeCounts
 	scan                metricsScan // what the scan of the metrics skipped or left out
+	// version is the git_version of kube-proxy's kubernetes_build_info, as it reports it;
+	// empty when it exports none.
+	version string
 }
 
 // prober polls kube-proxy's HTTP endpoints.
