@@ -19,6 +19,7 @@ import (
 	"github.com/proxyhealth/proxyhealth/internal/iptlegacy"
 	"github.com/proxyhealth/proxyhealth/internal/memlimit"
 	"github.com/proxyhealth/proxyhealth/internal/nftnl"
+	"github.com/proxyhealth/proxyhealth/internal/proxyversion"
 )
 
 // Paths are the host filesystems the collectors read; in a container they are the host's
@@ -237,6 +238,12 @@ func registrations(app *kingpin.Application, paths *Paths) ([]registration, *api
 				kubeproxyCfg.OnSync = func() {
 					if host.source != nil {
 						host.source.Hint()
+					}
+				}
+				// The API view computes what kube-proxy programs the way its version does.
+				kubeproxyCfg.OnVersion = func(v proxyversion.Version) {
+					if api.view != nil {
+						api.view.SetKubeProxyVersion(v)
 					}
 				}
 				return kubeproxy.New(kubeproxyCfg, l)

@@ -2,7 +2,11 @@ package exporter
 
 import (
 	"bytes"
+	"context"
+	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,8 +14,10 @@ import (
 
 	"github.com/alecthomas/kingpin/v2"
 
+	"github.com/proxyhealth/proxyhealth/collectors/kubeproxy"
 	"github.com/proxyhealth/proxyhealth/internal/iptlegacy"
 	"github.com/proxyhealth/proxyhealth/internal/nftnl"
+	"github.com/proxyhealth/proxyhealth/internal/proxyversion"
 )
 
 // fakeProcSelf is a /proc/self whose process is in a cgroup v2 of memory.max limit ("max":
@@ -81,5 +87,48 @@ func TestNetfilterLimitFlags(t *testing.T) {
 func TestLegacyLimitUnderTheChartFitsTheBenchmarkTable(t *testing.T) {
 	if got := iptlegacy.MaxTableBytesWithin(384<<20, ownMemoryBytes); got < 183<<20 {
 		t.Errorf("a 384 MiB memory limit leaves %d MiB for a legacy table, less than the 183 MiB table at 10,000 x 10", got>>20)
+	}
+}
+
+// kube-proxy's version, read from its metrics by the kubeproxy collector, reaches the API view.
+func TestKubeProxyVersionReachesTheAPIView(t *testing.T) {
+	kp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		io.WriteString(w, `kubernetes_build_info{git_version="v1.34.4",major="1",minor="34"} 1`+"\n")
+	}))
+	defer kp.Close()
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	// The view is built from it but never started: nothing contacts this server.
+	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	app := kingpin.New("test", "")
+	regs, api, _ := registrations(app, addPathFlags(app))
+	api.logger = slog.New(slog.DiscardHandler)
+	if _, err := app.Parse([]string{"--kubeconfig=" + kubeconfig, "--node-name=worker-1",
+		"--kubeproxy.metrics-url=" + kp.URL + "/metrics", "--kubeproxy.health-url="}); err != nil {
+		t.Fatal(err)
+	}
+	view, err := api.get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range regs {
+		if r.name != kubeproxy.Name {
+			continue
+		}
+		c, _, err := r.build(slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.(*kubeproxy.Collector).Poll(context.Background())
+	}
+	if got := view.KubeProxyVersion(); got != (proxyversion.Version{Major: 1, Minor: 34}) {
+		t.Errorf("the API view computes for kube-proxy %v, want v1.34", got)
 	}
 }

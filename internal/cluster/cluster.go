@@ -16,6 +16,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+
+	"github.com/proxyhealth/proxyhealth/internal/proxyversion"
 )
 
 // Cluster is the API view: it watches Services, EndpointSlices and this node, and publishes
@@ -48,10 +50,13 @@ type Cluster struct {
 	mu       sync.Mutex
 	dirty    map[objKey]struct{} // Services to recompute
 	allDirty bool
+	// kubeProxy is kube-proxy's version as last told (SetKubeProxyVersion).
+	kubeProxy proxyversion.Version
 
 	// Owned by the recompute goroutine.
 	zone     string
 	nodeSeen bool
+	proxy    proxyversion.Version // the version the published ports were computed for
 }
 
 type errBox struct{ err error }
@@ -231,6 +236,26 @@ func (c *Cluster) markDirty(key objKey) {
 	c.signal()
 }
 
+// SetKubeProxyVersion tells the view kube-proxy's version (the unknown one when kube-proxy does
+// not say): every Service is computed again the way that version programs it, when it differs
+// from the last.
+func (c *Cluster) SetKubeProxyVersion(v proxyversion.Version) {
+	c.mu.Lock()
+	changed := c.kubeProxy != v
+	c.kubeProxy = v
+	c.mu.Unlock()
+	if changed {
+		c.markAllDirty()
+	}
+}
+
+// KubeProxyVersion is kube-proxy's version as last told (the unknown one until then).
+func (c *Cluster) KubeProxyVersion() proxyversion.Version {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.kubeProxy
+}
+
 func (c *Cluster) markAllDirty() {
 	c.mu.Lock()
 	c.allDirty = true
@@ -278,9 +303,13 @@ func (c *Cluster) recomputeLoop(ctx context.Context) {
 // dropped until then are all recomputed.
 func (c *Cluster) recompute() {
 	c.mu.Lock()
-	dirty, all := c.dirty, c.allDirty
+	dirty, all, proxy := c.dirty, c.allDirty, c.kubeProxy
 	c.dirty, c.allDirty = map[objKey]struct{}{}, false
 	c.mu.Unlock()
+	if proxy != c.proxy {
+		c.logger.Info("computing what kube-proxy programs as its version does", "version", proxy.String())
+		c.proxy, all = proxy, true
+	}
 	// Read after taking the changes: the sync's own marks then come with it or after it.
 	synced := c.st.hasSynced()
 
@@ -311,7 +340,7 @@ func (c *Cluster) recompute() {
 		}
 		keys = slices.Collect(maps.Keys(dirty))
 	}
-	node := thisNode{name: c.cfg.NodeName, zone: c.zone}
+	node := thisNode{name: c.cfg.NodeName, zone: c.zone, proxy: c.proxy}
 	fresh := make([]*ServicePort, 0, len(keys)) // most Services have one port
 	for _, key := range keys {
 		if svc, endpointSlices := c.st.service(key); svc != nil {

@@ -20,6 +20,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
+
+	"github.com/proxyhealth/proxyhealth/internal/proxyversion"
 )
 
 func testLogger() *slog.Logger {
@@ -321,4 +323,27 @@ func TestCompactFormsKeepWhatServicePortsReads(t *testing.T) {
 	if *n != (nodeInfo{name: "node-a", zone: "zone-a"}) {
 		t.Errorf("compact node %+v", *n)
 	}
+}
+
+// kube-proxy's version, told after the view synced, computes every Service again the way that
+// version programs it: before v1.36 a copy of an endpoint on this node wins over a ready copy
+// on another, from v1.36 the ready copy stays.
+func TestClusterKubeProxyVersion(t *testing.T) {
+	c, _ := startFake(t, node("node-a", ""), service("web", itpLocal),
+		epSlice("web-1", "web", ipv4, httpPort, apiEP("10.0.1.1", "node-b"), apiEP("10.0.1.2", "node-b")),
+		epSlice("web-2", "web", ipv4, httpPort, apiEP("10.0.1.1", "node-a", terminating)))
+	portsAre(t, c, "ns/web:http/TCP=|")
+	gen := c.Snapshot().Generation
+	c.SetKubeProxyVersion(proxyversion.Version{Major: 1, Minor: 34})
+	if v := c.KubeProxyVersion(); v != (proxyversion.Version{Major: 1, Minor: 34}) {
+		t.Errorf("KubeProxyVersion() = %v after v1.34 was told", v)
+	}
+	portsAre(t, c, "ns/web:http/TCP=|10.0.1.1:8080")
+	if g := c.Snapshot().Generation; g == gen {
+		t.Errorf("generation %d unchanged by the version's change", g)
+	}
+	c.SetKubeProxyVersion(proxyversion.Version{Major: 1, Minor: 37})
+	portsAre(t, c, "ns/web:http/TCP=|")
+	c.SetKubeProxyVersion(proxyversion.Version{})
+	portsAre(t, c, "ns/web:http/TCP=|")
 }

@@ -9,28 +9,48 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	utilnet "k8s.io/utils/net"
+
+	"github.com/proxyhealth/proxyhealth/internal/proxyversion"
 )
 
 // ServicePorts computes, for one Service and its EndpointSlices (others are ignored), each
-// service port as kube-proxy v1.36's iptables and nftables proxiers program it on the node
-// nodeName whose topology.kubernetes.io/zone label is zone ("" when it has none). It returns
-// nil for Services kube-proxy does not program (ShouldSkipService, or no cluster IP).
+// service port as the newest kube-proxy tested (proxyversion.NewestTested)'s iptables and
+// nftables proxiers program it on the node nodeName whose topology.kubernetes.io/zone label is
+// zone ("" when it has none). It returns nil for Services kube-proxy does not program
+// (ShouldSkipService, or no cluster IP).
 //
 // It converts the objects to the compact forms the view keeps and computes from those, as
 // the view does.
 func ServicePorts(svc *corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, nodeName, zone string) []*ServicePort {
+	return ServicePortsFor(proxyversion.Version{}, svc, endpointSlices, nodeName, zone)
+}
+
+// ServicePortsFor is ServicePorts as kube-proxy of version proxy programs the ports (the
+// newest tested version's way when proxy is unknown).
+func ServicePortsFor(proxy proxyversion.Version, svc *corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, nodeName, zone string) []*ServicePort {
 	slices := make([]*sliceInfo, len(endpointSlices))
 	for i, s := range endpointSlices {
 		slices[i] = newSliceInfo(s, nodeName)
 	}
-	return servicePorts(newServiceInfo(svc), slices, thisNode{name: nodeName, zone: zone})
+	return servicePorts(newServiceInfo(svc), slices, thisNode{name: nodeName, zone: zone, proxy: proxy})
 }
 
-// thisNode is the node the expected endpoints are computed for. Which endpoints are on it
-// was decided when the slices were converted, for the same name.
+// thisNode is the node the expected endpoints are computed for, and the kube-proxy on it.
+// Which endpoints are on it was decided when the slices were converted, for the same name.
 type thisNode struct {
 	name string
 	zone string // "" when the node has no zone label
+	// proxy is kube-proxy's version: the few rules that differ between versions follow it
+	// (the newest tested version's when unknown).
+	proxy proxyversion.Version
+}
+
+// preferLocalCopy is kube-proxy v1.34 and v1.35's rule for an endpoint listed twice
+// (EndpointSliceCache.addEndpoints: `!exists || isLocal`): a copy on this node replaces an
+// earlier one. v1.36 changed it to `!exists || !terminating`: a copy that is not terminating
+// replaces an earlier one.
+func (n thisNode) preferLocalCopy() bool {
+	return n.proxy.Before(proxyversion.Version{Major: 1, Minor: 36})
 }
 
 // servicePorts is ServicePorts on the compact forms.
@@ -52,7 +72,7 @@ func appendServicePorts(dst []*ServicePort, svc *serviceInfo, endpointSlices []*
 	families := len(svc.clusterIPs)
 	endpointsByFamily := make([]map[portKey]*portSet, families)
 	for i, ip := range svc.clusterIPs {
-		endpointsByFamily[i] = endpointsByPort(svc, endpointSlices, familyOf(ip))
+		endpointsByFamily[i] = endpointsByPort(svc, endpointSlices, familyOf(ip), node.preferLocalCopy())
 	}
 	namespace := svc.key.namespace.Value()
 	for _, p := range svc.ports {
@@ -194,10 +214,11 @@ type portKey struct {
 // endpoint's first address counts.
 //
 // An endpoint listed twice (it moves between slices, or a new pod reuses a terminating pod's
-// IP) keeps the later copy unless that one is terminating. kube-proxy visits slices in map
-// order, so which copy is "later" is random there; slices are visited by name here so the
-// result is at least stable. The difference lasts until the slices agree again.
-func endpointsByPort(svc *serviceInfo, endpointSlices []*sliceInfo, family corev1.IPFamily) map[portKey]*portSet {
+// IP) keeps the later copy unless that one is terminating; with preferLocal (kube-proxy before
+// v1.36), the later copy only if it is on this node. kube-proxy visits slices in map order, so
+// which copy is "later" is random there; slices are visited by name here so the result is at
+// least stable. The difference lasts until the slices agree again.
+func endpointsByPort(svc *serviceInfo, endpointSlices []*sliceInfo, family corev1.IPFamily, preferLocal bool) map[portKey]*portSet {
 	ordered := make([]*sliceInfo, 0, len(endpointSlices))
 	for _, s := range endpointSlices {
 		// endpointSliceCacheKeys: a slice belongs to the Service named by its label.
@@ -213,7 +234,7 @@ func endpointsByPort(svc *serviceInfo, endpointSlices []*sliceInfo, family corev
 			key := portKey{port.name, port.protocol}
 			set := sets[key]
 			if set == nil {
-				set = &portSet{eps: make([]endpoint, 0, len(port.addrs)), only: port.addrs}
+				set = &portSet{eps: make([]endpoint, 0, len(port.addrs)), only: port.addrs, preferLocal: preferLocal}
 				sets[key] = set
 			} else {
 				set.addSource()
@@ -234,6 +255,9 @@ type portSet struct {
 	// once a second slice contributes, finds them anywhere.
 	only  []netip.AddrPort
 	index map[netip.AddrPort]int
+	// preferLocal: of two copies of an address, the later wins only if it is on this node
+	// (kube-proxy before v1.36), rather than unless it is terminating.
+	preferLocal bool
 }
 
 // addSource readies the set for a second (or later) slice.
@@ -248,7 +272,8 @@ func (p *portSet) addSource() {
 	}
 }
 
-// add adds ep; of two copies of an address the later one wins, unless it is terminating.
+// add adds ep; of two copies of an address the later one wins, unless it is terminating (or,
+// with preferLocal, if it is on this node).
 func (p *portSet) add(ep endpoint) {
 	j, exists := -1, false
 	if p.index != nil {
@@ -257,7 +282,7 @@ func (p *portSet) add(ep endpoint) {
 		j, exists = n-1, true
 	}
 	if exists {
-		if !ep.terminating {
+		if p.preferLocal && ep.local || !p.preferLocal && !ep.terminating {
 			p.eps[j] = ep
 		}
 		return

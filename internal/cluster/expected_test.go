@@ -9,6 +9,8 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+
+	"github.com/proxyhealth/proxyhealth/internal/proxyversion"
 )
 
 // Builders for the API objects, in the shape the API server stores them (defaults filled).
@@ -118,7 +120,8 @@ func TestServicePorts(t *testing.T) {
 		slices []*discoveryv1.EndpointSlice
 		node   string
 		zone   string
-		want   []want // nil: the Service is not programmed
+		proxy  proxyversion.Version // kube-proxy's; unknown: the newest tested
+		want   []want               // nil: the Service is not programmed
 		check  func(t *testing.T, got []*ServicePort)
 	}{{
 		name: "headless Service is skipped",
@@ -233,6 +236,68 @@ func TestServicePorts(t *testing.T) {
 			epSlice("s-1", "s", ipv4, httpPort, apiEP("10.0.1.1", "")),
 		},
 		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080")}},
+	}, {
+		// kube-proxy before v1.36 keeps a later copy only if it is on this node: here the
+		// terminating one, which the local chain then falls back to. From v1.36 the ready copy
+		// stays, which is on another node: no local endpoint.
+		name:  "duplicate endpoint across slices, v1.34: the copy on this node wins, terminating or not",
+		svc:   service("s", itpLocal),
+		node:  "node-a",
+		proxy: proxyversion.Version{Major: 1, Minor: 34},
+		slices: []*discoveryv1.EndpointSlice{
+			epSlice("s-1", "s", ipv4, httpPort, apiEP("10.0.1.1", "node-b"), apiEP("10.0.1.2", "node-b")),
+			epSlice("s-2", "s", ipv4, httpPort, apiEP("10.0.1.1", "node-a", terminating)),
+		},
+		want: []want{{port: "http", proto: "TCP", local: addrs("10.0.1.1:8080")}},
+	}, {
+		name:  "duplicate endpoint across slices, v1.35: the copy on this node wins, terminating or not",
+		svc:   service("s", itpLocal),
+		node:  "node-a",
+		proxy: proxyversion.Version{Major: 1, Minor: 35},
+		slices: []*discoveryv1.EndpointSlice{
+			epSlice("s-1", "s", ipv4, httpPort, apiEP("10.0.1.1", "node-b"), apiEP("10.0.1.2", "node-b")),
+			epSlice("s-2", "s", ipv4, httpPort, apiEP("10.0.1.1", "node-a", terminating)),
+		},
+		want: []want{{port: "http", proto: "TCP", local: addrs("10.0.1.1:8080")}},
+	}, {
+		name:  "duplicate endpoint across slices, v1.36: the ready copy stays, on another node",
+		svc:   service("s", itpLocal),
+		node:  "node-a",
+		proxy: proxyversion.Version{Major: 1, Minor: 36},
+		slices: []*discoveryv1.EndpointSlice{
+			epSlice("s-1", "s", ipv4, httpPort, apiEP("10.0.1.1", "node-b"), apiEP("10.0.1.2", "node-b")),
+			epSlice("s-2", "s", ipv4, httpPort, apiEP("10.0.1.1", "node-a", terminating)),
+		},
+		want: []want{{port: "http", proto: "TCP"}},
+	}, {
+		name: "duplicate endpoint across slices, version unknown: as the newest tested",
+		svc:  service("s", itpLocal),
+		node: "node-a",
+		slices: []*discoveryv1.EndpointSlice{
+			epSlice("s-1", "s", ipv4, httpPort, apiEP("10.0.1.1", "node-b"), apiEP("10.0.1.2", "node-b")),
+			epSlice("s-2", "s", ipv4, httpPort, apiEP("10.0.1.1", "node-a", terminating)),
+		},
+		want: []want{{port: "http", proto: "TCP"}},
+	}, {
+		// Neither copy on this node: before v1.36 the first stays, terminating; from v1.36 the
+		// ready one replaces it.
+		name:  "duplicate endpoint across slices, v1.34: a later remote copy does not replace an earlier one",
+		svc:   service("s"),
+		proxy: proxyversion.Version{Major: 1, Minor: 34},
+		slices: []*discoveryv1.EndpointSlice{
+			epSlice("s-1", "s", ipv4, httpPort, apiEP("10.0.1.1", "node-b", terminating), apiEP("10.0.1.2", "node-b")),
+			epSlice("s-2", "s", ipv4, httpPort, apiEP("10.0.1.1", "node-b")),
+		},
+		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.2:8080")}},
+	}, {
+		name:  "duplicate endpoint across slices, v1.37: a later ready copy replaces a terminating one",
+		svc:   service("s"),
+		proxy: proxyversion.Version{Major: 1, Minor: 37},
+		slices: []*discoveryv1.EndpointSlice{
+			epSlice("s-1", "s", ipv4, httpPort, apiEP("10.0.1.1", "node-b", terminating), apiEP("10.0.1.2", "node-b")),
+			epSlice("s-2", "s", ipv4, httpPort, apiEP("10.0.1.1", "node-b")),
+		},
+		want: []want{{port: "http", proto: "TCP", cluster: addrs("10.0.1.1:8080", "10.0.1.2:8080")}},
 	}, {
 		name: "conditions unset mean ready and serving (API semantics)",
 		svc:  service("s"),
@@ -468,7 +533,7 @@ func TestServicePorts(t *testing.T) {
 	}}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got := ServicePorts(tc.svc, tc.slices, tc.node, tc.zone)
+			got := ServicePortsFor(tc.proxy, tc.svc, tc.slices, tc.node, tc.zone)
 			if tc.want == nil {
 				if got != nil {
 					t.Fatalf("got %s, want the Service skipped", dump(got))

@@ -48,7 +48,8 @@ const (
 	topologySameNode = "PreferSameNode"
 )
 
-// categorizeEndpoints is kube-proxy v1.36's CategorizeEndpoints (pkg/proxy/topology.go)
+// categorizeEndpoints is kube-proxy's CategorizeEndpoints (pkg/proxy/topology.go; the same in
+// effect from v1.34 to v1.37)
 // without the parts no chain depends on (allReachableEndpoints, hasAnyEndpoints): cluster
 // holds what goes into the cluster chain (KUBE-SVC-*, or the nftables service- chain), local
 // what goes into the local chain (KUBE-SVL-*, or local-). Either is nil when the port does not
