@@ -278,6 +278,16 @@ add rule ip kube-proxy service-00000001-ns/svc1/tcp/http meta l4proto tcp dnat i
 	// The chain, and its new map.
 	wantReads(t, "service chain rewritten", ft.step("service chain rewritten"), 0, 1, 1)
 
+	// kube-proxy v1.37 writes a service chain with one endpoint as a plain dnat, no map
+	// (writeServiceToEndpointDNATs).
+	nftnltest.LoadNFT(t, []byte(`flush chain ip kube-proxy service-00000001-ns/svc1/tcp/http
+add rule ip kube-proxy service-00000001-ns/svc1/tcp/http meta l4proto tcp dnat to 10.1.1.7:8080
+`))
+	wantReads(t, "one endpoint, a plain dnat", ft.step("one endpoint, a plain dnat"), 0, 1, 0)
+	if pt, _ := ft.f.KubeProxyNFT(false); !slices.Equal(pt.Chains["service-00000001-ns/svc1/tcp/http"], []netip.AddrPort{netip.MustParseAddrPort("10.1.1.7:8080")}) {
+		t.Errorf("service 1 with one endpoint: %v, want 10.1.1.7:8080", pt.Chains["service-00000001-ns/svc1/tcp/http"])
+	}
+
 	nftnltest.LoadNFT(t, []byte(`delete element ip kube-proxy service-ips { 10.96.0.2 . tcp . 80 }
 add element ip kube-proxy service-ips { 10.96.0.2 . tcp . 81 : goto service-00000002-ns/svc2/tcp/http }
 `))

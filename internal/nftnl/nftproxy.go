@@ -15,10 +15,11 @@ import (
 // `ip6 kube-proxy`. A service port's chains are "service-HASH8-ns/name/proto/port" (cluster
 // policy) and "local-..." (local policy); every chain named from a service port has a "/".
 // Endpoints are written inline, `dnat ip to numgen random mod N map { 0 : ADDR . PORT, ... }`,
-// an anonymous map, or, with ClientIP affinity, as per-endpoint chains "endpoint-..." ending in
-// `dnat to ADDR:PORT`, reached by one `ip saddr @affinity-... goto endpoint-...` rule each and a
-// `numgen random mod N vmap { 0 : goto endpoint-..., ... }`. The cluster IP dispatch is map
-// service-ips: `ip daddr . meta l4proto . th dport vmap @service-ips`.
+// an anonymous map (since v1.37 a single endpoint as a plain `dnat to ADDR:PORT`,
+// writeServiceToEndpointDNATs), or, with ClientIP affinity, as per-endpoint chains
+// "endpoint-..." ending in `dnat to ADDR:PORT`, reached by one `ip saddr @affinity-... goto
+// endpoint-...` rule each and a `numgen random mod N vmap { 0 : goto endpoint-..., ... }`. The
+// cluster IP dispatch is map service-ips: `ip daddr . meta l4proto . th dport vmap @service-ips`.
 const kubeProxyTable = "kube-proxy"
 
 // ReadKubeProxyNFT reads kube-proxy's nftables-mode table (`ip kube-proxy`, or `ip6

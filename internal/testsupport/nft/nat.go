@@ -8,7 +8,8 @@ import (
 // DNATTargets returns the destinations the rule's dnat statements translate to, in the order
 // listed, in the two forms kube-proxy's nftables mode writes (pkg/proxy/nftables/proxier.go):
 //
-//   - `dnat to 10.244.1.3:8080` (its per-endpoint chains, used with ClientIP session affinity):
+//   - `dnat to 10.244.1.3:8080` (its per-endpoint chains, used with ClientIP session affinity,
+//     and since v1.37 a service chain with one endpoint):
 //     {"dnat": {"addr": "10.244.1.3", "port": 8080}}
 //   - `dnat ip addr . port to numgen random mod 2 map { 0 : 10.244.3.3 . 8080, 1 : ... }`
 //     (endpoints inline): {"dnat": {"family": "ip", "addr": {"map": {"key": {"numgen": ...},
