@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"slices"
 	"testing"
 	"time"
@@ -30,8 +31,13 @@ import (
 //     terminating, one on this node; while cut off its slice is deleted and its port renumbered
 //     from 80 to 6015: 1 stale, reported for port 6015 (the chains are named by the port's name).
 //
+// In each, a chain on one side of the cut-off holds a single endpoint, which kube-proxy v1.37's
+// nftables mode writes as a plain `dnat to ADDR:PORT` rather than a numgen map (the test logs
+// those chains): a reader of the rules that knows only the map finds no endpoint there. The
+// exporter reads kube-proxy's version from its metrics (proxyhealth_kubeproxy_build_info).
+//
 // One subtest per proxy mode, each with its own lab. Run against other kube-proxy versions
-// with PROXYHEALTH_KUBE_VERSION (test/kubelab).
+// with PROXYHEALTH_KUBE_VERSION or PROXYHEALTH_KUBE_BIN (test/kubelab).
 func TestDriftCutOff(t *testing.T) {
 	requireKube(t)
 	requireExporter(t)
@@ -57,6 +63,18 @@ func testDriftCutOff(t *testing.T, mode string) {
 	e := l.StartExporter("proxyhealth", driftExporterPort, nil, driftExporterArgs(kubeconfig)...)
 	waitConverged(t, e, cp, "the exporter's API view synced and every service port checked")
 	t.Logf("control plane (%s), kube-proxy (%s) and exporter synced in %s", cp.Bins.Version, mode, time.Since(start).Round(time.Millisecond))
+
+	// The exporter reads kube-proxy's version from its metrics, as kube-proxy reports it.
+	_, metrics, err := cp.KubeProxyGet(kubeProxyMetrics, "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^kubernetes_build_info\{.*git_version="([^"]*)"`).FindStringSubmatch(metrics)
+	if m == nil {
+		t.Fatalf("kube-proxy's metrics have no kubernetes_build_info")
+	}
+	t.Logf("kube-proxy reports version %s", m[1])
+	e.WaitValue(t, 10*time.Second, "proxyhealth_kubeproxy_build_info", map[string]string{"version": m[1]}, 1)
 
 	local := func(ip string) LabEndpoint { return LabEndpoint{IP: ip, NodeName: labNodeName, Zone: "zone-a"} }
 	remote := func(ip string) LabEndpoint { return LabEndpoint{IP: ip, NodeName: "node-b", Zone: "zone-b"} }
@@ -116,6 +134,10 @@ func testDriftCutOff(t *testing.T, mode string) {
 		"service_port": "6015", "protocol": "tcp", "kind": "stale"}, 1)
 	frozen := cp.cutoffRules(mode)
 	t.Logf("while cut off: rules %v, the exporter's drift %v", frozen, reported)
+	if mode == "nftables" {
+		out, _ := cp.Lab.Exec(cp.Lab.Node, "nft", "list", "chain", "ip", "kube-proxy", nftServiceChain("local-", cutoffNS, "renumbered", "tcp", "http"))
+		t.Logf("while cut off: %s", out)
+	}
 
 	t.Logf("kube-proxy's fault proxy: %s", cp.Heal())
 	e.Poll(t, 30*time.Second, "no drift once kube-proxy's connection is healed", nil, func(s Scrape) (bool, string) {
@@ -144,6 +166,14 @@ func testDriftCutOff(t *testing.T, mode string) {
 		}
 	}
 	t.Logf("healed: rules %v", healed)
+	if mode == "nftables" {
+		// kube-proxy v1.37 writes a chain with one endpoint as a plain `dnat to`, earlier
+		// versions as a numgen map of one element.
+		for _, c := range []string{nftServiceChain("local-", cutoffNS, "local-only", "tcp", "http"), nftServiceChain("service-", cutoffNS, "two-families", "tcp", "http")} {
+			out, _ := cp.Lab.Exec(cp.Lab.Node, "nft", "list", "chain", "ip", "kube-proxy", c)
+			t.Logf("healed: %s", out)
+		}
+	}
 	t.Logf("TestDriftCutOff/%s took %s", mode, time.Since(start).Round(time.Millisecond))
 }
 
