@@ -223,6 +223,7 @@ func (s *factSources) kubeProxyInput(in *verdict.Input, samples []factSample, o 
 		k.Healthy = verdict.Bool(last.Healthy)
 	}
 	k.LastSync = last.LastSync
+	k.Version = last.Version
 	if !last.PendingSince.IsZero() {
 		k.SyncPending = max(0, in.Now.Sub(last.PendingSince))
 	}

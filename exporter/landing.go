@@ -58,6 +58,14 @@ var verdictTemplate = template.Must(template.New("verdict").Funcs(template.FuncM
 {{- end}}
 </ul>
 {{- end}}
+{{- if .Notes}}
+<h3>Notes</h3>
+<ul class="notes">
+{{- range .Notes}}
+<li>{{.}}</li>
+{{- end}}
+</ul>
+{{- end}}
 <p class="as-json">Judged at {{.Time.Format "2006-01-02T15:04:05Z07:00"}}{{if .WindowSeconds}} over the last {{seconds .WindowSeconds}}{{end}}; as JSON: <a href="status">/status</a>.</p>
 </section>
 `))

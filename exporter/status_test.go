@@ -465,3 +465,26 @@ func TestLandingPage(t *testing.T) {
 		t.Errorf("GET /nothing: %s", resp.Status)
 	}
 }
+
+// kube-proxy's version reaches the verdict; outside the tested ones it is a note on the page.
+func TestLandingPageKubeProxyVersion(t *testing.T) {
+	h := newHealthyNode()
+	h.kp.st.Version = "v1.38.1"
+	st := newStatus(h.sources(), 10*time.Minute)
+	if in := h.sources().input([]factSample{h.sources().sample()}, inputOptions{}); in.KubeProxy.Version != "v1.38.1" {
+		t.Errorf("the verdict's kube-proxy version %q, want v1.38.1", in.KubeProxy.Version)
+	}
+	h.now = t0.Add(-10 * time.Minute)
+	st.record(st.src.sample())
+	h.now = t0
+	page := landingPage("/metrics", false, newCollectorSet(nil, promslog.NewNopLogger()), st)
+	body := getPage(t, page)
+	want := "<h3>Notes</h3>\n<ul class=\"notes\">\n<li>kube-proxy v1.38.1 is outside the versions proxyhealth is tested with (v1.34 to v1.37)"
+	if !strings.Contains(body, want) || !strings.Contains(body, `class="verdict healthy"`) {
+		t.Errorf("page lacks %q in a healthy verdict:\n%s", want, body)
+	}
+	h.kp.st.Version = "v1.37.2"
+	if body := getPage(t, page); strings.Contains(body, `class="notes"`) {
+		t.Errorf("a tested version has a note:\n%s", body)
+	}
+}

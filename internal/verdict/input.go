@@ -91,6 +91,9 @@ type KubeProxyFacts struct {
 	LastSync time.Time
 	// SyncPending is how long a queued change has waited unapplied now (0 when none).
 	SyncPending time.Duration
+	// Version is the version it reports (the git_version of its kubernetes_build_info, as
+	// reported); "" when it reports none or was never heard.
+	Version string
 
 	// LogFiles are the log files followed (or read); empty when none was found.
 	LogFiles []string

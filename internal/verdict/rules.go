@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/proxyhealth/proxyhealth/internal/proxyversion"
 )
 
 // evaluation is one run of the engine's rules over an Input.
@@ -41,6 +43,25 @@ func (e *evaluation) notCheckedList() []NotChecked {
 }
 
 func (e *evaluation) add(f Finding) { e.findings = append(e.findings, f) }
+
+// notes says when kube-proxy's version is one proxyhealth is not tested with: the endpoints
+// it should program, which stale rules are judged against, follow the tested versions' rules.
+func (e *evaluation) notes() []string {
+	reported := e.in.KubeProxy.Version
+	if reported == "" {
+		return nil
+	}
+	v, ok := proxyversion.Parse(reported)
+	switch {
+	case !ok:
+		return []string{fmt.Sprintf("kube-proxy reports version %q, which proxyhealth cannot place: what it should program is computed as kube-proxy %s computes it (proxyhealth is tested with %s).",
+			reported, proxyversion.NewestTested, proxyversion.TestedRange())}
+	case !v.Tested():
+		return []string{fmt.Sprintf("kube-proxy %s is outside the versions proxyhealth is tested with (%s): stale rules may be misjudged where it picks endpoints differently.",
+			reported, proxyversion.TestedRange())}
+	}
+	return nil
+}
 
 // kubeProxyRules is on the node: the drift check found kube-proxy's rules.
 func (e *evaluation) kubeProxyRules() bool {

@@ -144,8 +144,8 @@ func compactValue(v any) string {
 	return fmt.Sprint(v)
 }
 
-// WriteText writes r for people: the verdict, each finding with its evidence and runbook, and
-// what could not be checked.
+// WriteText writes r for people: the verdict, each finding with its evidence and runbook, what
+// could not be checked, and the notes.
 func WriteText(w io.Writer, r Report) error {
 	var b strings.Builder
 	var crit, warn int
@@ -202,6 +202,12 @@ func WriteText(w io.Writer, r Report) error {
 				causes = append(causes, string(c))
 			}
 			fmt.Fprintf(&b, "  %s: %s\n", strings.Join(causes, ", "), n.Reason)
+		}
+	}
+	if len(r.Notes) > 0 {
+		b.WriteString("\nnotes:\n")
+		for _, n := range r.Notes {
+			fmt.Fprintf(&b, "  %s\n", n)
 		}
 	}
 	_, err := io.WriteString(w, b.String())

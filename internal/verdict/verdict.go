@@ -202,6 +202,9 @@ type Report struct {
 	WindowSeconds float64      `json:"window_seconds"`
 	Findings      []Finding    `json:"findings"`
 	NotChecked    []NotChecked `json:"not_checked"`
+	// Notes are what the engineer should know of how the node was judged that is neither a
+	// finding nor a cause left unchecked: a kube-proxy version proxyhealth is not tested with.
+	Notes []string `json:"notes,omitempty"`
 }
 
 // UncheckedCauses lists the causes that could not be checked, once each, in the report's order.
@@ -286,6 +289,7 @@ func (th Thresholds) Evaluate(in Input) Report {
 		WindowSeconds: in.Window.Seconds(),
 		Findings:      e.findings,
 		NotChecked:    e.notCheckedList(),
+		Notes:         e.notes(),
 	}
 	if r.Findings == nil {
 		r.Findings = []Finding{}

@@ -912,3 +912,50 @@ func TestWriteText(t *testing.T) {
 		t.Errorf("unknown text %q", out)
 	}
 }
+
+// kube-proxy's version outside the tested ones, or one that cannot be placed, is a note on how
+// the node was judged: not a finding, nor a cause left unchecked.
+func TestNotesKubeProxyVersion(t *testing.T) {
+	for _, tc := range []struct {
+		version string
+		want    string // the note; "" for none
+	}{
+		{"v1.37.2", ""},
+		{"v1.34.4+k3s1", ""},
+		{"", ""},
+		{"v1.38.0", "kube-proxy v1.38.0 is outside the versions proxyhealth is tested with (v1.34 to v1.37): stale rules may be misjudged where it picks endpoints differently."},
+		{"v1.33.9", "kube-proxy v1.33.9 is outside the versions proxyhealth is tested with (v1.34 to v1.37): stale rules may be misjudged where it picks endpoints differently."},
+		{"v0.0.0-master+$Format:%H$", `kube-proxy reports version "v0.0.0-master+$Format:%H$", which proxyhealth cannot place: what it should program is computed as kube-proxy v1.37 computes it (proxyhealth is tested with v1.34 to v1.37).`},
+	} {
+		in := healthyInput()
+		in.KubeProxy.Version = tc.version
+		r := Evaluate(in)
+		only(t, r)
+		if len(r.NotChecked) != 0 || r.Verdict != Healthy {
+			t.Errorf("%q: verdict %s, not checked %v", tc.version, r.Verdict, r.NotChecked)
+		}
+		var want []string
+		if tc.want != "" {
+			want = []string{tc.want}
+		}
+		if !slices.Equal(r.Notes, want) {
+			t.Errorf("%q: notes %q, want %q", tc.version, r.Notes, want)
+		}
+	}
+	in := healthyInput()
+	in.KubeProxy.Version = "v1.38.0"
+	var b strings.Builder
+	if err := WriteText(&b, Evaluate(in)); err != nil {
+		t.Fatal(err)
+	}
+	if want := "node worker-3: healthy, judged over 10m\n\nnotes:\n  kube-proxy v1.38.0 is outside"; !strings.HasPrefix(b.String(), want) {
+		t.Errorf("text %q, want it to start %q", b.String(), want)
+	}
+	doc, err := json.Marshal(Evaluate(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(doc), `"notes":["kube-proxy v1.38.0 is outside`) {
+		t.Errorf("/status document without the note: %s", doc)
+	}
+}
