@@ -568,3 +568,45 @@ func mustBool(t *testing.T, what string, got, want bool) {
 		t.Errorf("%s = %v, want %v", what, got, want)
 	}
 }
+
+// The three Services kube-proxy v1.37.2's nftables mode was reported to disagree on while cut
+// off from the API (test/e2e TestDriftCutOff): what the API wants once the changes are made,
+// which is what kube-proxy v1.34 to v1.37, iptables and nftables, programmed once healed in the
+// lab. Each holds a single endpoint on one side of the cut-off, which v1.37's nftables mode
+// writes as a plain `dnat to`: the disagreement was in reading that form, not in this model.
+func TestServicePortsCutOffCases(t *testing.T) {
+	for _, proxy := range []proxyversion.Version{{}, {Major: 1, Minor: 34}, {Major: 1, Minor: 36}, {Major: 1, Minor: 37}} {
+		// internalTrafficPolicy: Local, remote endpoints only, then a ready one on this node
+		// added and a remote one not ready: the local chain gets the new one.
+		got := ServicePortsFor(proxy, service("local-only", itpLocal), []*discoveryv1.EndpointSlice{
+			epSlice("local-only-1", "local-only", ipv4, httpPort,
+				apiEP("10.244.7.1", "node-b"), apiEP("10.244.7.2", "node-b", notReady), apiEP("10.244.7.3", "node-a")),
+		}, "node-a", "")
+		if len(got) != 1 || got[0].ClusterEndpoints != nil || !slices.Equal(got[0].LocalEndpoints, addrs("10.244.7.3:8080")) {
+			t.Errorf("%v: local-only %s, want local 10.244.7.3:8080 only", proxy, dump(got))
+		}
+
+		// An IPv4 slice with port http = 8787, down to its endpoint on this node, and an IPv6
+		// slice with http = 8080: an IPv4 Service takes its family's slice alone; a dual-stack
+		// one each family's own port.
+		slices2 := []*discoveryv1.EndpointSlice{
+			epSlice("two-families-v4", "two-families", ipv4, []discoveryv1.EndpointPort{slicePort("http", 8787, corev1.ProtocolTCP)}, apiEP("10.244.8.1", "node-a")),
+			epSlice("two-families-v6", "two-families", ipv6, httpPort, apiEP("fd00:10:244:8::1", "node-b")),
+		}
+		got = ServicePortsFor(proxy, service("two-families"), slices2, "node-a", "")
+		if len(got) != 1 || !slices.Equal(got[0].ClusterEndpoints, addrs("10.244.8.1:8787")) || got[0].LocalEndpoints != nil {
+			t.Errorf("%v: two-families %s, want cluster 10.244.8.1:8787", proxy, dump(got))
+		}
+		got = ServicePortsFor(proxy, service("two-families", dualStack), slices2, "node-a", "")
+		if len(got) != 1 || !slices.Equal(got[0].ClusterEndpoints, addrs("10.244.8.1:8787", "[fd00:10:244:8::1]:8080")) {
+			t.Errorf("%v: dual-stack two-families %s, want 10.244.8.1:8787 and [fd00:10:244:8::1]:8080", proxy, dump(got))
+		}
+
+		// internalTrafficPolicy: Local, its slice of terminating endpoints deleted and its port
+		// renumbered: no endpoint, under the port's new number.
+		got = ServicePortsFor(proxy, service("renumbered", itpLocal, func(s *corev1.Service) { s.Spec.Ports[0].Port = 6015 }), nil, "node-a", "")
+		if len(got) != 1 || got[0].Port != 6015 || got[0].ClusterEndpoints != nil || got[0].LocalEndpoints != nil {
+			t.Errorf("%v: renumbered %s, want port 6015 without endpoints", proxy, dump(got))
+		}
+	}
+}
