@@ -56,7 +56,7 @@ type Cluster struct {
 	// Owned by the recompute goroutine.
 	zone     string
 	nodeSeen bool
-	proxy    proxyversion.Version // the version the published ports were computed for
+	proxy    proxyversion.Version // the version the ports are computed for
 }
 
 type errBox struct{ err error }
@@ -237,11 +237,11 @@ func (c *Cluster) markDirty(key objKey) {
 }
 
 // SetKubeProxyVersion tells the view kube-proxy's version (the unknown one when kube-proxy does
-// not say): every Service is computed again the way that version programs it, when it differs
-// from the last.
+// not say): every Service is computed again the way that version programs it, when that
+// differs from the last version's way.
 func (c *Cluster) SetKubeProxyVersion(v proxyversion.Version) {
 	c.mu.Lock()
-	changed := c.kubeProxy != v
+	changed := !sameRules(c.kubeProxy, v)
 	c.kubeProxy = v
 	c.mu.Unlock()
 	if changed {
@@ -306,10 +306,11 @@ func (c *Cluster) recompute() {
 	dirty, all, proxy := c.dirty, c.allDirty, c.kubeProxy
 	c.dirty, c.allDirty = map[objKey]struct{}{}, false
 	c.mu.Unlock()
-	if proxy != c.proxy {
+	if !sameRules(proxy, c.proxy) {
 		c.logger.Info("computing what kube-proxy programs as its version does", "version", proxy.String())
-		c.proxy, all = proxy, true
+		all = true
 	}
+	c.proxy = proxy
 	// Read after taking the changes: the sync's own marks then come with it or after it.
 	synced := c.st.hasSynced()
 

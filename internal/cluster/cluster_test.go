@@ -342,6 +342,13 @@ func TestClusterKubeProxyVersion(t *testing.T) {
 	if g := c.Snapshot().Generation; g == gen {
 		t.Errorf("generation %d unchanged by the version's change", g)
 	}
+	// v1.35 programs as v1.34 does: nothing to compute again.
+	gen = c.Snapshot().Generation
+	c.SetKubeProxyVersion(proxyversion.Version{Major: 1, Minor: 35})
+	time.Sleep(50 * time.Millisecond) // 5 recompute intervals
+	if g := c.Snapshot().Generation; g != gen {
+		t.Errorf("generation %d -> %d: v1.34 to v1.35 computed again", gen, g)
+	}
 	c.SetKubeProxyVersion(proxyversion.Version{Major: 1, Minor: 37})
 	portsAre(t, c, "ns/web:http/TCP=|")
 	c.SetKubeProxyVersion(proxyversion.Version{})

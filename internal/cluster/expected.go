@@ -53,6 +53,12 @@ func (n thisNode) preferLocalCopy() bool {
 	return n.proxy.Before(proxyversion.Version{Major: 1, Minor: 36})
 }
 
+// sameRules reports whether kube-proxy versions a and b program the same endpoints from the
+// same objects, as far as the model tells them apart.
+func sameRules(a, b proxyversion.Version) bool {
+	return thisNode{proxy: a}.preferLocalCopy() == thisNode{proxy: b}.preferLocalCopy()
+}
+
 // servicePorts is ServicePorts on the compact forms.
 func servicePorts(svc *serviceInfo, endpointSlices []*sliceInfo, node thisNode) []*ServicePort {
 	return appendServicePorts(nil, svc, endpointSlices, node)
