@@ -13,6 +13,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/proxyhealth/proxyhealth/internal/cluster"
+	"github.com/proxyhealth/proxyhealth/internal/proxyversion"
 )
 
 // TestDriftCutOff holds the drift the exporter reports while kube-proxy is cut off from the
@@ -167,8 +170,8 @@ func testDriftCutOff(t *testing.T, mode string) {
 	}
 	t.Logf("healed: rules %v", healed)
 	if mode == "nftables" {
-		// kube-proxy v1.37 writes a chain with one endpoint as a plain `dnat to`, earlier
-		// versions as a numgen map of one element.
+		// kube-proxy v1.37 writes a chain with one endpoint as a plain `dnat to`, v1.36 as a
+		// numgen map of one element, v1.34 as a numgen vmap to one endpoint chain.
 		for _, c := range []string{nftServiceChain("local-", cutoffNS, "local-only", "tcp", "http"), nftServiceChain("service-", cutoffNS, "two-families", "tcp", "http")} {
 			out, _ := cp.Lab.Exec(cp.Lab.Node, "nft", "list", "chain", "ip", "kube-proxy", c)
 			t.Logf("healed: %s", out)
@@ -267,4 +270,53 @@ func (cp *ControlPlane) renumberPort(ns, name string, port int32) {
 	if _, err := api.Update(ctx, svc, metav1.UpdateOptions{}); err != nil {
 		cp.t.Fatalf("renumbering Service %s/%s: %v", ns, name, err)
 	}
+}
+
+// TestDuplicateEndpointAsKubeProxyVersion holds the API view's version-dependent rule to the
+// real kube-proxy: an endpoint listed in two slices of an internalTrafficPolicy: Local Service,
+// ready on another node in one and serving-terminating on this node in the other. kube-proxy
+// v1.34 and v1.35 keep the copy on this node (the local chain falls back to it); v1.36 and
+// later keep the ready one (no local endpoint). The lab's kube-proxy reports no version (its
+// build has no version stamps), so the model's version is the lab's (cp.Bins.Version:
+// PROXYHEALTH_KUBE_VERSION, or the default); both modes read the same EndpointSlice cache, so
+// iptables mode alone.
+func TestDuplicateEndpointAsKubeProxyVersion(t *testing.T) {
+	requireKube(t)
+	l := newLabRules(t, labRawRules)
+	cp := StartControlPlane(t, l, ControlPlaneOptions{})
+	version, ok := proxyversion.Parse(cp.Bins.Version)
+	if !ok {
+		t.Fatalf("the lab's version %q does not parse", cp.Bins.Version)
+	}
+	const ns, name = "dup", "moved"
+	svc := cp.CreateService(httpService(ns, name, "10.96.0.81", func(spec *corev1.ServiceSpec) {
+		spec.InternalTrafficPolicy = ptrTo(corev1.ServiceInternalTrafficPolicyLocal)
+	}))
+	apiSlices := []*discoveryv1.EndpointSlice{
+		cp.ApplySlice(EndpointSlice(ns, name, name+"-a", httpSlicePorts, []LabEndpoint{
+			{IP: "10.244.10.1", NodeName: "node-b", Zone: "zone-b"}, {IP: "10.244.10.2", NodeName: "node-b", Zone: "zone-b"}})),
+		cp.ApplySlice(terminating(EndpointSlice(ns, name, name+"-b", httpSlicePorts, []LabEndpoint{
+			{IP: "10.244.10.1", NodeName: labNodeName, Zone: "zone-a"}}))),
+	}
+	ports := cluster.ServicePortsFor(version, svc, apiSlices, labNodeName, "zone-a")
+	if len(ports) != 1 {
+		t.Fatalf("the model computes %d ports", len(ports))
+	}
+	want := []string{}
+	for _, ep := range ports[0].LocalEndpoints {
+		want = append(want, ep.String())
+	}
+	if version.Before(proxyversion.Version{Major: 1, Minor: 36}) != (len(want) == 1) {
+		t.Fatalf("the model as %v computes the local endpoints %v", version, want)
+	}
+	// A marker Service programmed after the slices: once its chain is there, kube-proxy has
+	// applied the slices too.
+	cp.CreateService(httpService(ns, "marker", "10.96.0.82", nil))
+	cp.ApplySlice(EndpointSlice(ns, "marker", "marker-1", httpSlicePorts, []LabEndpoint{{IP: "10.244.10.9", NodeName: "node-b", Zone: "zone-b"}}))
+	nat := cp.WaitServicePortEndpoints(30*time.Second, ns+"/marker:http", "tcp", []string{"10.244.10.9:8080"})
+	got, _ := LocalServicePortEndpoints(nat, ns+"/"+name+":http", "tcp")
+	if !equalStrings(got, want) {
+		t.Errorf("kube-proxy %s programmed the local endpoints %v; the model as %v computes %v", cp.Bins.Version, got, version, want)
+	}
+	t.Logf("kube-proxy %s: local endpoints %v, as the model computes", cp.Bins.Version, got)
 }
