@@ -2,6 +2,7 @@ package nftnl
 
 import (
 	"context"
+	"net/netip"
 	"os"
 	"testing"
 
@@ -59,4 +60,38 @@ func TestKernelKubeProxyNFT(t *testing.T) {
 	}
 	save("testdata/kube-proxy-v1.36.3-nftables.replay.json")
 	t.Logf("%+v", pt)
+}
+
+// kube-proxy v1.37 writes a service chain with a single endpoint as a plain dnat
+// (writeServiceToEndpointDNATs), in each family's table: the whole read finds the endpoint.
+func TestKernelKubeProxyNFTSingleEndpoint(t *testing.T) {
+	needNetns(t)
+	nftnltest.Flush(t)
+	nftnltest.LoadNFT(t, []byte(`table ip kube-proxy {
+	chain service-AAAAAAAA-ns/one/tcp/http {
+		meta l4proto tcp dnat to 10.244.8.1:8787
+	}
+}
+table ip6 kube-proxy {
+	chain local-BBBBBBBB-ns/one/tcp/http {
+		meta l4proto tcp dnat to [fd00:10:244:8::1]:8080
+	}
+}
+`))
+	for _, tc := range []struct {
+		ipv6  bool
+		chain string
+		want  netip.AddrPort
+	}{
+		{false, "service-AAAAAAAA-ns/one/tcp/http", netip.MustParseAddrPort("10.244.8.1:8787")},
+		{true, "local-BBBBBBBB-ns/one/tcp/http", netip.MustParseAddrPort("[fd00:10:244:8::1]:8080")},
+	} {
+		pt, err := ReadKubeProxyNFT(context.Background(), tc.ipv6, Limits{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := pt.Chains[tc.chain]; len(got) != 1 || got[0] != tc.want {
+			t.Errorf("ipv6=%v: %s holds %v, want %v", tc.ipv6, tc.chain, got, tc.want)
+		}
+	}
 }
