@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -78,6 +79,18 @@ func testDriftCutOff(t *testing.T, mode string) {
 	}
 	t.Logf("kube-proxy reports version %s", m[1])
 	e.WaitValue(t, 10*time.Second, "proxyhealth_kubeproxy_build_info", map[string]string{"version": m[1]}, 1)
+	// /status notes a version outside the tested ones, or one it cannot place (the lab's
+	// builds without version stamps).
+	body, err := e.l.Get(e.l.Node, strings.TrimSuffix(e.URL, "/metrics")+"/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := proxyversion.Parse(m[1]); ok && v.Tested() == strings.Contains(body, `"notes"`) {
+		t.Errorf("kube-proxy %s (tested: %v); /status: %s", m[1], ok && v.Tested(), body)
+	}
+	if _, ok := proxyversion.Parse(m[1]); !ok && !strings.Contains(body, "which proxyhealth cannot place") {
+		t.Errorf("kube-proxy %s: /status has no note of it: %s", m[1], body)
+	}
 
 	local := func(ip string) LabEndpoint { return LabEndpoint{IP: ip, NodeName: labNodeName, Zone: "zone-a"} }
 	remote := func(ip string) LabEndpoint { return LabEndpoint{IP: ip, NodeName: "node-b", Zone: "zone-b"} }
