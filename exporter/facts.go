@@ -172,11 +172,24 @@ func (s *factSources) rulesInput(in *verdict.Input) {
 			Missing:      addrStrings(d.Missing),
 			StaleCount:   d.StaleCount,
 			MissingCount: d.MissingCount,
+			ByFamily:     byFamily(d.StaleByFamily, d.MissingByFamily),
 			Programmed:   d.Programmed,
 			Expected:     d.Expected,
 			Since:        d.Since,
 		})
 	}
+}
+
+// byFamily is the verdict's per-family split of a drifting port's counts ([0] IPv4, [1] IPv6),
+// for the families that differ.
+func byFamily(stale, missing [2]int) []verdict.FamilyDrift {
+	var out []verdict.FamilyDrift
+	for i, family := range []string{"IPv4", "IPv6"} {
+		if stale[i]+missing[i] > 0 {
+			out = append(out, verdict.FamilyDrift{Family: family, StaleCount: stale[i], MissingCount: missing[i]})
+		}
+	}
+	return out
 }
 
 func addrStrings[T interface{ String() string }](addrs []T) []string {

@@ -26,7 +26,9 @@ type portDrift struct {
 	name           cluster.ServicePortName
 	port           uint16
 	stale, missing int
-	since          time.Time // when its oldest current difference was first seen
+	// staleByFamily and missingByFamily split stale and missing by IP family (familyIndex).
+	staleByFamily, missingByFamily [2]int
+	since                          time.Time // when its oldest current difference was first seen
 	// staleAddrs and missingAddrs are the endpoints counted in stale and missing, sorted, at
 	// most maxDriftAddresses of each.
 	staleAddrs, missingAddrs []netip.AddrPort
@@ -129,9 +131,11 @@ func (e *driftEngine) checkBehind(snap *cluster.Snapshot, rules map[bool]program
 		}
 		if k.stale {
 			d.stale++
+			d.staleByFamily[familyIndex(k.ipv6)]++
 			d.staleAddrs = append(d.staleAddrs, k.ep)
 		} else {
 			d.missing++
+			d.missingByFamily[familyIndex(k.ipv6)]++
 			d.missingAddrs = append(d.missingAddrs, k.ep)
 		}
 		if first.Before(d.since) {

@@ -17,6 +17,9 @@ type DriftingPort struct {
 	// sorted, at most maxDriftAddresses each. StaleCount and MissingCount are the whole counts.
 	Stale, Missing           []netip.AddrPort
 	StaleCount, MissingCount int
+	// StaleByFamily and MissingByFamily split StaleCount and MissingCount by IP family:
+	// [0] IPv4, [1] IPv6.
+	StaleByFamily, MissingByFamily [2]int
 	// Programmed and Expected are the distinct endpoints compared at the check: in the rules,
 	// and in the API for this node (over the port's IP families).
 	Programmed, Expected int
@@ -69,15 +72,17 @@ func (c *Collector) LastCheck() CheckSummary {
 	out.Drifting = make([]DriftingPort, 0, len(res.drifting))
 	for _, d := range res.drifting {
 		out.Drifting = append(out.Drifting, DriftingPort{
-			Name:         d.name,
-			Port:         d.port,
-			Stale:        slices.Clone(d.staleAddrs),
-			Missing:      slices.Clone(d.missingAddrs),
-			StaleCount:   d.stale,
-			MissingCount: d.missing,
-			Programmed:   d.programmed,
-			Expected:     d.expected,
-			Since:        d.since,
+			Name:            d.name,
+			Port:            d.port,
+			Stale:           slices.Clone(d.staleAddrs),
+			Missing:         slices.Clone(d.missingAddrs),
+			StaleCount:      d.stale,
+			MissingCount:    d.missing,
+			StaleByFamily:   d.staleByFamily,
+			MissingByFamily: d.missingByFamily,
+			Programmed:      d.programmed,
+			Expected:        d.expected,
+			Since:           d.since,
 		})
 	}
 	return out

@@ -62,6 +62,9 @@ type DriftingPort struct {
 	// Missing the reverse; bounded lists (see StaleCount and MissingCount for the totals).
 	Stale, Missing           []string
 	StaleCount, MissingCount int
+	// ByFamily splits StaleCount and MissingCount by IP family, for the families that differ
+	// (IPv4 first).
+	ByFamily []FamilyDrift
 	// Programmed and Expected are the distinct endpoints in the rules and in the API for
 	// this node.
 	Programmed, Expected int

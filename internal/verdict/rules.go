@@ -298,6 +298,7 @@ func (e *evaluation) staleRules(kp kubeProxyFindings) []Finding {
 			StaleCount:         d.StaleCount,
 			Missing:            nonNil(d.Missing),
 			Stale:              nonNil(d.Stale),
+			ByFamily:           append([]FamilyDrift{}, d.ByFamily...),
 			Since:              d.Since.UTC(),
 			GracePeriodSeconds: r.GracePeriod.Seconds(),
 			ProxyMode:          r.Mode,
