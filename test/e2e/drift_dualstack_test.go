@@ -9,6 +9,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/proxyhealth/proxyhealth/internal/verdict"
 )
 
 // TestDriftDualStack is incident 3 on a dual-stack cluster, with kube-proxy in iptables and in
@@ -17,7 +19,7 @@ import (
 // in both families' rules (ip6tables' nat table, table ip6 kube-proxy). With kube-proxy's API
 // connection black-holed, the first Service's IPv6 endpoints change (2 deleted, 3 added) and the
 // second loses an IPv6 endpoint and gains an IPv4 one. The exporter's scrape counts exactly
-// that, and its /status names the family of each stale and missing endpoint; healed, it all
+// that, and its /status splits each finding's counts by family (by_family); healed, it all
 // clears.
 func TestDriftDualStack(t *testing.T) {
 	requireKube(t)
@@ -158,10 +160,13 @@ func testDriftDualStack(t *testing.T, mode string) {
 	wantFindings := map[string]struct {
 		stale, missing       []string
 		programmed, expected int
+		byFamily             []verdict.FamilyDrift
 	}{
 		require: {[]string{"[fd00:10:244:5::1]:8080", "[fd00:10:244:5::2]:8080"},
-			[]string{"[fd00:10:244:5::4]:8080", "[fd00:10:244:5::5]:8080", "[fd00:10:244:5::6]:8080"}, 6, 7},
-		prefer: {[]string{"[fd00:10:244:6::2]:8080"}, []string{"10.244.6.3:8080"}, 4, 4},
+			[]string{"[fd00:10:244:5::4]:8080", "[fd00:10:244:5::5]:8080", "[fd00:10:244:5::6]:8080"}, 6, 7,
+			[]verdict.FamilyDrift{{Family: "IPv6", StaleCount: 2, MissingCount: 3}}},
+		prefer: {[]string{"[fd00:10:244:6::2]:8080"}, []string{"10.244.6.3:8080"}, 4, 4,
+			[]verdict.FamilyDrift{{Family: "IPv4", MissingCount: 1}, {Family: "IPv6", StaleCount: 1}}},
 	}
 	var report labReport
 	waitFor(t, 20*time.Second, "/status: stale_rules for both dual-stack Services", func() (bool, string) {
@@ -184,9 +189,9 @@ func testDriftDualStack(t *testing.T, mode string) {
 		if !ok || f.Service.Namespace != ns || f.Service.Port != 80 ||
 			!slices.Equal(ev.Stale, want.stale) || !slices.Equal(ev.Missing, want.missing) ||
 			ev.StaleCount != len(want.stale) || ev.MissingCount != len(want.missing) ||
-			ev.Programmed != want.programmed || ev.Expected != want.expected {
-			t.Errorf("/status: %s finding %+v, want stale %v, missing %v, %d programmed, %d expected\n%s",
-				f.Service.Name, ev, want.stale, want.missing, want.programmed, want.expected, report.raw)
+			ev.Programmed != want.programmed || ev.Expected != want.expected || !slices.Equal(ev.ByFamily, want.byFamily) {
+			t.Errorf("/status: %s finding %+v, want stale %v, missing %v, %d programmed, %d expected, by family %+v\n%s",
+				f.Service.Name, ev, want.stale, want.missing, want.programmed, want.expected, want.byFamily, report.raw)
 		}
 		t.Logf("/status: %s", f.Summary)
 	}
