@@ -78,6 +78,29 @@ func FindBinaries(repo string) (Binaries, error) {
 	return b, nil
 }
 
+// IPTablesShim makes dir/iptables-<backend>, a directory of links named iptables,
+// iptables-save, iptables-restore (and ip6tables-*) to the backend's (legacy or nft) binaries.
+// kube-proxy runs the iptables binaries on its PATH: with this directory first on it, it
+// writes with that backend, as the iptables-wrapper of kube-proxy's image chooses on a node.
+func IPTablesShim(dir, backend string) (string, error) {
+	shim := filepath.Join(dir, "iptables-"+backend)
+	if err := os.MkdirAll(shim, 0o755); err != nil {
+		return "", err
+	}
+	for _, fam := range []string{"iptables", "ip6tables"} {
+		for _, suffix := range []string{"", "-save", "-restore"} {
+			target, err := exec.LookPath(fam + "-" + backend + suffix)
+			if err != nil {
+				return "", err
+			}
+			if err := os.Symlink(target, filepath.Join(shim, fam+suffix)); err != nil {
+				return "", err
+			}
+		}
+	}
+	return shim, nil
+}
+
 // KubeconfigYAML is a kubeconfig for an apiserver at server (host:port, self-signed: TLS not
 // verified) with a bearer token.
 func KubeconfigYAML(server, user, token string) string {
