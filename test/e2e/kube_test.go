@@ -315,6 +315,9 @@ type KubeProxyOptions struct {
 	DefaultHTTP2Timeouts bool
 	// Mode is the proxy mode; "" is iptables.
 	Mode string
+	// IPTablesBackend is the iptables backend kube-proxy writes with in iptables mode:
+	// "legacy", or "" for the node's default (iptables-nft here).
+	IPTablesBackend string
 	// ExtraArgs are appended to kube-proxy's command line.
 	ExtraArgs []string
 }
@@ -328,6 +331,15 @@ func (cp *ControlPlane) StartKubeProxy(opts KubeProxyOptions) {
 		mode = "iptables"
 	}
 	args := []string{"env"}
+	save := "iptables-save"
+	if opts.IPTablesBackend != "" {
+		shim, err := kubelab.IPTablesShim(cp.Dir, opts.IPTablesBackend)
+		if err != nil {
+			t.Fatalf("iptables-%s for kube-proxy: %v", opts.IPTablesBackend, err)
+		}
+		args = append(args, "PATH="+shim+":"+os.Getenv("PATH"))
+		save = "iptables-" + opts.IPTablesBackend + "-save"
+	}
 	if !opts.DefaultHTTP2Timeouts {
 		args = append(args, "HTTP2_READ_IDLE_TIMEOUT_SECONDS=5", "HTTP2_PING_TIMEOUT_SECONDS=3")
 	}
@@ -356,7 +368,7 @@ func (cp *ControlPlane) StartKubeProxy(opts KubeProxyOptions) {
 			if cp.KubeProxy.Exited() {
 				t.Fatalf("kube-proxy exited")
 			}
-			nat, _ := cp.Lab.Exec(cp.Lab.Node, "iptables-save", "-t", "nat")
+			nat, _ := cp.Lab.Exec(cp.Lab.Node, save, "-t", "nat")
 			return strings.Contains(nat, "-j "+want), ""
 		})
 		t.Logf("kube-proxy programmed its first sync in %s", time.Since(start).Round(time.Millisecond))
