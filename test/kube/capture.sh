@@ -3,7 +3,7 @@
 # every version with a module here), the lab's real kube-proxy in iptables mode with the legacy
 # and the nft backend and in nftables mode, both IP families (TestCaptureKubeProxyRules, which
 # writes collectors/rules/testdata/kube-proxy-matrix/<version>/), then the kernel's answers to
-# the readers for every capture (internal/nftnl testdata/matrix/*.replay.json,
+# the readers for those captures (internal/nftnl testdata/matrix/*.replay.json,
 # internal/iptlegacy testdata/matrix-*.nat.blob), which their unit tests decode without root.
 # Each version's binaries must be built first (test/kube/build.sh <version>).
 #
@@ -20,7 +20,9 @@ for version in "$@"; do
 	PROXYHEALTH_KUBE_VERSION=$version PROXYHEALTH_REQUIRE_KUBE=1 \
 		go test -tags e2e -count=1 -timeout 10m -run '^TestCaptureKubeProxyRules$' ./test/e2e/ -update-fixtures
 done
-# The recordings, from every capture kept (the kernel tests run in namespaces of their own).
-go test -count=1 -run '^TestKernelMatrix$' ./internal/nftnl/ -args -update
-go test -count=1 -run '^TestKernelFixtures$/^matrix-' ./internal/iptlegacy/ -args -update
+# The recordings of these versions' captures (the kernel tests run in namespaces of their own;
+# a recording holds handles and generations, so the other versions' are left as they are).
+versions=$(printf '%s\n' "$@" | sed 's/\./\\./g' | paste -sd '|')
+go test -count=1 -run "^TestKernelMatrix\$/^($versions)\$" ./internal/nftnl/ -args -update
+go test -count=1 -run "^TestKernelFixtures\$/^matrix-($versions)-" ./internal/iptlegacy/ -args -update
 go test -count=1 -run 'Matrix' ./internal/nftnl/ ./internal/iptlegacy/
