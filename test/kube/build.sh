@@ -22,6 +22,15 @@ pinned=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" { print $3 }' "$mod/g
 [ "$pinned" = "$version" ] || { echo "build.sh: $mod/go.mod requires k8s.io/kubernetes $pinned, not $version" >&2; exit 1; }
 out="${PROXYHEALTH_KUBE_CACHE:-$HOME/.cache/proxyhealth/kube}/$version"
 
+# The version the binaries report (--version, /version, kubernetes_build_info), as Kubernetes'
+# own build stamps it (hack/lib/version.sh); without it they say v0.0.0-master.
+minor=${version#v1.}
+minor=${minor%%.*}
+ldflags=
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+	ldflags="$ldflags -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+done
+
 mkdir -p "$out"
 cd "$mod"
 for cmd in kube-apiserver kube-proxy; do
@@ -31,7 +40,7 @@ for cmd in kube-apiserver kube-proxy; do
 	echo "build.sh: building $cmd $version into $out" >&2
 	# Build to a temporary name so an interrupted build never leaves a
 	# binary that looks complete. -mod=readonly: go.sum is what was checked in.
-	CGO_ENABLED=0 go build -mod=readonly -trimpath -o "$out/.$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd"
+	CGO_ENABLED=0 go build -mod=readonly -trimpath -ldflags "$ldflags" -o "$out/.$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd"
 	mv "$out/.$cmd.tmp" "$out/$cmd"
 done
 echo "$out"
