@@ -212,7 +212,72 @@ func testDriftDualStack(t *testing.T, mode string) {
 		r := e.status(t)
 		return !slices.Contains(r.causes(), "stale_rules"), r.raw
 	})
+	testIPv6UnrepliedFlows(t, cp, e, mode)
 	t.Logf("TestDriftDualStack/%s took %s", mode, time.Since(start).Round(time.Millisecond))
+}
+
+// testIPv6UnrepliedFlows is incident 1 in IPv6: pods A and B get IPv6 addresses on the node's
+// bridge, lab/web6 (IPv6 only) has B as its endpoint, and with bridge-nf-call-ip6tables=0 B's
+// replies to A bypass the node's conntrack, so A's connections to the IPv6 cluster IP stay
+// unreplied. The exporter attributes them to lab/web6 with reason same_bridge, as it does IPv4
+// flows (TestExporter/incident1_same_bridge): first as open unreplied flows, then exactly 3
+// when they end.
+func testIPv6UnrepliedFlows(t *testing.T, cp *ControlPlane, e *Exporter, mode string) {
+	l := cp.Lab
+	const gw6, podA6, podB6, vip6 = "fd00:10:244:1::1", "fd00:10:244:1::2", "fd00:10:244:1::3", "fd00:10:96::80"
+	for _, ns := range []string{l.A, l.B} {
+		l.MustExec(ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=0", "net.ipv6.conf.default.disable_ipv6=0")
+	}
+	l.MustExec(l.Node, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1")
+	l.ip(l.Node, "addr", "add", gw6+"/64", "dev", "cni0", "nodad")
+	l.ip(l.A, "addr", "add", podA6+"/64", "dev", "eth0", "nodad")
+	l.ip(l.A, "-6", "route", "add", "default", "via", gw6)
+	l.ip(l.B, "addr", "add", podB6+"/64", "dev", "eth0", "nodad")
+	l.ServeTCP(l.B, "["+podB6+"]:"+podPort)
+
+	const ns, name = "lab", "web6"
+	cp.CreateService(httpService(ns, name, vip6, func(spec *corev1.ServiceSpec) {
+		spec.IPFamilyPolicy = ptrTo(corev1.IPFamilyPolicySingleStack)
+		spec.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol}
+	}))
+	cp.ApplySlice(EndpointSlice(ns, name, name+"-1", httpSlicePorts, []LabEndpoint{{IP: podB6, NodeName: labNodeName, Zone: labNodeZone}}))
+	want := []string{"[" + podB6 + "]:" + podPort}
+	if mode == "nftables" {
+		cp.WaitNFTFamilyServicePort(30*time.Second, "ip6", ns, name, "tcp", "http", false, want)
+	} else {
+		cp.WaitServicePortEndpoints6(30*time.Second, ns+"/"+name+":http", "tcp", want)
+	}
+	vip := "[" + vip6 + "]:80"
+	// With bridged IPv6 through the node's netfilter, the Service works.
+	l.Sysctl("net.bridge.bridge-nf-call-ip6tables=1")
+	if ok := l.Connect(l.A, vip, 1, 2*time.Second); ok != 1 {
+		t.Fatalf("bridge-nf-call-ip6tables=1: the connection from A to lab/web6 failed")
+	}
+
+	web6 := map[string]string{"service_namespace": ns, "service_name": name, "service_port": "80", "protocol": "tcp", "reason": "same_bridge"}
+	anyWeb6 := map[string]string{"service_name": name}
+	s := e.Scrape(t)
+	base, baseAny := s.Sum(unrepliedTotal, web6), s.Sum(unrepliedTotal, anyWeb6)
+	l.Sysctl("net.bridge.bridge-nf-call-ip6tables=0")
+	t.Cleanup(func() { l.Sysctl("net.bridge.bridge-nf-call-ip6tables=1") })
+	const n = 3
+	if ok := l.Connect(l.A, vip, n, 2*time.Second); ok != 0 {
+		t.Fatalf("bridge-nf-call-ip6tables=0: %d of %d connections to lab/web6 succeeded, want 0", ok, n)
+	}
+	e.Poll(t, 5*time.Second, "open same_bridge unreplied IPv6 flows of lab/web6 >= 1", nil, func(s Scrape) (bool, string) {
+		return s.Sum(openUnreplied, web6) >= 1, s.Series(openUnreplied)
+	})
+	// Expired IPv6 entries are reaped by a dump of that family.
+	reap := func() { l.MustExec(l.Node, "conntrack", "-L", "-f", "ipv6") }
+	s = e.Poll(t, 20*time.Second, fmt.Sprintf("%s of lab/web6 same_bridge to rise by %d", unrepliedTotal, n), reap, func(s Scrape) (bool, string) {
+		return s.Sum(unrepliedTotal, web6)-base >= n, s.Series(unrepliedTotal)
+	})
+	if got := s.Sum(unrepliedTotal, web6) - base; got != n {
+		t.Errorf("%s of lab/web6 same_bridge rose by %g, want exactly %d (one per connection)", unrepliedTotal, got, n)
+	}
+	if got := s.Sum(unrepliedTotal, anyWeb6) - baseAny; got != n {
+		t.Errorf("all unreplied flows of lab/web6 rose by %g, want %d (all same_bridge):\n%s", got, n, s.Series(unrepliedTotal))
+	}
 }
 
 // remoteEndpoints6 is remoteEndpoints in IPv6: fd00:10:244:<subnet>::<from..to> on node-b
