@@ -94,10 +94,15 @@ vet:
 unit:
 	$(GO) test -race -count=1 ./...
 
-# kube-apiserver and kube-proxy for the control-plane lab, built from test/kube (a separate
-# module) into a cache keyed by version; a no-op once built (the first build takes minutes).
+# The Kubernetes version the control-plane lab runs (kube-apiserver and kube-proxy): the default
+# is test/kube/VERSION, what CI runs; any version with a module in test/kube/ (v1.34.4, v1.35.4,
+# v1.36.3, v1.37.2) with e.g. `make kube e2e KUBE_VERSION=v1.34.4`.
+KUBE_VERSION ?= $(shell cat test/kube/VERSION)
+
+# kube-apiserver and kube-proxy for the control-plane lab, built from test/kube/$(KUBE_VERSION) (a
+# separate module) into a cache keyed by version; a no-op once built (the first build takes minutes).
 kube:
-	test/kube/build.sh
+	test/kube/build.sh $(KUBE_VERSION)
 
 # The alert rules: promtool check rules, the promtool unit tests (alerts/tests/), and
 # promtool check metrics on a live scrape of the exporter (in a network namespace, as root).
@@ -114,7 +119,7 @@ dashboards:
 # The kernel lab: incidents 1 and 2 reproduced in network namespaces, asserted on real scrapes;
 # the control-plane lab (etcd, kube-apiserver, kube-proxy) reproduces incident 3.
 e2e:
-	$(GO) test -tags e2e -count=1 -timeout 30m -v ./test/e2e/
+	PROXYHEALTH_KUBE_VERSION=$(KUBE_VERSION) $(GO) test -tags e2e -count=1 -timeout 30m -v ./test/e2e/
 
 # The conntrack event and rules drift benchmarks at smoke size, and the node-cost benchmark's
 # smoke for the iptables-legacy mode (about a minute): prove the harnesses, assert no figures.

@@ -174,6 +174,7 @@ func (s *factSources) rulesInput(in *verdict.Input) {
 			MissingCount: d.MissingCount,
 			StaleIn:      chainNames(d.StaleIn),
 			MissingFrom:  chainNames(d.MissingFrom),
+			ByFamily:     byFamily(d.StaleByFamily, d.MissingByFamily),
 			Programmed:   d.Programmed,
 			Expected:     d.Expected,
 			Since:        d.Since,
@@ -337,6 +338,18 @@ func (s *factSources) conntrackInput(in *verdict.Input, samples []factSample) {
 			Reason:  u.Reason, Ended: ended, Open: u.Open,
 		})
 	}
+}
+
+// byFamily is the verdict's per-family split of a drifting port's counts ([0] IPv4, [1] IPv6),
+// for the families that differ.
+func byFamily(stale, missing [2]int) []verdict.FamilyDrift {
+	var out []verdict.FamilyDrift
+	for i, family := range []string{"IPv4", "IPv6"} {
+		if stale[i]+missing[i] > 0 {
+			out = append(out, verdict.FamilyDrift{Family: family, StaleCount: stale[i], MissingCount: missing[i]})
+		}
+	}
+	return out
 }
 
 // chainNames names each entry of chains ("cluster", "local", "cluster+local"); nil for none.

@@ -227,7 +227,7 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 	}
 	res.KubeProxyArg = strings.Join(kpArgs[2:], " ")
 	res.KubeProxyIPTables = cfg.kubeProxyIPTables
-	shim, err := iptablesShim(dir, cfg.kubeProxyIPTables)
+	shim, err := kubelab.IPTablesShim(dir, cfg.kubeProxyIPTables)
 	if err != nil {
 		return res, err
 	}
@@ -304,29 +304,6 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 	benchrun.Logf("exporter after %d checks: VmRSS %.1f MiB, VmHWM %.1f MiB; kube-proxy VmRSS %.1f MiB, VmHWM %.1f MiB",
 		len(seen), mib(res.Exporter.RSSKiB), mib(res.Exporter.HWMKiB), mib(res.KubeProxy.RSSKiB), mib(res.KubeProxy.HWMKiB))
 	return res, nil
-}
-
-// iptablesShim makes dir/iptables-<backend>, a directory of links named iptables,
-// iptables-save, iptables-restore (and ip6tables-*) to the backend's (legacy or nft) binaries.
-// kube-proxy runs the iptables binaries on its PATH: with this directory first on it, it
-// writes with that backend, as the iptables-wrapper of kube-proxy's image chooses on a node.
-func iptablesShim(dir, backend string) (string, error) {
-	shim := filepath.Join(dir, "iptables-"+backend)
-	if err := os.MkdirAll(shim, 0o755); err != nil {
-		return "", err
-	}
-	for _, fam := range []string{"iptables", "ip6tables"} {
-		for _, suffix := range []string{"", "-save", "-restore"} {
-			target, err := exec.LookPath(fam + "-" + backend + suffix)
-			if err != nil {
-				return "", err
-			}
-			if err := os.Symlink(target, filepath.Join(shim, fam+suffix)); err != nil {
-				return "", err
-			}
-		}
-	}
-	return shim, nil
 }
 
 // createNode creates the node with an InternalIP in its status: kube-proxy waits for one.

@@ -463,7 +463,7 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	switch m.Mode {
 	case "iptables-legacy", "iptables-nft":
 		backend := strings.TrimPrefix(m.Mode, "iptables-")
-		shim, err := iptablesShim(dir, backend)
+		shim, err := kubelab.IPTablesShim(dir, backend)
 		if err != nil {
 			return err
 		}

@@ -319,3 +319,66 @@ func TestAPIServiceMap(t *testing.T) {
 		t.Error("a port replaced by another counts as the same Services")
 	}
 }
+
+// Unreplied IPv6 flows are attributed as IPv4 ones are: a dual-stack Service's IPv6 cluster IP
+// (from the API view) names the same Service, and the endpoint's place in the node's IPv6
+// bridges and routes gives the reason; the two families' flows count in the same series.
+func TestTrackerAttributesIPv6(t *testing.T) {
+	snap := &cluster.Snapshot{Synced: true, Ports: []*cluster.ServicePort{{
+		Name:       cluster.ServicePortName{Namespace: "lab", Name: "web", Port: "http", Protocol: "TCP"},
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("fd00:10:96::a")},
+		Port:       80,
+	}}}
+	view := &attributionView{
+		services: apiServiceMap(staticView{snap}.Snapshot()),
+		net: &localNet{
+			bridges: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:10:244:1::/64")},
+			local: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:10:244:1::/64"),
+				netip.MustParsePrefix("fd00:10:244:9::9/128")},
+		},
+	}
+	client6 := netip.MustParseAddr("fd00:10:244:1::2")
+	vip6 := netip.MustParseAddr("fd00:10:96::a")
+	flow := func(src, dst netip.Addr, endpoint string, port uint16) (orig, reply tuple) {
+		orig = tuple{src: src, dst: dst, srcPort: port, dstPort: 80, proto: 6}
+		reply = tuple{src: netip.MustParseAddr(endpoint), dst: src, srcPort: 8080, dstPort: port, proto: 6}
+		return orig, reply
+	}
+	for i, tc := range []struct {
+		name     string
+		dst      netip.Addr
+		endpoint string
+		want     reason
+	}{
+		{"same bridge", vip6, "fd00:10:244:1::3", reasonSameBridge},
+		{"local host route", vip6, "fd00:10:244:9::9", reasonLocalEndpoint},
+		{"remote", vip6, "fd00:10:244:2::2", reasonRemoteEndpoint},
+		{"no service", netip.MustParseAddr("fd00:10:96::77"), "fd00:10:244:1::3", reasonNoService},
+	} {
+		orig, reply := flow(client6, tc.dst, tc.endpoint, uint16(i+1))
+		key := view.attribute(&orig, &reply)
+		if key.reason != tc.want {
+			t.Errorf("%s: reason %v, want %v", tc.name, key.reason, tc.want)
+		}
+		if tc.want != reasonNoService && key.svc != webService {
+			t.Errorf("%s: service %+v, want %+v", tc.name, key.svc, webService)
+		}
+	}
+
+	// One unreplied flow of each family to the same-bridge endpoint, counted when they end in
+	// the one series of lab/web.
+	tr := newFlowTracker(10, 10)
+	orig4, reply4 := flow(client, vip, "10.244.1.3", 1000)
+	orig6, reply6 := flow(client6, vip6, "fd00:10:244:1::3", 1000)
+	tr.handle(event(eventNew, 1, statusDstNAT, orig4, reply4), 0, view)
+	tr.handle(event(eventNew, 2, statusDstNAT, orig6, reply6), 0, view)
+	if open := tr.snapshot(150, view).open; len(open) != 1 || open[0].value != 2 || open[0].key != (seriesKey{webService, 6, reasonSameBridge}) {
+		t.Errorf("open = %+v, want the 2 flows as lab/web same_bridge", open)
+	}
+	tr.handle(event(eventDestroy, 1, statusDstNAT, orig4, reply4), 200, view)
+	tr.handle(event(eventDestroy, 2, statusDstNAT, orig6, reply6), 200, view)
+	s := tr.snapshot(200, view)
+	if want := (seriesCount{seriesKey{webService, 6, reasonSameBridge}, 2}); len(s.unreplied) != 1 || s.unreplied[0] != want {
+		t.Errorf("unreplied = %+v, want %+v", s.unreplied, want)
+	}
+}

@@ -65,7 +65,9 @@ type portDrift struct {
 	name           cluster.ServicePortName
 	port           uint16
 	stale, missing int
-	since          time.Time // when its oldest current difference was first seen
+	// staleByFamily and missingByFamily split stale and missing by IP family (familyIndex).
+	staleByFamily, missingByFamily [2]int
+	since                          time.Time // when its oldest current difference was first seen
 	// staleAddrs and missingAddrs are the endpoints counted in stale and missing, sorted, at
 	// most maxDriftAddresses of each; staleIn and missingFrom, alongside them, the chains that
 	// hold each stale endpoint and that lack each missing one.
@@ -370,14 +372,17 @@ func (d *portDrift) settle() {
 		for i++; i < len(d.found) && d.found[i].ep == diff.ep && d.found[i].stale == diff.stale; i++ {
 			diff.chains |= d.found[i].chains
 		}
+		fam := familyIndex(diff.ep.Addr().Unmap().Is6())
 		if diff.stale {
 			d.stale++
+			d.staleByFamily[fam]++
 			if len(d.staleAddrs) < maxDriftAddresses {
 				d.staleAddrs = append(d.staleAddrs, diff.ep)
 				d.staleIn = append(d.staleIn, diff.chains)
 			}
 		} else {
 			d.missing++
+			d.missingByFamily[fam]++
 			if len(d.missingAddrs) < maxDriftAddresses {
 				d.missingAddrs = append(d.missingAddrs, diff.ep)
 				d.missingFrom = append(d.missingFrom, diff.chains)

@@ -22,6 +22,9 @@ type DriftingPort struct {
 	Stale, Missing           []netip.AddrPort
 	StaleIn, MissingFrom     []Chains
 	StaleCount, MissingCount int
+	// StaleByFamily and MissingByFamily split StaleCount and MissingCount by IP family:
+	// [0] IPv4, [1] IPv6.
+	StaleByFamily, MissingByFamily [2]int
 	// Programmed and Expected are the distinct endpoints compared at the check: in the rules,
 	// and in the API for this node (over the port's IP families).
 	Programmed, Expected int
@@ -80,17 +83,19 @@ func (c *Collector) LastCheck() CheckSummary {
 	out.Drifting = make([]DriftingPort, 0, len(res.drifting))
 	for _, d := range res.drifting {
 		out.Drifting = append(out.Drifting, DriftingPort{
-			Name:         d.name,
-			Port:         d.port,
-			Stale:        slices.Clone(d.staleAddrs),
-			Missing:      slices.Clone(d.missingAddrs),
-			StaleIn:      slices.Clone(d.staleIn),
-			MissingFrom:  slices.Clone(d.missingFrom),
-			StaleCount:   d.stale,
-			MissingCount: d.missing,
-			Programmed:   d.programmed,
-			Expected:     d.expected,
-			Since:        d.since,
+			Name:            d.name,
+			Port:            d.port,
+			Stale:           slices.Clone(d.staleAddrs),
+			Missing:         slices.Clone(d.missingAddrs),
+			StaleIn:         slices.Clone(d.staleIn),
+			MissingFrom:     slices.Clone(d.missingFrom),
+			StaleCount:      d.stale,
+			MissingCount:    d.missing,
+			StaleByFamily:   d.staleByFamily,
+			MissingByFamily: d.missingByFamily,
+			Programmed:      d.programmed,
+			Expected:        d.expected,
+			Since:           d.since,
 		})
 	}
 	return out

@@ -80,6 +80,17 @@ func TestDriftCountsBothFamilies(t *testing.T) {
 	if !slices.Equal(d.staleAddrs, aps("[fd00::6]:53")) || d.programmed != 5 || d.expected != 4 {
 		t.Errorf("drift %+v, want [fd00::6]:53 stale, 5 programmed, 4 expected", d)
 	}
+	// Each family's part: the one stale endpoint is IPv6's.
+	if d.staleByFamily != [2]int{0, 1} || d.missingByFamily != [2]int{0, 0} {
+		t.Errorf("stale by family %v, missing by family %v, want [0 1] and [0 0]", d.staleByFamily, d.missingByFamily)
+	}
+	// An IPv4 endpoint gone from the API too: IPv4 has one stale, IPv6 still one.
+	sp = dnsPort("10.244.1.5:53", "10.244.2.6:53", "[fd00::5]:53")
+	sp.ClusterIPs = append(sp.ClusterIPs, netip.MustParseAddr("fd00:96::a"))
+	res = e.check(snapshot(sp, kubernetesPort()), rules, time.Unix(2001, 0))
+	if len(res.drifting) != 1 || res.drifting[0].staleByFamily != [2]int{1, 1} || res.drifting[0].stale != 2 {
+		t.Errorf("drifting %+v, want 1 stale endpoint of each family", res.drifting)
+	}
 }
 
 // fakeProgrammed is one family's rules given as chains, iptables-named.
@@ -129,7 +140,8 @@ func TestLastCheckAccessor(t *testing.T) {
 	d := drifting[0]
 	if d.Name != want.Name || d.Port != want.Port || !slices.Equal(d.Stale, want.Stale) || !slices.Equal(d.Missing, want.Missing) ||
 		d.StaleCount != 1 || d.MissingCount != 2 || d.Programmed != 3 || d.Expected != 4 || !d.Since.Equal(at) ||
-		!slices.Equal(d.StaleIn, []Chains{ClusterChain}) || !slices.Equal(d.MissingFrom, []Chains{ClusterChain, ClusterChain}) {
+		!slices.Equal(d.StaleIn, []Chains{ClusterChain}) || !slices.Equal(d.MissingFrom, []Chains{ClusterChain, ClusterChain}) ||
+		d.StaleByFamily != [2]int{1, 0} || d.MissingByFamily != [2]int{2, 0} {
 		t.Errorf("Drifting()[0] = %+v, want %+v", d, want)
 	}
 	// A copy: changing it changes nothing published.

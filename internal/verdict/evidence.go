@@ -26,6 +26,9 @@ type StaleRulesEvidence struct {
 	// traffic policy keeps on the node, though the cluster chain still holds it.
 	MissingFrom []string `json:"missing_from,omitempty"`
 	StaleIn     []string `json:"stale_in,omitempty"`
+	// ByFamily splits the counts by IP family, for each family whose endpoints differ (IPv4
+	// first): on a dual-stack Service, which family's rules are stale.
+	ByFamily []FamilyDrift `json:"by_family"`
 	// Since is when the oldest current difference was first seen; a difference counts only
 	// after GracePeriodSeconds.
 	Since              time.Time `json:"since"`
@@ -37,6 +40,13 @@ type StaleRulesEvidence struct {
 	// UnrepliedFlows are this service port's unreplied flows (the effect), when there are.
 	UnrepliedFlows *FlowsEvidence `json:"unreplied_flows,omitempty"`
 	Explains       []Cause        `json:"explains,omitempty"`
+}
+
+// FamilyDrift is one IP family's part of a service port's difference.
+type FamilyDrift struct {
+	Family       string `json:"family"` // IPv4 or IPv6
+	MissingCount int    `json:"missing_count"`
+	StaleCount   int    `json:"stale_count"`
 }
 
 // StaleRulesRestEvidence backs the one stale_rules finding that counts the drifting service

@@ -66,6 +66,9 @@ type DriftingPort struct {
 	// stale endpoint without cause, or lack each missing one: "cluster", "local" or
 	// "cluster+local" (each chain is compared with what it should hold). Nil when unknown.
 	StaleIn, MissingFrom []string
+	// ByFamily splits StaleCount and MissingCount by IP family, for the families that differ
+	// (IPv4 first).
+	ByFamily []FamilyDrift
 	// Programmed and Expected are the distinct endpoints in the rules and in the API for
 	// this node.
 	Programmed, Expected int

@@ -321,6 +321,7 @@ func (e *evaluation) staleRules(kp kubeProxyFindings) []Finding {
 			Stale:              nonNil(d.Stale),
 			MissingFrom:        d.MissingFrom,
 			StaleIn:            d.StaleIn,
+			ByFamily:           append([]FamilyDrift{}, d.ByFamily...),
 			Since:              d.Since.UTC(),
 			GracePeriodSeconds: r.GracePeriod.Seconds(),
 			ProxyMode:          r.Mode,

@@ -959,3 +959,33 @@ func TestNotesKubeProxyVersion(t *testing.T) {
 		t.Errorf("/status document without the note: %s", doc)
 	}
 }
+
+// A dual-stack Service port's finding says which family's endpoints differ; a port whose input
+// has no split still has the field, empty.
+func TestStaleRulesByFamily(t *testing.T) {
+	in := healthyInput()
+	dual := DriftingPort{Service: dnsTCP, StaleCount: 2, MissingCount: 4, Programmed: 6, Expected: 8, Since: now.Add(-time.Minute),
+		Stale:    []string{"[fd00:10:244:5::1]:53", "[fd00:10:244:5::2]:53"},
+		Missing:  []string{"10.244.6.3:53", "[fd00:10:244:5::4]:53", "[fd00:10:244:5::5]:53", "[fd00:10:244:5::6]:53"},
+		ByFamily: []FamilyDrift{{Family: "IPv4", MissingCount: 1}, {Family: "IPv6", StaleCount: 2, MissingCount: 3}}}
+	in.Rules.Drifting = []DriftingPort{dual}
+	r := Evaluate(in)
+	only(t, r, StaleRules)
+	ev := r.Findings[0].Evidence.(*StaleRulesEvidence)
+	if !slices.Equal(ev.ByFamily, dual.ByFamily) {
+		t.Errorf("by family %+v, want %+v", ev.ByFamily, dual.ByFamily)
+	}
+	b, err := json.Marshal(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `"by_family":[{"family":"IPv4","missing_count":1,"stale_count":0},{"family":"IPv6","missing_count":3,"stale_count":2}]`; !strings.Contains(string(b), want) {
+		t.Errorf("evidence JSON %s lacks %s", b, want)
+	}
+
+	in.Rules.Drifting = []DriftingPort{incident3Drift()}
+	ev = Evaluate(in).Findings[0].Evidence.(*StaleRulesEvidence)
+	if b, _ := json.Marshal(ev); !strings.Contains(string(b), `"by_family":[]`) {
+		t.Errorf("evidence JSON without a split %s, want an empty by_family", b)
+	}
+}

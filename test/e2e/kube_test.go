@@ -48,6 +48,15 @@ const (
 	labNodeZone = "zone-a"
 )
 
+// The dual-stack lab's IPv6 ranges and node address (ControlPlaneOptions.DualStack): the
+// apiserver takes an IPv6 service range of at most 2^20 addresses; kube-proxy takes a node
+// address of each family from the Node object.
+const (
+	serviceCIDR6 = "fd00:10:96::/112"
+	clusterCIDR6 = "fd00:10:244::/56"
+	uplinkN6     = "fd00:172:18::2"
+)
+
 // requireKubeEnv makes a missing control plane a failure instead of a skip (CI sets it).
 const requireKubeEnv = "PROXYHEALTH_REQUIRE_KUBE"
 
@@ -94,6 +103,9 @@ type ControlPlane struct {
 	AdminToken, ProxyToken           string
 
 	Etcd, APIServer, FaultProxy, KubeProxy *proc
+
+	// DualStack is ControlPlaneOptions.DualStack.
+	DualStack bool
 }
 
 // ControlPlaneOptions shape StartControlPlane.
@@ -102,6 +114,9 @@ type ControlPlaneOptions struct {
 	NoKubeProxy bool
 	// KubeProxy options; see StartKubeProxy.
 	KubeProxy KubeProxyOptions
+	// DualStack gives the cluster both IP families: service and cluster ranges of each, and a
+	// Node with an InternalIP and a pod range of each, so kube-proxy programs both.
+	DualStack bool
 }
 
 // StartControlPlane starts etcd and kube-apiserver in l's node namespace, waits for /readyz,
@@ -111,7 +126,7 @@ func StartControlPlane(t *testing.T, l *Lab, opts ControlPlaneOptions) *ControlP
 	t.Helper()
 	bins := requireKube(t)
 	start := time.Now()
-	cp := &ControlPlane{t: t, Lab: l, Bins: bins, Dir: t.TempDir()}
+	cp := &ControlPlane{t: t, Lab: l, Bins: bins, Dir: t.TempDir(), DualStack: opts.DualStack}
 	cp.AdminToken, cp.ProxyToken = randomToken(t), randomToken(t)
 	cp.writeCredentials()
 
@@ -143,7 +158,7 @@ func StartControlPlane(t *testing.T, l *Lab, opts ControlPlaneOptions) *ControlP
 		"--service-account-signing-key-file", filepath.Join(cp.Dir, "sa.key"),
 		"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
 		"--authorization-mode", "RBAC",
-		"--service-cluster-ip-range", serviceCIDR,
+		"--service-cluster-ip-range", cp.cidrs(serviceCIDR, serviceCIDR6),
 		"--enable-priority-and-fairness=false",
 		"--disable-admission-plugins", "ServiceAccount,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy,MutatingAdmissionPolicy,ResourceQuota,LimitRanger,StorageObjectInUseProtection,PersistentVolumeClaimResize,RuntimeClass,DefaultIngressClass",
 		"--profiling=false",
@@ -189,6 +204,13 @@ func StartControlPlane(t *testing.T, l *Lab, opts ControlPlaneOptions) *ControlP
 		return true, ""
 	})
 	cp.createNode()
+	if cp.DualStack {
+		// kube-proxy programs IPv6 only where the kernel has it on (it reads
+		// net.ipv6.conf.all.disable_ipv6); the lab turned it off in every namespace. The node
+		// namespace gets it back, with the Node's IPv6 address on its uplink.
+		l.MustExec(l.Node, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=0", "net.ipv6.conf.default.disable_ipv6=0")
+		l.ip(l.Node, "addr", "add", uplinkN6+"/64", "dev", "eth1", "nodad")
+	}
 	t.Logf("control plane (etcd, kube-apiserver) ready in %s", time.Since(start).Round(time.Millisecond))
 
 	cp.FaultProxy = l.Start(l.Node, "fault-proxy", labtoolBin, "fault-proxy", faultProxyAddr,
@@ -202,6 +224,14 @@ func StartControlPlane(t *testing.T, l *Lab, opts ControlPlaneOptions) *ControlP
 		cp.StartKubeProxy(opts.KubeProxy)
 	}
 	return cp
+}
+
+// cidrs is the IPv4 range alone, or both ranges (IPv4 first) for a dual-stack lab.
+func (cp *ControlPlane) cidrs(v4, v6 string) string {
+	if cp.DualStack {
+		return v4 + "," + v6
+	}
+	return v4
 }
 
 func randomToken(t *testing.T) string {
@@ -256,14 +286,18 @@ func (cp *ControlPlane) createNode() {
 		}},
 		Spec: corev1.NodeSpec{PodCIDR: "10.244.1.0/24", PodCIDRs: []string{"10.244.1.0/24"}},
 	}
+	if cp.DualStack {
+		node.Spec.PodCIDRs = append(node.Spec.PodCIDRs, "fd00:10:244:1::/64")
+	}
 	created, err := cp.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("creating node: %v", err)
 	}
-	created.Status.Addresses = []corev1.NodeAddress{
-		{Type: corev1.NodeInternalIP, Address: uplinkN},
-		{Type: corev1.NodeHostName, Address: labNodeName},
+	created.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: uplinkN}}
+	if cp.DualStack {
+		created.Status.Addresses = append(created.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: uplinkN6})
 	}
+	created.Status.Addresses = append(created.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeHostName, Address: labNodeName})
 	created.Status.Conditions = []corev1.NodeCondition{{
 		Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "Lab",
 		LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now(),
@@ -282,6 +316,9 @@ type KubeProxyOptions struct {
 	DefaultHTTP2Timeouts bool
 	// Mode is the proxy mode; "" is iptables.
 	Mode string
+	// IPTablesBackend is the iptables backend kube-proxy writes with in iptables mode:
+	// "legacy", or "" for the node's default (iptables-nft here).
+	IPTablesBackend string
 	// ExtraArgs are appended to kube-proxy's command line.
 	ExtraArgs []string
 }
@@ -295,6 +332,15 @@ func (cp *ControlPlane) StartKubeProxy(opts KubeProxyOptions) {
 		mode = "iptables"
 	}
 	args := []string{"env"}
+	save := "iptables-save"
+	if opts.IPTablesBackend != "" {
+		shim, err := kubelab.IPTablesShim(cp.Dir, opts.IPTablesBackend)
+		if err != nil {
+			t.Fatalf("iptables-%s for kube-proxy: %v", opts.IPTablesBackend, err)
+		}
+		args = append(args, "PATH="+shim+":"+os.Getenv("PATH"))
+		save = "iptables-" + opts.IPTablesBackend + "-save"
+	}
 	if !opts.DefaultHTTP2Timeouts {
 		args = append(args, "HTTP2_READ_IDLE_TIMEOUT_SECONDS=5", "HTTP2_PING_TIMEOUT_SECONDS=3")
 	}
@@ -302,7 +348,7 @@ func (cp *ControlPlane) StartKubeProxy(opts KubeProxyOptions) {
 		"--kubeconfig", cp.ProxyKubeconfig,
 		"--hostname-override", labNodeName,
 		"--proxy-mode", mode,
-		"--cluster-cidr", clusterCIDR,
+		"--cluster-cidr", cp.cidrs(clusterCIDR, clusterCIDR6),
 		// In a non-root network namespace nf_conntrack_max cannot be set; 0 leaves it.
 		"--conntrack-max-per-core=0",
 		// Leave the lab's short conntrack timers alone.
@@ -323,7 +369,7 @@ func (cp *ControlPlane) StartKubeProxy(opts KubeProxyOptions) {
 			if cp.KubeProxy.Exited() {
 				t.Fatalf("kube-proxy exited")
 			}
-			nat, _ := cp.Lab.Exec(cp.Lab.Node, "iptables-save", "-t", "nat")
+			nat, _ := cp.Lab.Exec(cp.Lab.Node, save, "-t", "nat")
 			return strings.Contains(nat, "-j "+want), ""
 		})
 		t.Logf("kube-proxy programmed its first sync in %s", time.Since(start).Round(time.Millisecond))
@@ -374,6 +420,12 @@ func (cp *ControlPlane) KubeProxyGet(addr, path string) (int, string, error) {
 func (cp *ControlPlane) IptablesSave(table string) string {
 	cp.t.Helper()
 	return cp.Lab.MustExec(cp.Lab.Node, "iptables-save", "-t", table)
+}
+
+// Ip6tablesSave returns `ip6tables-save -t table` of the node namespace.
+func (cp *ControlPlane) Ip6tablesSave(table string) string {
+	cp.t.Helper()
+	return cp.Lab.MustExec(cp.Lab.Node, "ip6tables-save", "-t", table)
 }
 
 // ServicePortEndpoints reads from an `iptables-save -t nat` dump the endpoints (ip:port, sorted)
@@ -428,13 +480,33 @@ func chainEndpoints(nat, chain string) ([]string, bool) {
 // holds exactly want (any order) and returns the dump that matched.
 func (cp *ControlPlane) WaitServicePortEndpoints(timeout time.Duration, portName, protocol string, want []string) string {
 	cp.t.Helper()
+	return cp.waitServicePortEndpoints(timeout, false, portName, protocol, want)
+}
+
+// WaitServicePortEndpoints6 is WaitServicePortEndpoints for the IPv6 nat table (ip6tables),
+// want as "[ip]:port".
+func (cp *ControlPlane) WaitServicePortEndpoints6(timeout time.Duration, portName, protocol string, want []string) string {
+	cp.t.Helper()
+	return cp.waitServicePortEndpoints(timeout, true, portName, protocol, want)
+}
+
+func (cp *ControlPlane) waitServicePortEndpoints(timeout time.Duration, ipv6 bool, portName, protocol string, want []string) string {
+	cp.t.Helper()
 	want = sortedCopy(want)
+	family := "IPv4"
+	if ipv6 {
+		family = "IPv6"
+	}
 	var nat string
-	waitFor(cp.t, timeout, fmt.Sprintf("%s/%s programmed with %d endpoints", portName, protocol, len(want)), func() (bool, string) {
+	waitFor(cp.t, timeout, fmt.Sprintf("%s/%s programmed with %d %s endpoints", portName, protocol, len(want), family), func() (bool, string) {
 		if cp.KubeProxy != nil && cp.KubeProxy.Exited() {
 			cp.t.Fatalf("kube-proxy exited")
 		}
-		nat = cp.IptablesSave("nat")
+		if ipv6 {
+			nat = cp.Ip6tablesSave("nat")
+		} else {
+			nat = cp.IptablesSave("nat")
+		}
 		got, found := ServicePortEndpoints(nat, portName, protocol)
 		return found && equalStrings(got, want), fmt.Sprintf("found=%v endpoints=%v", found, got)
 	})
@@ -491,15 +563,20 @@ func (cp *ControlPlane) CreateService(svc *corev1.Service) *corev1.Service {
 	return out
 }
 
-// EndpointSlice builds an IPv4 EndpointSlice of service ns/svc with the given ports and
-// endpoints, labelled the way the endpointslice controller labels its slices.
+// EndpointSlice builds an EndpointSlice of service ns/svc with the given ports and endpoints,
+// labelled the way the endpointslice controller labels its slices. Its address type is IPv6
+// when the first endpoint's address is, else IPv4 (a slice holds one family).
 func EndpointSlice(ns, svc, name string, ports []discoveryv1.EndpointPort, eps []LabEndpoint) *discoveryv1.EndpointSlice {
+	addrType := discoveryv1.AddressTypeIPv4
+	if len(eps) > 0 && strings.Contains(eps[0].IP, ":") {
+		addrType = discoveryv1.AddressTypeIPv6
+	}
 	s := &discoveryv1.EndpointSlice{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{
 			discoveryv1.LabelServiceName: svc,
 			discoveryv1.LabelManagedBy:   "proxyhealth-e2e",
 		}},
-		AddressType: discoveryv1.AddressTypeIPv4,
+		AddressType: addrType,
 		Ports:       ports,
 	}
 	for _, e := range eps {

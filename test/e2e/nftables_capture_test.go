@@ -161,13 +161,19 @@ func nftServiceChain(prefix, ns, name, protocol, portName string) string {
 // table does not exist (yet).
 func (cp *ControlPlane) NFTKubeProxy() *nft.Ruleset {
 	cp.t.Helper()
-	out, err := cp.Lab.Exec(cp.Lab.Node, "nft", "-j", "list", "table", "ip", "kube-proxy")
+	return cp.NFTKubeProxyFamily("ip")
+}
+
+// NFTKubeProxyFamily is NFTKubeProxy for kube-proxy's table of a family: "ip" or "ip6".
+func (cp *ControlPlane) NFTKubeProxyFamily(family string) *nft.Ruleset {
+	cp.t.Helper()
+	out, err := cp.Lab.Exec(cp.Lab.Node, "nft", "-j", "list", "table", family, "kube-proxy")
 	if err != nil {
 		return nil
 	}
 	rs, err := nft.Parse(strings.NewReader(out))
 	if err != nil {
-		cp.t.Fatalf("parsing nft -j list table ip kube-proxy: %v", err)
+		cp.t.Fatalf("parsing nft -j list table %s kube-proxy: %v", family, err)
 	}
 	return rs
 }
@@ -177,7 +183,13 @@ func (cp *ControlPlane) NFTKubeProxy() *nft.Ruleset {
 // does not exist or has no rules (kube-proxy flushes a chain it no longer uses, then deletes
 // it on a later sync).
 func NFTChainEndpoints(rs *nft.Ruleset, chain string) (eps []string, found bool) {
-	tb := rs.Table("ip", "kube-proxy")
+	return NFTFamilyChainEndpoints(rs, "ip", chain)
+}
+
+// NFTFamilyChainEndpoints is NFTChainEndpoints in table <family> kube-proxy ("ip" or "ip6");
+// IPv6 endpoints as "[ip]:port".
+func NFTFamilyChainEndpoints(rs *nft.Ruleset, family, chain string) (eps []string, found bool) {
+	tb := rs.Table(family, "kube-proxy")
 	c := tb.Chain(chain)
 	if c == nil || len(c.Rules) == 0 {
 		return nil, false
@@ -209,21 +221,27 @@ func NFTChainEndpoints(rs *nft.Ruleset, chain string) (eps []string, found bool)
 // with local, its local chain) holds exactly want.
 func (cp *ControlPlane) WaitNFTServicePort(timeout time.Duration, ns, name, protocol, portName string, local bool, want []string) {
 	cp.t.Helper()
+	cp.WaitNFTFamilyServicePort(timeout, "ip", ns, name, protocol, portName, local, want)
+}
+
+// WaitNFTFamilyServicePort is WaitNFTServicePort in table <family> kube-proxy ("ip" or "ip6").
+func (cp *ControlPlane) WaitNFTFamilyServicePort(timeout time.Duration, family, ns, name, protocol, portName string, local bool, want []string) {
+	cp.t.Helper()
 	prefix := "service-"
 	if local {
 		prefix = "local-"
 	}
 	chain := nftServiceChain(prefix, ns, name, protocol, portName)
 	want = sortedCopy(want)
-	waitFor(cp.t, timeout, fmt.Sprintf("%s programmed with %d endpoints", chain, len(want)), func() (bool, string) {
+	waitFor(cp.t, timeout, fmt.Sprintf("%s %s programmed with %d endpoints", family, chain, len(want)), func() (bool, string) {
 		if cp.KubeProxy != nil && cp.KubeProxy.Exited() {
 			cp.t.Fatalf("kube-proxy exited")
 		}
-		rs := cp.NFTKubeProxy()
+		rs := cp.NFTKubeProxyFamily(family)
 		if rs == nil {
-			return false, "no table ip kube-proxy"
+			return false, "no table " + family + " kube-proxy"
 		}
-		got, found := NFTChainEndpoints(rs, chain)
+		got, found := NFTFamilyChainEndpoints(rs, family, chain)
 		return found && equalStrings(got, want), fmt.Sprintf("found=%v endpoints=%v", found, got)
 	})
 }

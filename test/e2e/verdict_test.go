@@ -38,13 +38,14 @@ type labReport struct {
 		Service  *verdict.Service `json:"service"`
 		Summary  string           `json:"summary"`
 		Evidence struct {
-			Programmed   int      `json:"programmed"`
-			Expected     int      `json:"expected"`
-			MissingCount int      `json:"missing_count"`
-			StaleCount   int      `json:"stale_count"`
-			Missing      []string `json:"missing"`
-			Stale        []string `json:"stale"`
-			ExplainedBy  []string `json:"explained_by"`
+			Programmed   int                   `json:"programmed"`
+			Expected     int                   `json:"expected"`
+			MissingCount int                   `json:"missing_count"`
+			StaleCount   int                   `json:"stale_count"`
+			Missing      []string              `json:"missing"`
+			Stale        []string              `json:"stale"`
+			ByFamily     []verdict.FamilyDrift `json:"by_family"`
+			ExplainedBy  []string              `json:"explained_by"`
 			KubeProxy    *struct {
 				Up            bool                     `json:"up"`
 				Healthy       *bool                    `json:"healthy"`

@@ -12,12 +12,13 @@ func TestFindBinaries(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(repo, "test", "kube"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(repo, "test", "kube", "go.mod"), []byte("module x\n\nrequire k8s.io/kubernetes v1.36.3\n"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(repo, "test", "kube", "VERSION"), []byte("v1.37.2\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	t.Setenv(VersionEnv, "")
 	bin := t.TempDir()
 	t.Setenv("PROXYHEALTH_KUBE_BIN", bin)
-	if _, err := FindBinaries(repo); err == nil || !strings.Contains(err.Error(), "make kube") {
+	if _, err := FindBinaries(repo); err == nil || !strings.Contains(err.Error(), "make kube KUBE_VERSION=v1.37.2") {
 		t.Errorf("without binaries: %v, want it to say how to build them", err)
 	}
 	for _, name := range []string{"kube-apiserver", "kube-proxy"} {
@@ -26,11 +27,35 @@ func TestFindBinaries(t *testing.T) {
 		}
 	}
 	b, err := FindBinaries(repo)
-	if b.Version != "v1.36.3" || b.APIServer != filepath.Join(bin, "kube-apiserver") {
+	if b.Version != "v1.37.2" || b.APIServer != filepath.Join(bin, "kube-apiserver") {
 		t.Errorf("FindBinaries = %+v", b)
 	}
 	if err != nil && !strings.Contains(err.Error(), "etcd") {
 		t.Errorf("error %v: only etcd may be missing", err)
+	}
+}
+
+func TestFindBinariesVersionFromEnv(t *testing.T) {
+	repo := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(repo, "test", "kube"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(repo, "test", "kube", "VERSION"), []byte("v1.37.2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cache := t.TempDir()
+	t.Setenv("PROXYHEALTH_KUBE_BIN", "")
+	t.Setenv("PROXYHEALTH_KUBE_CACHE", cache)
+	t.Setenv(VersionEnv, "v1.34.4")
+	_, err := FindBinaries(repo)
+	if want := filepath.Join(cache, "v1.34.4", "kube-apiserver") + " missing"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("FindBinaries with %s=v1.34.4: %v, want %q", VersionEnv, err, want)
+	}
+	for _, bad := range []string{"1.34.4", "v1.34", "v1.34.4; rm -rf /", "../v1.34.4"} {
+		t.Setenv(VersionEnv, bad)
+		if _, err := FindBinaries(repo); err == nil || !strings.Contains(err.Error(), "not a Kubernetes version") {
+			t.Errorf("%s=%q: %v, want it refused", VersionEnv, bad, err)
+		}
 	}
 }
 

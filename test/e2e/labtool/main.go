@@ -3,7 +3,7 @@
 // Command labtool is the e2e lab's traffic tool. The lab runs it inside its network namespaces
 // with `ip netns exec <ns> labtool <subcommand> ...`:
 //
-//	serve-tcp <addr>                         accept connections and write a one-line reply
+//	serve-tcp <addr>                         accept connections and write a one-line reply (IPv4, or IPv6 for [ip]:port)
 //	connect <addr> [--timeout 2s] [--count N] dial N times at once, each from its own socket
 //	                                         (so its own source port), and print "succeeded K of N"
 //	get <url> [--timeout 5s]                 HTTP GET, print the body (how the lab scrapes)
@@ -33,6 +33,7 @@ import (
 	"net/netip"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -124,10 +125,19 @@ func usage() {
 	os.Exit(2)
 }
 
+// tcpNetwork is "tcp6" for an IPv6 address ("[ip]:port"), else "tcp4": an IPv4 address stays
+// IPv4 only (0.0.0.0 does not listen on IPv6 too).
+func tcpNetwork(addr string) string {
+	if host, _, err := net.SplitHostPort(addr); err == nil && strings.Contains(host, ":") {
+		return "tcp6"
+	}
+	return "tcp4"
+}
+
 // serveTCP prints "ready" once it listens, then answers every connection with one line naming
 // the address it was reached on, until it is killed.
 func serveTCP(addr string) error {
-	ln, err := net.Listen("tcp4", addr)
+	ln, err := net.Listen(tcpNetwork(addr), addr)
 	if err != nil {
 		return err
 	}
@@ -177,7 +187,7 @@ func connect(addr string, timeout time.Duration, count int) error {
 
 func connectOnce(addr string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
-	c, err := net.DialTimeout("tcp4", addr, timeout)
+	c, err := net.DialTimeout(tcpNetwork(addr), addr, timeout)
 	if err != nil {
 		return err
 	}

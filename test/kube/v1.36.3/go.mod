@@ -1,4 +1,4 @@
-module github.com/proxyhealth/proxyhealth/test/kube
+module github.com/proxyhealth/proxyhealth/test/kube/k8s-v1.36.3
 
 go 1.26.8
 
