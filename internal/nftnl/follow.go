@@ -7,11 +7,11 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
-	"strings"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/proxyhealth/proxyhealth/internal/kubeproxynames"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
 
@@ -460,7 +460,7 @@ func (f *Follower) partialNAT(ctx context.Context, ft *followed, gone map[string
 		switch {
 		case ed.read:
 			reads = append(reads, chain)
-		case isSvcChain([]byte(chain)):
+		case kubeproxynames.IsIPTablesServiceChain(chain):
 			ft.setServiceChain(chain, targets(ed.rules), int32(len(ed.rules)), affected)
 		default:
 			ft.setEndpointChain(chain, endpoint(ed.rules), int32(len(ed.rules)), affected)
@@ -512,7 +512,7 @@ func (f *Follower) readNATChains(ctx context.Context, ft *followed, chains []str
 		names[i] = n
 	}
 	for _, chain := range chains {
-		if isSvcChain([]byte(chain)) {
+		if kubeproxynames.IsIPTablesServiceChain(chain) {
 			j := nr.jumps[chain]
 			ft.setServiceChain(chain, sepNames(j.seps, names), j.rules, affected)
 		} else {
@@ -572,11 +572,10 @@ func (f *Follower) partialNFT(ctx context.Context, ft *followed, d *TableChange,
 	family := ft.table.Family
 	var svcChains []string
 	for _, chain := range uniq(d.Chains) {
-		name := []byte(chain)
 		switch {
-		case isNFTServiceChain(name):
+		case kubeproxynames.IsNFTServiceChain(chain):
 			svcChains = append(svcChains, chain)
-		case strings.HasPrefix(chain, "endpoint-"):
+		case kubeproxynames.IsNFTEndpointChain(chain):
 			var kr *kpReader
 			reset := func() { kr = &kpReader{in: interp{family: family}, endpoints: map[string]netip.AddrPort{}} }
 			reset()
