@@ -14,6 +14,7 @@ import (
 	"net/netip"
 
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
+	"github.com/proxyhealth/proxyhealth/internal/kubeproxynames"
 )
 
 // iptablesRules is one read of kube-proxy's nat rules of one IP family: each KUBE-SVC-* and
@@ -50,7 +51,7 @@ func readIPTablesNAT(r io.Reader) (rules *iptablesRules, hasServices bool, err e
 			switch {
 			case string(name) == "KUBE-SERVICES":
 				hasServices = true
-			case isServiceChain(name):
+			case kubeproxynames.IsIPTablesServiceChainBytes(name):
 				if _, ok := jumps[string(name)]; !ok {
 					jumps[string(name)] = nil
 				}
@@ -61,11 +62,11 @@ func readIPTablesNAT(r io.Reader) (rules *iptablesRules, hasServices bool, err e
 		}
 		chain, rest, _ := bytes.Cut(line[len("-A "):], []byte(" "))
 		switch {
-		case isServiceChain(chain):
-			if target := jumpTarget(rest); bytes.HasPrefix(target, []byte("KUBE-SEP-")) {
+		case kubeproxynames.IsIPTablesServiceChainBytes(chain):
+			if target := jumpTarget(rest); kubeproxynames.IsIPTablesEndpointChainBytes(target) {
 				jumps[string(chain)] = append(jumps[string(chain)], string(target))
 			}
-		case bytes.HasPrefix(chain, []byte("KUBE-SEP-")):
+		case kubeproxynames.IsIPTablesEndpointChainBytes(chain):
 			if _, done := sep[string(chain)]; done || string(jumpTarget(rest)) != "DNAT" {
 				continue
 			}
@@ -88,10 +89,6 @@ func readIPTablesNAT(r io.Reader) (rules *iptablesRules, hasServices bool, err e
 		rules.chains[chain] = eps
 	}
 	return rules, hasServices, nil
-}
-
-func isServiceChain(name []byte) bool {
-	return bytes.HasPrefix(name, []byte("KUBE-SVC-")) || bytes.HasPrefix(name, []byte("KUBE-SVL-"))
 }
 
 // jumpTarget returns the target of a rule's "-j TARGET" (or "-g TARGET"), nil without one.

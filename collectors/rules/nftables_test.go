@@ -14,6 +14,7 @@ import (
 
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
 	"github.com/proxyhealth/proxyhealth/internal/hostrules"
+	"github.com/proxyhealth/proxyhealth/internal/kubeproxynames"
 	"github.com/proxyhealth/proxyhealth/internal/testsupport/nft"
 )
 
@@ -44,28 +45,6 @@ func realNFTCapture(t *testing.T) (*nftRules, *cluster.Snapshot) {
 		t.Fatal(err)
 	}
 	return parseNFTRules(t, js, "ip"), apiSnapshot(t, nftCaptureDir+"api-objects.json")
-}
-
-// These chain names are the ones the real kube-proxy wrote.
-func TestNFTChainNamesAreKubeProxys(t *testing.T) {
-	r := &nftRules{}
-	for _, tc := range []struct {
-		name           cluster.ServicePortName
-		cluster, local string
-	}{
-		{dns, "service-FY5PMXPG-kube-system/kube-dns/udp/dns", "local-FY5PMXPG-kube-system/kube-dns/udp/dns"},
-		{kubernetes, "service-2QRHZV4L-default/kubernetes/tcp/https", "local-2QRHZV4L-default/kubernetes/tcp/https"},
-		{cluster.ServicePortName{Namespace: "lab", Name: "local-only", Port: "http", Protocol: "TCP"},
-			"service-ZUQNRLBF-lab/local-only/tcp/http", "local-ZUQNRLBF-lab/local-only/tcp/http"},
-	} {
-		if c, l := r.chainsFor(tc.name); c != tc.cluster || l != tc.local {
-			t.Errorf("chainsFor(%s %s) = %s, %s; want %s, %s", tc.name, tc.name.Protocol, c, l, tc.cluster, tc.local)
-		}
-	}
-	// An unnamed port: the name ends in "/", as kube-proxy's does.
-	if c, _ := r.chainsFor(cluster.ServicePortName{Namespace: "a", Name: "b", Protocol: "SCTP"}); !strings.HasSuffix(c, "-a/b/sctp/") {
-		t.Errorf("unnamed port: %s", c)
-	}
 }
 
 func nftPort(snap *cluster.Snapshot, name string) *cluster.ServicePort {
@@ -265,7 +244,7 @@ func FuzzNFTRules(f *testing.F) {
 			tb := rs.Table(family, "kube-proxy")
 			r := newNFTRules(tb)
 			for name := range r.serviceChains() {
-				if !isNFTServiceChain(name) || tb.Chain(name) == nil || len(tb.Chain(name).Rules) == 0 {
+				if !kubeproxynames.IsNFTServiceChain(name) || tb.Chain(name) == nil || len(tb.Chain(name).Rules) == 0 {
 					t.Errorf("chain %q listed", name)
 				}
 				eps := r.endpoints(name)

@@ -2,10 +2,10 @@ package rules
 
 import (
 	"net/netip"
-	"strings"
 
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
 	"github.com/proxyhealth/proxyhealth/internal/hostrules"
+	"github.com/proxyhealth/proxyhealth/internal/kubeproxynames"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
 
@@ -58,12 +58,12 @@ func (p programmed) chainCount() int { return len(p.table.Chains) }
 func (p programmed) identity() any { return p }
 
 // chainsFor names a service port's cluster and local chains, as kube-proxy's nftables mode
-// names them or as its iptables mode does.
+// names them or as its iptables mode does. kube-proxy names them by a hash of the service
+// port, so a chain is found from the API's service port without reading rule comments, which
+// kube-proxy leaves out above 1,000 endpoints.
 func chainsFor(n cluster.ServicePortName, nftables bool) (clusterChain, localChain string) {
 	if nftables {
-		base := nftChainNameBase(n)
-		return nftClusterChainPrefix + base, nftLocalChainPrefix + base
+		return kubeproxynames.NFTServiceChains(n.Namespace, n.Name, n.Port, n.Protocol)
 	}
-	hash := portProtoHash(n.String(), strings.ToLower(n.Protocol))
-	return "KUBE-SVC-" + hash, "KUBE-SVL-" + hash
+	return kubeproxynames.IPTablesServiceChains(n.Namespace, n.Name, n.Port, n.Protocol)
 }

@@ -25,23 +25,10 @@ var (
 
 func ap(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
 
-// These chain names are the ones kube-proxy writes on every cluster.
-func TestChainNamesAreKubeProxys(t *testing.T) {
-	for _, tc := range []struct {
-		name cluster.ServicePortName
-		want string
-	}{
-		{dns, "KUBE-SVC-TCOU7JCQXEZGVUNU"},
-		{cluster.ServicePortName{Namespace: "kube-system", Name: "kube-dns", Port: "dns-tcp", Protocol: "TCP"}, "KUBE-SVC-ERIFXISQEP7F7OF4"},
-		{kubernetes, "KUBE-SVC-NPX46M4PTMTKRN6Y"},
-	} {
-		if got := clusterChain(tc.name); got != tc.want {
-			t.Errorf("clusterChain(%s %s) = %s, want %s", tc.name, tc.name.Protocol, got, tc.want)
-		}
-	}
-	if got := localChain(dns); !strings.HasPrefix(got, "KUBE-SVL-") || got[9:] != clusterChain(dns)[9:] {
-		t.Errorf("localChain(dns) = %s, want KUBE-SVL- and the same hash", got)
-	}
+// clusterChain is the iptables-mode cluster chain of a service port.
+func clusterChain(n cluster.ServicePortName) string {
+	c, _ := chainsFor(n, false)
+	return c
 }
 
 func loadRules(t testing.TB, file string) *iptablesRules {

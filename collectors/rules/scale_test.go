@@ -11,6 +11,7 @@ import (
 
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
 	"github.com/proxyhealth/proxyhealth/internal/hostrules"
+	"github.com/proxyhealth/proxyhealth/internal/kubeproxynames"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
 
@@ -31,7 +32,7 @@ func generateCluster(services, endpoints int) ([]byte, *cluster.Snapshot) {
 		for e := range endpoints {
 			ep := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(128 + s>>13), byte(s >> 5), byte(s<<3 | e&7)}), uint16(8080+e))
 			sp.ClusterEndpoints = append(sp.ClusterEndpoints, ep)
-			sep := "KUBE-SEP-" + portProtoHash(name.String(), "tcp"+ep.String())
+			sep := kubeproxynames.IPTablesEndpointChain(name.Namespace, name.Name, name.Port, name.Protocol, ep)
 			fmt.Fprintf(&b, ":%s - [0:0]\n", sep)
 			fmt.Fprintf(&rules, "-A %s -m comment --comment \"%s -> %s\" -m statistic --mode random --probability %.11f -j %s\n", svc, name, ep, 1/float64(endpoints-e), sep)
 			fmt.Fprintf(&rules, "-A %s -s %s/32 -m comment --comment \"%s\" -j KUBE-MARK-MASQ\n", sep, ep.Addr(), name)

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/proxyhealth/proxyhealth/internal/iptlegacy"
+	"github.com/proxyhealth/proxyhealth/internal/kubeproxynames"
 	"github.com/proxyhealth/proxyhealth/internal/nftnl"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
@@ -222,7 +223,8 @@ func affectsForward(c *nftnl.Change) bool {
 			return true
 		}
 		for _, ch := range d.Chains {
-			if !strings.HasPrefix(ch, "service-") && !strings.HasPrefix(ch, "local-") && !strings.HasPrefix(ch, "endpoint-") {
+			if !strings.HasPrefix(ch, kubeproxynames.NFTClusterChainPrefix) && !strings.HasPrefix(ch, kubeproxynames.NFTLocalChainPrefix) &&
+				!strings.HasPrefix(ch, kubeproxynames.NFTEndpointChainPrefix) {
 				return true
 			}
 		}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/proxyhealth/proxyhealth/internal/kubeproxynames"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 	"github.com/proxyhealth/proxyhealth/internal/testsupport/iptables"
 )
@@ -30,7 +31,7 @@ func textNAT(t *testing.T, text string) (pt *ruleset.ProxyTable, ok bool) {
 	}
 	sep := map[string]netip.AddrPort{}
 	for _, c := range nat.Chains {
-		if !strings.HasPrefix(c.Name, "KUBE-SEP-") {
+		if !kubeproxynames.IsIPTablesEndpointChain(c.Name) {
 			continue
 		}
 		for i := range c.Rules {
@@ -46,7 +47,7 @@ func textNAT(t *testing.T, text string) (pt *ruleset.ProxyTable, ok bool) {
 	}
 	pt = &ruleset.ProxyTable{Chains: map[string][]netip.AddrPort{}}
 	for _, c := range nat.Chains {
-		if !strings.HasPrefix(c.Name, "KUBE-SVC-") && !strings.HasPrefix(c.Name, "KUBE-SVL-") || len(c.Rules) == 0 {
+		if !kubeproxynames.IsIPTablesServiceChain(c.Name) || len(c.Rules) == 0 {
 			continue
 		}
 		var eps []netip.AddrPort

@@ -1,12 +1,11 @@
 package iptlegacy
 
 import (
-	"bytes"
 	"net/netip"
 	"slices"
 	"sort"
-	"strings"
 
+	"github.com/proxyhealth/proxyhealth/internal/kubeproxynames"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
 
@@ -76,10 +75,10 @@ func (d *natDecoder) chain(name string, builtin bool, firstRule int) error {
 	case builtin:
 	case name == "KUBE-SERVICES":
 		d.kind, d.hasServices = natServices, true
-	case strings.HasPrefix(name, "KUBE-SVC-") || strings.HasPrefix(name, "KUBE-SVL-"):
+	case kubeproxynames.IsIPTablesServiceChain(name):
 		d.kind = natService
 		d.svcs = append(d.svcs, svcChain{name: name, firstRule: uint32(firstRule)})
-	case strings.HasPrefix(name, "KUBE-SEP-"):
+	case kubeproxynames.IsIPTablesEndpointChain(name):
 		d.kind = natEndpoint
 		d.seps = append(d.seps, sepChain{firstRule: uint32(firstRule)})
 	}
@@ -190,7 +189,7 @@ func servicePort(e entry) (_ ruleset.Service, ok bool, _ error) {
 	for m, ok := it.next(); ok; m, ok = it.next() {
 		switch string(m.name) {
 		case "comment":
-			svc.Namespace, svc.Name, svc.PortName = serviceComment(cString(m.data))
+			svc.Namespace, svc.Name, svc.PortName = kubeproxynames.ParseServiceCommentBytes(cString(m.data))
 		case "tcp", "udp", "sctp":
 			if p, ok := destPort(m); ok {
 				svc.Port = p
@@ -204,19 +203,4 @@ func servicePort(e entry) (_ ruleset.Service, ok bool, _ error) {
 		return ruleset.Service{}, false, nil
 	}
 	return svc, true, nil
-}
-
-// serviceComment splits kube-proxy's "ns/name:port cluster IP" comment; anything else yields
-// empty strings (as internal/testsupport/iptables' parseServiceComment).
-func serviceComment(c []byte) (namespace, name, port string) {
-	spn, ok := bytes.CutSuffix(c, []byte(" cluster IP"))
-	if !ok {
-		return "", "", ""
-	}
-	ns, rest, ok := bytes.Cut(spn, []byte("/"))
-	if !ok || len(ns) == 0 || len(rest) == 0 {
-		return "", "", ""
-	}
-	n, p, _ := bytes.Cut(rest, []byte(":"))
-	return string(ns), string(n), string(p)
 }

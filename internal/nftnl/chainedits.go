@@ -3,6 +3,8 @@ package nftnl
 import (
 	"net/netip"
 	"slices"
+
+	"github.com/proxyhealth/proxyhealth/internal/kubeproxynames"
 )
 
 // chainEdits is what a run of changes did to iptables-nft's service and endpoint chains
@@ -63,7 +65,7 @@ func (e *chainEdits) add(ft *followed, gen uint32, d *TableChange) {
 		gone[c] = true
 	}
 	for _, chain := range d.Chains {
-		if name := []byte(chain); !isSvcChain(name) && !isSepChain(name) {
+		if !kubeproxynames.IsIPTablesServiceChain(chain) && !kubeproxynames.IsIPTablesEndpointChain(chain) {
 			continue
 		}
 		if g, ok := ft.chainGen[chain]; ok && !genAfter(gen, g) {

@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/proxyhealth/proxyhealth/internal/kubeproxynames"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
 
@@ -80,19 +81,9 @@ func newNATReader(family uint8) *natReader {
 }
 
 var (
-	prefixSVC      = []byte("KUBE-SVC-")
-	prefixSVL      = []byte("KUBE-SVL-")
-	prefixSEP      = []byte("KUBE-SEP-")
-	chainServices  = []byte("KUBE-SERVICES")
-	prefixKubeS    = []byte("KUBE-S")
-	serviceComment = []byte(" cluster IP")
+	chainServices = []byte("KUBE-SERVICES")
+	prefixKubeS   = []byte("KUBE-S") // of KUBE-SERVICES and every service and endpoint chain
 )
-
-func isSvcChain(name []byte) bool {
-	return bytes.HasPrefix(name, prefixSVC) || bytes.HasPrefix(name, prefixSVL)
-}
-
-func isSepChain(name []byte) bool { return bytes.HasPrefix(name, prefixSEP) }
 
 // sep returns the index of endpoint chain name, adding it.
 func (nr *natReader) sep(name []byte) int32 {
@@ -119,8 +110,8 @@ func (nr *natReader) rule(r *ruleMsg) error {
 	if !bytes.HasPrefix(r.chain, prefixKubeS) {
 		return nil // KUBE-MARK-MASQ, KUBE-POSTROUTING, KUBE-NODEPORTS, KUBE-EXT-*, ...
 	}
-	svc := isSvcChain(r.chain)
-	sep := isSepChain(r.chain)
+	svc := kubeproxynames.IsIPTablesServiceChainBytes(r.chain)
+	sep := kubeproxynames.IsIPTablesEndpointChainBytes(r.chain)
 	services := bytes.Equal(r.chain, chainServices)
 	if !svc && !sep && !services {
 		return nil
@@ -154,7 +145,7 @@ func (nr *natReader) rule(r *ruleMsg) error {
 
 // sepTarget is the endpoint chain a rule jumps to, nil when it jumps to none.
 func sepTarget(f *ruleFacts) []byte {
-	if (f.verdict == ruleset.Jump || f.verdict == ruleset.Goto) && isSepChain(f.target) {
+	if (f.verdict == ruleset.Jump || f.verdict == ruleset.Goto) && kubeproxynames.IsIPTablesEndpointChainBytes(f.target) {
 		return f.target
 	}
 	return nil
@@ -163,7 +154,7 @@ func sepTarget(f *ruleFacts) []byte {
 // serviceOf reads a KUBE-SERVICES rule that dispatches a cluster IP service port:
 // `-d VIP/32 -p PROTO -m PROTO --dport PORT -j KUBE-SVC-...|KUBE-SVL-...`.
 func serviceOf(r *ruleMsg, f *ruleFacts) (ruleset.Service, bool) {
-	if f.verdict != ruleset.Jump && f.verdict != ruleset.Goto || !isSvcChain(f.target) {
+	if f.verdict != ruleset.Jump && f.verdict != ruleset.Goto || !kubeproxynames.IsIPTablesServiceChainBytes(f.target) {
 		return ruleset.Service{}, false
 	}
 	if f.otherDispatch || !f.daddr.IsValid() || !f.hasProto || !f.hasDport || f.dport == 0 {
@@ -174,9 +165,7 @@ func serviceOf(r *ruleMsg, f *ruleFacts) (ruleset.Service, bool) {
 	if !ok {
 		comment = f.comment
 	}
-	if bytes.HasSuffix(comment, serviceComment) {
-		s.Namespace, s.Name, s.PortName = parseServiceComment(string(comment))
-	}
+	s.Namespace, s.Name, s.PortName = kubeproxynames.ParseServiceCommentBytes(comment)
 	return s, true
 }
 

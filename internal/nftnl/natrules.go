@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"net/netip"
 
+	"github.com/proxyhealth/proxyhealth/internal/kubeproxynames"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
 
@@ -41,7 +42,7 @@ func newNATRuleDecoder() *natRuleDecoder {
 // which kube-proxy rewrites whole at every sync, and the service and endpoint chains, which it
 // rewrites whole when their service changed.
 func (dd *natRuleDecoder) keeps(t Table, chain []byte) bool {
-	return t.Name == "nat" && (bytes.Equal(chain, chainServices) || isSvcChain(chain) || isSepChain(chain))
+	return t.Name == "nat" && (bytes.Equal(chain, chainServices) || kubeproxynames.IsIPTablesServiceChainBytes(chain) || kubeproxynames.IsIPTablesEndpointChainBytes(chain))
 }
 
 func (dd *natRuleDecoder) decode(t Table, attrs []byte) (*natRule, error) {

@@ -1,13 +1,13 @@
 package nftnl
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
 
+	"github.com/proxyhealth/proxyhealth/internal/kubeproxynames"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
 
@@ -80,20 +80,9 @@ type kpReader struct {
 	endpoints map[string]netip.AddrPort // endpoint chain -> its DNAT destination
 }
 
-var (
-	prefixService  = []byte("service-")
-	prefixLocal    = []byte("local-")
-	prefixEndpoint = []byte("endpoint-")
-)
-
-// isNFTServiceChain tells kube-proxy's service port chains from its fixed chains.
-func isNFTServiceChain(name []byte) bool {
-	return (bytes.HasPrefix(name, prefixService) || bytes.HasPrefix(name, prefixLocal)) && bytes.IndexByte(name, '/') >= 0
-}
-
 func (kr *kpReader) rule(r *ruleMsg) error {
-	svc := isNFTServiceChain(r.chain)
-	ep := bytes.HasPrefix(r.chain, prefixEndpoint)
+	svc := kubeproxynames.IsNFTServiceChainBytes(r.chain)
+	ep := kubeproxynames.IsNFTEndpointChainBytes(r.chain)
 	if !svc && !ep {
 		return nil
 	}
@@ -121,7 +110,7 @@ func (kr *kpReader) rule(r *ruleMsg) error {
 	for _, v := range f.vmaps {
 		c.vmaps = append(c.vmaps, string(v.set))
 	}
-	if (f.verdict == ruleset.Jump || f.verdict == ruleset.Goto) && bytes.HasPrefix(f.target, prefixEndpoint) {
+	if (f.verdict == ruleset.Jump || f.verdict == ruleset.Goto) && kubeproxynames.IsNFTEndpointChainBytes(f.target) {
 		c.targets = append(c.targets, string(f.target))
 	}
 	return nil
@@ -147,7 +136,7 @@ func (kr *kpReader) resolveMaps(ctx context.Context, q querier) error {
 		}
 		for _, set := range c.vmaps {
 			err := dumpElements(ctx, q, family, kubeProxyTable, set, func(e *element) error {
-				if (e.verdict == ruleset.Jump || e.verdict == ruleset.Goto) && bytes.HasPrefix(e.target, prefixEndpoint) {
+				if (e.verdict == ruleset.Jump || e.verdict == ruleset.Goto) && kubeproxynames.IsNFTEndpointChainBytes(e.target) {
 					c.targets = append(c.targets, string(e.target))
 				}
 				return nil
@@ -185,7 +174,7 @@ func (kr *kpReader) endpointsByChain() map[string][]netip.AddrPort {
 func readServiceIPs(ctx context.Context, q querier, family uint8) ([]ruleset.Service, error) {
 	var out []ruleset.Service
 	err := dumpElements(ctx, q, family, kubeProxyTable, "service-ips", func(e *element) error {
-		if !e.hasVerdict || e.verdict != ruleset.Goto && e.verdict != ruleset.Jump || !isNFTServiceChain(e.target) {
+		if !e.hasVerdict || e.verdict != ruleset.Goto && e.verdict != ruleset.Jump || !kubeproxynames.IsNFTServiceChainBytes(e.target) {
 			return nil
 		}
 		addr, proto, port, ok := serviceKey(family, e.key)
@@ -194,7 +183,7 @@ func readServiceIPs(ctx context.Context, q querier, family uint8) ([]ruleset.Ser
 		}
 		chain := string(e.target)
 		s := ruleset.Service{ClusterIP: addr, Port: port, Protocol: proto, Chain: chain}
-		s.Namespace, s.Name, s.PortName, _ = parseNFTServiceChain(chain)
+		s.Namespace, s.Name, s.PortName, _ = kubeproxynames.ParseNFTServiceChain(chain)
 		out = append(out, s)
 		return nil
 	})

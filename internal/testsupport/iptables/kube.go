@@ -4,6 +4,8 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+
+	"github.com/proxyhealth/proxyhealth/internal/kubeproxynames"
 )
 
 // ServicePort is one service port's cluster IP entry in kube-proxy's nat KUBE-SERVICES chain:
@@ -40,7 +42,7 @@ func KubeServices(rs *Ruleset) []ServicePort {
 	for i := range c.Rules {
 		r := &c.Rules[i]
 		target := r.Target()
-		if !strings.HasPrefix(target, "KUBE-SVC-") && !strings.HasPrefix(target, "KUBE-SVL-") {
+		if !kubeproxynames.IsIPTablesServiceChain(target) {
 			continue
 		}
 		sp := ServicePort{Chain: target, Line: r.Line}
@@ -65,7 +67,7 @@ func KubeServices(rs *Ruleset) []ServicePort {
 				}
 				sp.Port = uint16(p)
 			case o.Module == "comment" && o.Name == "--comment":
-				sp.Namespace, sp.Name, sp.PortName = parseServiceComment(o.Value())
+				sp.Namespace, sp.Name, sp.PortName = kubeproxynames.ParseServiceComment(o.Value())
 			}
 		}
 		if !ok || !sp.ClusterIP.IsValid() || sp.Port == 0 || sp.Protocol == "" {
@@ -82,19 +84,4 @@ func parseAddrOrPrefix(s string) (netip.Addr, error) {
 		return p.Addr(), err
 	}
 	return netip.ParseAddr(s)
-}
-
-// parseServiceComment splits kube-proxy's "ns/name:port cluster IP" comment. Anything that is
-// not of that form yields empty strings.
-func parseServiceComment(c string) (namespace, name, port string) {
-	spn, ok := strings.CutSuffix(c, " cluster IP")
-	if !ok {
-		return "", "", ""
-	}
-	namespace, rest, ok := strings.Cut(spn, "/")
-	if !ok || namespace == "" || rest == "" {
-		return "", "", ""
-	}
-	name, port, _ = strings.Cut(rest, ":")
-	return namespace, name, port
 }
