@@ -23,6 +23,7 @@ import (
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 	"github.com/proxyhealth/proxyhealth/bench/internal/controlplane"
 	"github.com/proxyhealth/proxyhealth/bench/internal/nsproc"
+	"github.com/proxyhealth/proxyhealth/bench/internal/synthcluster"
 	"github.com/proxyhealth/proxyhealth/internal/testsupport/netnsdial"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -169,7 +170,7 @@ type ncMode struct {
 	Mode                string
 	Services, Endpoints int
 	Load                time.Duration
-	LoadStats           loadStats
+	LoadStats           synthcluster.Stats
 	ControlPlaneUp      time.Duration
 	KubeProxySynced     time.Duration // from the start of both
 	KubeProxyChains     int
@@ -375,7 +376,7 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	for _, c := range [][]string{
 		{"ip", "-n", r.cpNS, "link", "add", ncVethCP, "type", "veth", "peer", "name", ncVethNode, "netns", r.nodeNS},
 		{"ip", "-n", r.cpNS, "addr", "add", ncCPAddr + "/24", "dev", ncVethCP},
-		{"ip", "-n", r.nodeNS, "addr", "add", nodeIP + "/24", "dev", ncVethNode},
+		{"ip", "-n", r.nodeNS, "addr", "add", synthcluster.NodeIP + "/24", "dev", ncVethNode},
 		{"ip", "-n", r.cpNS, "link", "set", ncVethCP, "up"},
 		{"ip", "-n", r.nodeNS, "link", "set", ncVethNode, "up"},
 	} {
@@ -402,7 +403,7 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	t0 := time.Now()
 	cp, err := controlplane.Start(ctx, r.cpNS, bins, controlplane.Options{
 		Dir: dir, EtcdDir: etcdDir, Token: token,
-		Bind: "0.0.0.0", Advertise: ncCPAddr, ServiceCIDR: serviceCIDR,
+		Bind: "0.0.0.0", Advertise: ncCPAddr, ServiceCIDR: synthcluster.ServiceCIDR,
 		Start: func(name string, args ...string) (*nsproc.Proc, error) {
 			p, err := nsproc.Start(r.cpNS, dir, name, args...)
 			if err == nil {
@@ -415,14 +416,14 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 		return err
 	}
 	r.client = cp.Client
-	if err := createNode(ctx, r.client); err != nil {
+	if err := synthcluster.CreateNode(ctx, r.client, true); err != nil {
 		return err
 	}
 	m.ControlPlaneUp = time.Since(t0)
 
 	benchrun.Logf("creating %d Services and their EndpointSlices (%d endpoints each) with %d workers", m.Services, m.Endpoints, cfg.workers)
 	t0 = time.Now()
-	m.LoadStats, err = load(ctx, r.client, m.Services, m.Endpoints, cfg.workers)
+	m.LoadStats, err = synthcluster.Load(ctx, r.client, m.Services, m.Endpoints, 0, cfg.workers)
 	if err != nil {
 		return err
 	}
@@ -475,9 +476,9 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	}
 	kpArgs := []string{
 		"--kubeconfig", kpKubeconfig,
-		"--hostname-override", nodeName,
+		"--hostname-override", synthcluster.NodeName,
 		"--proxy-mode", kpMode,
-		"--cluster-cidr", clusterCIDR,
+		"--cluster-cidr", synthcluster.ClusterCIDR,
 		"--conntrack-max-per-core=0", // nf_conntrack_max cannot be set in a non-root namespace
 		"--conntrack-tcp-timeout-established=0",
 		"--conntrack-tcp-timeout-close-wait=0",
@@ -492,7 +493,7 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	kpLog := filepath.Join(dir, "kube-proxy.log")
 	expArgs := append([]string{
 		"--kubeconfig=" + exporterKubeconfig,
-		"--node-name=" + nodeName,
+		"--node-name=" + synthcluster.NodeName,
 		"--web.listen-address=" + exporterAddr,
 		"--kubeproxy.log-path=" + kpLog,
 	}, rep.ExporterArgs...)
@@ -779,7 +780,7 @@ func (r *ncRun) change(ctx context.Context) (svc int, newIP string, err error) {
 	patch := fmt.Sprintf(`[{"op":"replace","path":"/endpoints/%d/addresses/0","value":%q}]`, e, newIP)
 	c, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	_, err = r.client.DiscoveryV1().EndpointSlices(svcNamespace(s)).Patch(c, svcName(s)+"-bench", types.JSONPatchType, []byte(patch), metav1.PatchOptions{})
+	_, err = r.client.DiscoveryV1().EndpointSlices(synthcluster.Namespace(s)).Patch(c, synthcluster.Name(s)+"-bench", types.JSONPatchType, []byte(patch), metav1.PatchOptions{})
 	return s, newIP, err
 }
 
@@ -873,10 +874,10 @@ func (r *ncRun) latency(ctx context.Context, grace time.Duration, ph *ncPhase) (
 	}
 	changed := time.Now()
 	ph.Changes = 1
-	lat.Service = svcNamespace(s) + "/" + svcName(s)
+	lat.Service = synthcluster.Namespace(s) + "/" + synthcluster.Name(s)
 	lat.ChangedEndpoint = newIP
 	benchrun.Logf("changed an endpoint of %s to %s; waiting for proxyhealth_service_drift_endpoints (grace %s)", lat.Service, newIP, grace)
-	want := []string{`service_namespace="` + svcNamespace(s) + `"`, `service_name="` + svcName(s) + `"`}
+	want := []string{`service_namespace="` + synthcluster.Namespace(s) + `"`, `service_name="` + synthcluster.Name(s) + `"`}
 	limit := grace + r.cfg.latencyTimeout
 	for time.Since(changed) < limit {
 		if err := benchns.Sleep(ctx, ncLatencyPoll); err != nil {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/proxyhealth/proxyhealth/bench/internal/synthcluster"
 	"github.com/proxyhealth/proxyhealth/internal/testsupport/prereq"
 )
 
@@ -138,13 +139,13 @@ proxyhealth_service_drift_endpoints_other{service_name="svc2",service_namespace=
 // Fresh endpoint addresses never repeat a loaded one and stay in 10.128.0.0/9.
 func TestFreshEndpointIP(t *testing.T) {
 	r := &ncRun{m: &ncMode{Services: 10000, Endpoints: 10}}
-	if got, want := r.freshEndpointIP(0), endpointIP(9999, 9, 10); got == want.String() {
+	if got, want := r.freshEndpointIP(0), synthcluster.EndpointIP(9999, 9, 10); got == want.String() {
 		t.Errorf("the first fresh address %s is the last loaded one", got)
 	}
 	seen := map[string]bool{}
 	for s := range 10000 {
 		for e := range 10 {
-			seen[endpointIP(s, e, 10).String()] = true
+			seen[synthcluster.EndpointIP(s, e, 10).String()] = true
 		}
 	}
 	for k := range 5000 {
