@@ -5,11 +5,9 @@ package main
 import (
 	"context"
 	"fmt"
-	"iter"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -17,6 +15,7 @@ import (
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 	"github.com/proxyhealth/proxyhealth/bench/internal/controlplane"
 	"github.com/proxyhealth/proxyhealth/bench/internal/nsproc"
+	"github.com/proxyhealth/proxyhealth/bench/internal/promtext"
 	"github.com/proxyhealth/proxyhealth/bench/internal/synthcluster"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
 )
@@ -54,49 +53,6 @@ type kubeResult struct {
 	ExporterGoHeap             float64 // go_memstats_heap_inuse_bytes after full checks
 	ExporterArgs, KubeProxyArg string
 	KubeProxyIPTables          string
-}
-
-// metric returns the value of a sample in a Prometheus text exposition: the largest over its
-// label sets (kube-proxy labels its sync metrics by ip_family).
-func metric(body, name string) (float64, bool) {
-	best, found := 0.0, false
-	for v := range samples(body, name) {
-		if !found || v > best {
-			best, found = v, true
-		}
-	}
-	return best, found
-}
-
-// sumMetric is the sum of the samples of name over its label sets.
-func sumMetric(body, name string) float64 {
-	var sum float64
-	for v := range samples(body, name) {
-		sum += v
-	}
-	return sum
-}
-
-// samples yields the values of name's samples in a Prometheus text exposition.
-func samples(body, name string) iter.Seq[float64] {
-	return func(yield func(float64) bool) {
-		for line := range strings.SplitSeq(body, "\n") {
-			rest, ok := strings.CutPrefix(line, name)
-			if !ok || rest == "" || (rest[0] != ' ' && rest[0] != '{') {
-				continue
-			}
-			if rest[0] == '{' {
-				i := strings.Index(rest, "} ")
-				if i < 0 {
-					continue
-				}
-				rest = rest[i+1:]
-			}
-			if v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64); err == nil && !yield(v) {
-				return
-			}
-		}
-	}
 }
 
 // runKube starts etcd and kube-apiserver in a namespace of its own, loads the services, and
@@ -193,7 +149,7 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 		if err != nil {
 			return false, err.Error(), nil
 		}
-		v, _ := metric(body, "proxyhealth_api_view_fresh")
+		v, _ := promtext.Value(body, "proxyhealth_api_view_fresh")
 		return v == 1, fmt.Sprintf("proxyhealth_api_view_fresh %v", v), nil
 	})
 	if err != nil {
@@ -237,7 +193,7 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 		if err != nil {
 			return false, err.Error(), nil
 		}
-		last, _ := metric(body, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
+		last, _ := promtext.Value(body, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
 		if last <= 0 {
 			return false, "no sync yet", nil
 		}
@@ -247,7 +203,7 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 		}
 		n := strings.Count(out, "\n:KUBE-SVC-")
 		res.KubeProxySVCChains = n
-		if sum, ok := metric(body, "kubeproxy_sync_proxy_rules_duration_seconds_sum"); ok {
+		if sum, ok := promtext.Value(body, "kubeproxy_sync_proxy_rules_duration_seconds_sum"); ok {
 			res.KubeProxySyncSeconds = sum
 		}
 		return n >= cfg.services, fmt.Sprintf("%d KUBE-SVC chains", n), nil
@@ -270,21 +226,21 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 		if err != nil {
 			return false, err.Error(), nil
 		}
-		checked, _ := metric(body, "proxyhealth_rules_services_checked")
-		at, _ := metric(body, "proxyhealth_rules_last_check_timestamp_seconds")
+		checked, _ := promtext.Value(body, "proxyhealth_rules_services_checked")
+		at, _ := promtext.Value(body, "proxyhealth_rules_last_check_timestamp_seconds")
 		if checked < float64(cfg.services) {
 			return false, fmt.Sprintf("checked %v", checked), nil
 		}
 		if len(seen) == 0 || seen[len(seen)-1] != at {
 			seen = append(seen, at)
-			d, _ := metric(body, "proxyhealth_rules_check_duration_seconds")
+			d, _ := promtext.Value(body, "proxyhealth_rules_check_duration_seconds")
 			res.ExporterCheckSeconds = append(res.ExporterCheckSeconds, d)
 		}
 		res.ExporterChecked = checked
-		res.ExporterDrifted, _ = metric(body, "proxyhealth_rules_services_drifted")
-		res.Stale, _ = metric(body, "proxyhealth_rules_endpoints_stale")
-		res.Missing, _ = metric(body, "proxyhealth_rules_endpoints_missing")
-		res.ExporterGoHeap, _ = metric(body, "go_memstats_heap_inuse_bytes")
+		res.ExporterDrifted, _ = promtext.Value(body, "proxyhealth_rules_services_drifted")
+		res.Stale, _ = promtext.Value(body, "proxyhealth_rules_endpoints_stale")
+		res.Missing, _ = promtext.Value(body, "proxyhealth_rules_endpoints_missing")
+		res.ExporterGoHeap, _ = promtext.Value(body, "go_memstats_heap_inuse_bytes")
 		return len(seen) >= 3, fmt.Sprintf("%d full checks", len(seen)), nil
 	})
 	if err != nil {

@@ -23,6 +23,7 @@ import (
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 	"github.com/proxyhealth/proxyhealth/bench/internal/controlplane"
 	"github.com/proxyhealth/proxyhealth/bench/internal/nsproc"
+	"github.com/proxyhealth/proxyhealth/bench/internal/promtext"
 	"github.com/proxyhealth/proxyhealth/bench/internal/synthcluster"
 	"github.com/proxyhealth/proxyhealth/internal/testsupport/netnsdial"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
@@ -640,7 +641,7 @@ func (r *ncRun) startup(ctx context.Context, t0 time.Time, kpLog string, ph *ncP
 		if err != nil {
 			return false, err.Error(), nil
 		}
-		last, _ := metric(body, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
+		last, _ := promtext.Value(body, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
 		if last <= 0 {
 			return false, "no sync yet", nil
 		}
@@ -668,10 +669,10 @@ func (r *ncRun) startup(ctx context.Context, t0 time.Time, kpLog string, ph *ncP
 		if body == "" {
 			return false, failed, err
 		}
-		d, _ := metric(body, "proxyhealth_rules_services_drifted")
+		d, _ := promtext.Value(body, "proxyhealth_rules_services_drifted")
 		ph.MaxDrifted = max(ph.MaxDrifted, d)
-		checked, _ := metric(body, "proxyhealth_rules_services_checked")
-		at, _ := metric(body, "proxyhealth_rules_last_check_timestamp_seconds")
+		checked, _ := promtext.Value(body, "proxyhealth_rules_services_checked")
+		at, _ := promtext.Value(body, "proxyhealth_rules_last_check_timestamp_seconds")
 		if checked >= float64(m.Services) && at >= syncedAt {
 			return true, "", nil
 		}
@@ -693,7 +694,7 @@ func (r *ncRun) startup(ctx context.Context, t0 time.Time, kpLog string, ph *ncP
 		if body == "" {
 			return false, failed, err
 		}
-		n := sumMetric(body, "proxyhealth_netfilter_reads_total")
+		n := promtext.Sum(body, "proxyhealth_netfilter_reads_total")
 		if n != reads || still.IsZero() {
 			reads, still = n, time.Now()
 		}
@@ -737,7 +738,7 @@ func (r *ncRun) watchDrift(ctx context.Context, interval time.Duration, ph *ncPh
 			return
 		}
 		ph.Scrapes++
-		d, _ := metric(body, "proxyhealth_rules_services_drifted")
+		d, _ := promtext.Value(body, "proxyhealth_rules_services_drifted")
 		ph.MaxDrifted = max(ph.MaxDrifted, d)
 	}
 	go func() {
@@ -854,8 +855,8 @@ func (r *ncRun) latency(ctx context.Context, grace time.Duration, ph *ncPhase) (
 		if err != nil {
 			return false, err.Error(), nil
 		}
-		last, _ := metric(body, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
-		queued, _ := metric(body, "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds")
+		last, _ := promtext.Value(body, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
+		queued, _ := promtext.Value(body, "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds")
 		return queued <= last, fmt.Sprintf("last sync %v, last queued %v", last, queued), nil
 	}) == nil
 	if err := ctx.Err(); err != nil {
@@ -894,9 +895,9 @@ func (r *ncRun) latency(ctx context.Context, grace time.Duration, ph *ncPhase) (
 			continue
 		}
 		ph.Scrapes++
-		d, _ := metric(body, "proxyhealth_rules_services_drifted")
+		d, _ := promtext.Value(body, "proxyhealth_rules_services_drifted")
 		ph.MaxDrifted = max(ph.MaxDrifted, d)
-		if hasSeries(body, "proxyhealth_service_drift_endpoints", want) {
+		if promtext.HasSeries(body, "proxyhealth_service_drift_endpoints", want) {
 			lat.Seen, lat.Latency = true, time.Since(changed)
 			break
 		}
@@ -921,36 +922,14 @@ func (r *ncRun) latency(ctx context.Context, grace time.Duration, ph *ncPhase) (
 			continue
 		}
 		ph.Scrapes++
-		d, ok := metric(body, "proxyhealth_rules_services_drifted")
+		d, ok := promtext.Value(body, "proxyhealth_rules_services_drifted")
 		ph.MaxDrifted = max(ph.MaxDrifted, d)
-		if ok && d == 0 && !hasSeries(body, "proxyhealth_service_drift_endpoints", want) {
+		if ok && d == 0 && !promtext.HasSeries(body, "proxyhealth_service_drift_endpoints", want) {
 			lat.Cleared, lat.ClearedAfter = true, time.Since(healed)
 			break
 		}
 	}
 	return lat, r.checkAlive()
-}
-
-// hasSeries says whether the exposition has a sample of name whose labels include every one
-// of want (`label="value"`).
-func hasSeries(body, name string, want []string) bool {
-	for _, line := range strings.Split(body, "\n") {
-		rest, ok := strings.CutPrefix(line, name+"{")
-		if !ok {
-			continue
-		}
-		all := true
-		for _, w := range want {
-			if !strings.Contains(rest, w) {
-				all = false
-				break
-			}
-		}
-		if all {
-			return true
-		}
-	}
-	return false
 }
 
 // meter reads both cgroups at a phase's start and end.
@@ -1021,8 +1000,8 @@ func (r *ncRun) kubeProxySyncs() [2]float64 {
 	if err != nil {
 		return [2]float64{}
 	}
-	n, _ := metric(body, "kubeproxy_sync_proxy_rules_duration_seconds_count")
-	sum, _ := metric(body, "kubeproxy_sync_proxy_rules_duration_seconds_sum")
+	n, _ := promtext.Value(body, "kubeproxy_sync_proxy_rules_duration_seconds_count")
+	sum, _ := promtext.Value(body, "kubeproxy_sync_proxy_rules_duration_seconds_sum")
 	return [2]float64{n, sum}
 }
 

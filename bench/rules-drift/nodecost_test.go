@@ -120,22 +120,6 @@ func TestCgroupWrap(t *testing.T) {
 	}
 }
 
-func TestHasSeries(t *testing.T) {
-	body := `# HELP proxyhealth_service_drift_endpoints x
-proxyhealth_service_drift_endpoints{kind="missing",protocol="tcp",service_name="svc1",service_namespace="ns1",service_port="80"} 1
-proxyhealth_service_drift_endpoints_other{service_name="svc2",service_namespace="ns2"} 1
-`
-	if !hasSeries(body, "proxyhealth_service_drift_endpoints", []string{`service_namespace="ns1"`, `service_name="svc1"`}) {
-		t.Error("svc1's series not found")
-	}
-	if hasSeries(body, "proxyhealth_service_drift_endpoints", []string{`service_namespace="ns2"`, `service_name="svc2"`}) {
-		t.Error("another metric's series taken for the drift series")
-	}
-	if hasSeries(body, "proxyhealth_service_drift_endpoints", []string{`service_namespace="ns1"`, `service_name="svc12"`}) {
-		t.Error("svc12 matched svc1's series")
-	}
-}
-
 // Fresh endpoint addresses never repeat a loaded one and stay in 10.128.0.0/9.
 func TestFreshEndpointIP(t *testing.T) {
 	r := &ncRun{m: &ncMode{Services: 10000, Endpoints: 10}}
@@ -190,29 +174,5 @@ func TestNodeCostReportRenders(t *testing.T) {
 		if !strings.Contains(text, want) {
 			t.Errorf("report lacks %q:\n%s", want, text)
 		}
-	}
-}
-
-// metric takes the largest sample of a name over its label sets, sumMetric their sum; other
-// names, prefixes of them included, and unparsable values are left out.
-func TestMetricSamples(t *testing.T) {
-	body := `# HELP proxyhealth_netfilter_reads_total Reads.
-proxyhealth_netfilter_reads_total{source="iptables-legacy"} 4
-proxyhealth_netfilter_reads_total{source="nftables"} 7
-proxyhealth_netfilter_reads_total_other 100
-kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"} 1.7e+09
-kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv6"} NaN-ish
-`
-	if got := sumMetric(body, "proxyhealth_netfilter_reads_total"); got != 11 {
-		t.Errorf("sumMetric = %v, want 11", got)
-	}
-	if got, ok := metric(body, "proxyhealth_netfilter_reads_total"); !ok || got != 7 {
-		t.Errorf("metric = %v, %v; want 7, true", got, ok)
-	}
-	if got, ok := metric(body, "kubeproxy_sync_proxy_rules_last_timestamp_seconds"); !ok || got != 1.7e9 {
-		t.Errorf("metric = %v, %v; want 1.7e9, true", got, ok)
-	}
-	if _, ok := metric(body, "absent"); ok {
-		t.Error("metric found an absent name")
 	}
 }
