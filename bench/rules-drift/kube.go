@@ -14,19 +14,16 @@ import (
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 	"github.com/proxyhealth/proxyhealth/bench/internal/controlplane"
+	"github.com/proxyhealth/proxyhealth/bench/internal/kubeproxyrun"
 	"github.com/proxyhealth/proxyhealth/bench/internal/nsproc"
 	"github.com/proxyhealth/proxyhealth/bench/internal/promtext"
 	"github.com/proxyhealth/proxyhealth/bench/internal/synthcluster"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
 )
 
-// The API part's fixed addresses, on the loopback of a namespace of its own (beside
-// bench/internal/controlplane's): every port is free by construction.
-const (
-	kubeProxyMetrics = "127.0.0.1:10249"
-	kubeProxyHealthz = "127.0.0.1:10256"
-	exporterAddr     = "127.0.0.1:9869"
-)
+// exporterAddr is the exporter's address in the API part, on the loopback of a namespace of its
+// own (beside bench/internal/controlplane's and kube-proxy's): free by construction.
+const exporterAddr = "127.0.0.1:9869"
 
 // kubeResult is the API part.
 type kubeResult struct {
@@ -161,21 +158,10 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 	benchrun.Logf("exporter's API view fresh after %s: VmRSS %.1f MiB", res.ExporterFresh.Round(time.Millisecond), mib(res.ExporterInformersOnly.RSSKiB))
 
 	// kube-proxy writes the rules.
-	kpArgs := []string{
-		"--kubeconfig", kubeconfig,
-		"--hostname-override", synthcluster.NodeName,
-		"--proxy-mode", "iptables",
-		"--cluster-cidr", synthcluster.ClusterCIDR,
-		"--conntrack-max-per-core=0", // nf_conntrack_max cannot be set in a non-root namespace
-		"--conntrack-tcp-timeout-established=0",
-		"--conntrack-tcp-timeout-close-wait=0",
-		"--metrics-bind-address", kubeProxyMetrics,
-		"--healthz-bind-address", kubeProxyHealthz,
-		"--v", "1",
-	}
+	kpArgs := kubeproxyrun.Args(kubeconfig, "iptables")
 	res.KubeProxyArg = strings.Join(kpArgs[2:], " ")
 	res.KubeProxyIPTables = cfg.kubeProxyIPTables
-	shim, err := iptablesShim(dir, cfg.kubeProxyIPTables)
+	shim, err := kubeproxyrun.IPTablesShim(dir, cfg.kubeProxyIPTables)
 	if err != nil {
 		return res, err
 	}
@@ -189,7 +175,7 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 		if kp.Exited() {
 			return false, "", fmt.Errorf("kube-proxy exited:\n%s", kp.Tail())
 		}
-		body, err := nsGet(ns, "http://"+kubeProxyMetrics+"/metrics")
+		body, err := nsGet(ns, "http://"+kubeproxyrun.MetricsAddr+"/metrics")
 		if err != nil {
 			return false, err.Error(), nil
 		}
@@ -252,29 +238,6 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 	benchrun.Logf("exporter after %d checks: VmRSS %.1f MiB, VmHWM %.1f MiB; kube-proxy VmRSS %.1f MiB, VmHWM %.1f MiB",
 		len(seen), mib(res.Exporter.RSSKiB), mib(res.Exporter.HWMKiB), mib(res.KubeProxy.RSSKiB), mib(res.KubeProxy.HWMKiB))
 	return res, nil
-}
-
-// iptablesShim makes dir/iptables-<backend>, a directory of links named iptables,
-// iptables-save, iptables-restore (and ip6tables-*) to the backend's (legacy or nft) binaries.
-// kube-proxy runs the iptables binaries on its PATH: with this directory first on it, it
-// writes with that backend, as the iptables-wrapper of kube-proxy's image chooses on a node.
-func iptablesShim(dir, backend string) (string, error) {
-	shim := filepath.Join(dir, "iptables-"+backend)
-	if err := os.MkdirAll(shim, 0o755); err != nil {
-		return "", err
-	}
-	for _, fam := range []string{"iptables", "ip6tables"} {
-		for _, suffix := range []string{"", "-save", "-restore"} {
-			target, err := exec.LookPath(fam + "-" + backend + suffix)
-			if err != nil {
-				return "", err
-			}
-			if err := os.Symlink(target, filepath.Join(shim, fam+suffix)); err != nil {
-				return "", err
-			}
-		}
-	}
-	return shim, nil
 }
 
 func (k *kubeResult) render(b *strings.Builder) {

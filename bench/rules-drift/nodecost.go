@@ -22,6 +22,7 @@ import (
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 	"github.com/proxyhealth/proxyhealth/bench/internal/controlplane"
+	"github.com/proxyhealth/proxyhealth/bench/internal/kubeproxyrun"
 	"github.com/proxyhealth/proxyhealth/bench/internal/nsproc"
 	"github.com/proxyhealth/proxyhealth/bench/internal/promtext"
 	"github.com/proxyhealth/proxyhealth/bench/internal/synthcluster"
@@ -465,7 +466,7 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	switch m.Mode {
 	case "iptables-legacy", "iptables-nft":
 		backend := strings.TrimPrefix(m.Mode, "iptables-")
-		shim, err := iptablesShim(dir, backend)
+		shim, err := kubeproxyrun.IPTablesShim(dir, backend)
 		if err != nil {
 			return err
 		}
@@ -475,18 +476,7 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 		kpMode = "nftables"
 		r.countRulesArgs, r.countRulesSub = []string{"nft", "list", "table", "ip", "kube-proxy"}, "chain service-"
 	}
-	kpArgs := []string{
-		"--kubeconfig", kpKubeconfig,
-		"--hostname-override", synthcluster.NodeName,
-		"--proxy-mode", kpMode,
-		"--cluster-cidr", synthcluster.ClusterCIDR,
-		"--conntrack-max-per-core=0", // nf_conntrack_max cannot be set in a non-root namespace
-		"--conntrack-tcp-timeout-established=0",
-		"--conntrack-tcp-timeout-close-wait=0",
-		"--metrics-bind-address", kubeProxyMetrics,
-		"--healthz-bind-address", kubeProxyHealthz,
-		"--v", "1",
-	}
+	kpArgs := kubeproxyrun.Args(kpKubeconfig, kpMode)
 	m.KubeProxyArgs = "XTABLES_LOCKFILE=<the node's> " + strings.Join(kpArgs[2:], " ")
 	if kpMode == "iptables" {
 		m.KubeProxyArgs = "PATH=<links to iptables-" + strings.TrimPrefix(m.Mode, "iptables-") + "-*>:$PATH " + m.KubeProxyArgs
@@ -613,7 +603,7 @@ func (r *ncRun) scrapeExporter() (string, error) {
 }
 
 func (r *ncRun) kubeProxyMetrics() (string, error) {
-	return r.get(r.kpHTTP, "http://"+kubeProxyMetrics+"/metrics")
+	return r.get(r.kpHTTP, "http://"+kubeproxyrun.MetricsAddr+"/metrics")
 }
 
 func (r *ncRun) checkAlive() error {
