@@ -21,7 +21,9 @@ import (
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
+	"github.com/proxyhealth/proxyhealth/bench/internal/cgroupmeter"
 	"github.com/proxyhealth/proxyhealth/bench/internal/controlplane"
+	"github.com/proxyhealth/proxyhealth/bench/internal/forkwatch"
 	"github.com/proxyhealth/proxyhealth/bench/internal/kubeproxyrun"
 	"github.com/proxyhealth/proxyhealth/bench/internal/nsproc"
 	"github.com/proxyhealth/proxyhealth/bench/internal/promtext"
@@ -57,6 +59,10 @@ const (
 // exporterGODEBUG is what the exporter's image (Dockerfile) sets: no allocation sampling from
 // the process's start.
 const exporterGODEBUG = "GODEBUG=memprofilerate=0"
+
+// cgPrefix names the cgroup pairs of the two measured process trees (bench/internal/cgroupmeter):
+// ph-bench-nc-<role>-<hex>.
+const cgPrefix = "ph-bench-nc-"
 
 var ncModes = []string{"iptables-legacy", "iptables-nft", "nftables"}
 
@@ -229,7 +235,7 @@ func nodeCost(ctx context.Context, cfg ncConfig, argv []string) (*ncReport, erro
 	}
 	defer ws.Close()
 	tmp := ws.Tmp
-	if err := removeLeftoverCgroups(); err != nil {
+	if err := cgroupmeter.RemoveLeftovers(cgPrefix); err != nil {
 		return nil, err
 	}
 	bins, err := kubelab.FindBinaries(cfg.Repo)
@@ -280,12 +286,12 @@ func nodeCost(ctx context.Context, cfg ncConfig, argv []string) (*ncReport, erro
 	}
 	rep.ExporterArgs = append(rep.ExporterArgs, cfg.exporterArgs...)
 
-	fw, err := newForkWatch()
+	fw, err := forkwatch.New()
 	if err != nil {
 		rep.ForkWatch = err.Error()
 		benchrun.Logf("no process events (%v): counting children by polling the cgroups only", err)
 	} else {
-		defer fw.close()
+		defer fw.Close()
 	}
 
 	var errs []error
@@ -322,19 +328,19 @@ type ncRun struct {
 	m              *ncMode
 	nodeNS, cpNS   string
 	client         kubernetes.Interface
-	expCG, kpCG    *cgroup
+	expCG, kpCG    *cgroupmeter.Group
 	exporter, kp   *nsproc.Proc
-	fw             *forkWatch
+	fw             *forkwatch.Watcher
 	fp             *kubelab.FaultProxy
 	expHTTP        *http.Client // keeps its connection: a scrape is not a new flow each time
 	kpHTTP         *http.Client
 	nextChange     atomic.Int64
-	polled         childPoll
+	polled         cgroupmeter.ChildPoll
 	countRulesArgs []string
 	countRulesSub  string
 }
 
-func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode, bins kubelab.Binaries, exporterBin, tmp string, fw *forkWatch) (err error) {
+func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode, bins kubelab.Binaries, exporterBin, tmp string, fw *forkwatch.Watcher) (err error) {
 	dir := filepath.Join(tmp, m.Mode)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
@@ -347,7 +353,7 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 
 	r := &ncRun{cfg: cfg, m: m, fw: fw, cpNS: newNSName("nc-cp"), nodeNS: newNSName("nc-node")}
 	var procs []*nsproc.Proc
-	var cgroups []*cgroup
+	var cgroups []*cgroupmeter.Group
 	// Cleanup, whatever happened: processes (kube-proxy and the exporter first), the fault
 	// proxy, cgroups, namespaces. Each step is bounded.
 	defer func() {
@@ -358,7 +364,7 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 			r.fp.Reset()
 		}
 		for _, cg := range cgroups {
-			if cerr := cg.remove(); cerr != nil && err == nil {
+			if cerr := cg.Remove(); cerr != nil && err == nil {
 				err = cerr
 			}
 		}
@@ -447,11 +453,11 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	defer r.expHTTP.CloseIdleConnections()
 	defer r.kpHTTP.CloseIdleConnections()
 
-	if r.expCG, err = newCgroup("exporter"); err != nil {
+	if r.expCG, err = cgroupmeter.New(cgPrefix, "exporter"); err != nil {
 		return err
 	}
 	cgroups = append(cgroups, r.expCG)
-	if r.kpCG, err = newCgroup("kube-proxy"); err != nil {
+	if r.kpCG, err = cgroupmeter.New(cgPrefix, "kube-proxy"); err != nil {
 		return err
 	}
 	cgroups = append(cgroups, r.kpCG)
@@ -489,12 +495,12 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 		"--kubeproxy.log-path=" + kpLog,
 	}, rep.ExporterArgs...)
 
-	startIn := func(cg *cgroup, name string, argv ...string) (*nsproc.Proc, error) {
-		p, err := nsproc.Start("", dir, name, cg.wrap(r.nodeNS, argv...)...)
+	startIn := func(cg *cgroupmeter.Group, name string, argv ...string) (*nsproc.Proc, error) {
+		p, err := nsproc.Start("", dir, name, cg.Wrap(r.nodeNS, argv...)...)
 		if err == nil {
 			procs = append(procs, p)
 			if r.fw != nil {
-				r.fw.watch(name, p.Pid())
+				r.fw.Watch(name, p.Pid())
 			}
 		}
 		return p, err
@@ -502,7 +508,7 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 
 	// Phase 1: start-up, both at once, until kube-proxy's first full sync is in the rules and
 	// the exporter has checked every service against them.
-	stopPoll := r.polled.start(map[string]*cgroup{"proxyhealth": r.expCG, "kube-proxy": r.kpCG})
+	stopPoll := r.polled.Start(map[string]*cgroupmeter.Group{"proxyhealth": r.expCG, "kube-proxy": r.kpCG})
 	defer stopPoll()
 	meter := r.newMeter()
 	meter.begin()
@@ -511,11 +517,11 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	if r.exporter, err = startIn(r.expCG, "proxyhealth", append([]string{"env", lockEnv, exporterGODEBUG, exporterBin}, expArgs...)...); err != nil {
 		return err
 	}
-	r.polled.setRoot("proxyhealth", r.exporter.Pid())
+	r.polled.SetRoot("proxyhealth", r.exporter.Pid())
 	if r.kp, err = startIn(r.kpCG, "kube-proxy", append(append([]string{"env"}, env...), append([]string{bins.Proxy}, kpArgs...)...)...); err != nil {
 		return err
 	}
-	r.polled.setRoot("kube-proxy", r.kp.Pid())
+	r.polled.SetRoot("kube-proxy", r.kp.Pid())
 	startup := &ncPhase{Name: "start-up"}
 	if err := r.startup(ctx, tStart, kpLog, startup); err != nil {
 		meter.end(startup)
@@ -937,21 +943,21 @@ func (r *ncRun) newMeter() *meter { return &meter{r: r} }
 
 func (mt *meter) begin() {
 	r := mt.r
-	for _, cg := range []*cgroup{r.expCG, r.kpCG} {
-		if err := cg.resetMax(); err != nil && !mt.resetFailed {
+	for _, cg := range []*cgroupmeter.Group{r.expCG, r.kpCG} {
+		if err := cg.ResetMax(); err != nil && !mt.resetFailed {
 			mt.resetFailed = true
 			r.m.Notes = append(r.m.Notes, fmt.Sprintf("memory.max_usage_in_bytes could not be reset (%v): each phase's peak is the peak so far", err))
 		}
 	}
 	if r.fw != nil {
-		r.fw.take("proxyhealth")
-		r.fw.take("kube-proxy")
+		r.fw.Take("proxyhealth")
+		r.fw.Take("kube-proxy")
 	}
-	r.polled.take("proxyhealth")
-	r.polled.take("kube-proxy")
+	r.polled.Take("proxyhealth")
+	r.polled.Take("kube-proxy")
 	mt.syncs0 = r.kubeProxySyncs()
-	mt.exp0, _ = r.expCG.cpuNS()
-	mt.kp0, _ = r.kpCG.cpuNS()
+	mt.exp0, _ = r.expCG.CPUNanos()
+	mt.kp0, _ = r.kpCG.CPUNanos()
 	mt.load0 = benchns.Load1()
 	mt.t0 = time.Now()
 }
@@ -959,19 +965,19 @@ func (mt *meter) begin() {
 func (mt *meter) end(ph *ncPhase) {
 	r := mt.r
 	wall := time.Since(mt.t0)
-	exp, _ := r.expCG.cpuNS()
-	kp, _ := r.kpCG.cpuNS()
+	exp, _ := r.expCG.CPUNanos()
+	kp, _ := r.kpCG.CPUNanos()
 	ph.Wall = wall
 	ph.ExpCPU = float64(exp-mt.exp0) / float64(wall.Nanoseconds()) * 100
 	ph.KPCPU = float64(kp-mt.kp0) / float64(wall.Nanoseconds()) * 100
-	ph.ExpPeak, _ = r.expCG.maxUsage()
-	ph.KPPeak, _ = r.kpCG.maxUsage()
+	ph.ExpPeak, _ = r.expCG.MaxUsage()
+	ph.KPPeak, _ = r.kpCG.MaxUsage()
 	if r.fw != nil {
-		ph.ExpChildren, ph.ExpChildCmds = r.fw.take("proxyhealth")
-		ph.KPChildren, ph.KPChildCmds = r.fw.take("kube-proxy")
+		ph.ExpChildren, ph.ExpChildCmds = r.fw.Take("proxyhealth")
+		ph.KPChildren, ph.KPChildCmds = r.fw.Take("kube-proxy")
 	}
-	ph.ExpPolled = r.polled.take("proxyhealth")
-	kpPolled := r.polled.take("kube-proxy")
+	ph.ExpPolled = r.polled.Take("proxyhealth")
+	kpPolled := r.polled.Take("kube-proxy")
 	if r.fw == nil {
 		ph.ExpChildren, ph.KPChildren = ph.ExpPolled, kpPolled
 	}
@@ -993,65 +999,4 @@ func (r *ncRun) kubeProxySyncs() [2]float64 {
 	n, _ := promtext.Value(body, "kubeproxy_sync_proxy_rules_duration_seconds_count")
 	sum, _ := promtext.Value(body, "kubeproxy_sync_proxy_rules_duration_seconds_sum")
 	return [2]float64{n, sum}
-}
-
-// childPoll reads the measured cgroups' process lists every 100 ms and remembers the pids
-// other than each root: the children alive at some poll. It is the fallback when process
-// events are not available, and a cross-check when they are.
-type childPoll struct {
-	mu    sync.Mutex
-	roots map[string]int
-	seen  map[string]map[int]bool
-}
-
-func (c *childPoll) start(groups map[string]*cgroup) (stop func()) {
-	c.mu.Lock()
-	c.roots, c.seen = map[string]int{}, map[string]map[int]bool{}
-	for g := range groups {
-		c.seen[g] = map[int]bool{}
-	}
-	c.mu.Unlock()
-	done := make(chan struct{})
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		tick := time.NewTicker(100 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-tick.C:
-			}
-			for g, cg := range groups {
-				pids := cg.procs()
-				c.mu.Lock()
-				root, ok := c.roots[g]
-				for _, pid := range pids {
-					if ok && pid != root {
-						c.seen[g][pid] = true
-					}
-				}
-				c.mu.Unlock()
-			}
-		}
-	}()
-	var once sync.Once
-	return func() {
-		once.Do(func() { close(done); <-stopped })
-	}
-}
-
-func (c *childPoll) setRoot(group string, pid int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.roots[group] = pid
-}
-
-func (c *childPoll) take(group string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := len(c.seen[group])
-	c.seen[group] = map[int]bool{}
-	return n
 }
