@@ -88,7 +88,7 @@ func startKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp strin
 	}
 	k.ns = benchns.NewName(nsPrefix)
 	k.res.NS = k.ns
-	if err := addNS(ctx, k.ns); err != nil {
+	if err := benchns.Add(ctx, k.ns); err != nil {
 		k.removeEtcd()
 		return nil, err
 	}
@@ -280,15 +280,6 @@ func (k *kube) runView(ctx context.Context, bin, cpuProfile string) (viewResult,
 		return r, fmt.Errorf("viewrun's output %q: %w", benchrun.Truncate(out.String(), 500), err)
 	}
 	return r, nil
-}
-
-// addNS creates a namespace with its loopback up.
-func addNS(ctx context.Context, name string) error {
-	if _, err := run(ctx, "ip", "netns", "add", name); err != nil {
-		return err
-	}
-	_, err := run(ctx, "ip", "-n", name, "link", "set", "lo", "up")
-	return err
 }
 
 // run runs a command with a deadline; its combined output is in the error.

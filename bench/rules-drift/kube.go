@@ -77,7 +77,7 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 
 	res.NS = newNSName("api")
 	ns := res.NS
-	if err := addNS(ctx, ns); err != nil {
+	if err := benchns.Add(ctx, ns); err != nil {
 		return res, err
 	}
 	var procs []*nsproc.Proc

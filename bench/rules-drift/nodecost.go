@@ -375,7 +375,7 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 		}
 	}()
 	for _, ns := range []string{r.cpNS, r.nodeNS} {
-		if err := addNS(ctx, ns); err != nil {
+		if err := benchns.Add(ctx, ns); err != nil {
 			return err
 		}
 	}
