@@ -5,7 +5,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -13,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -35,7 +33,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-// The node-cost benchmark (README.md, "node-cost"): the exporter's cost as a whole process
+// The benchmark (README.md): the exporter's cost as a whole process
 // tree next to a real kube-proxy on one "node" (a network namespace), both in cgroups of their
 // own, against a control plane in another namespace joined by a veth pair:
 //
@@ -63,101 +61,6 @@ const exporterGODEBUG = "GODEBUG=memprofilerate=0"
 // cgPrefix names the cgroup pairs of the two measured process trees (bench/internal/cgroupmeter):
 // ph-bench-nc-<role>-<hex>.
 const cgPrefix = "ph-bench-nc-"
-
-var ncModes = []string{"iptables-legacy", "iptables-nft", "nftables"}
-
-// ncDefaultServices is each mode's full size: kube-proxy's iptables mode with the nft backend
-// does not finish its first sync of 10,000 x 10 in 15 minutes on a small machine.
-var ncDefaultServices = map[string]int{"iptables-legacy": 10000, "iptables-nft": 3000, "nftables": 10000}
-
-type ncConfig struct {
-	modes           []string
-	services        int // 0: the mode's default
-	endpoints       int
-	smoke           bool
-	workers         int
-	idle, churn     time.Duration
-	settle          time.Duration
-	rates           []int
-	grace           time.Duration // 0: the exporter's default
-	exporterArgs    []string
-	latencyTimeout  time.Duration
-	healTimeout     time.Duration
-	kubeProxySyncTO time.Duration
-	benchrun.Flags
-}
-
-type multiFlag []string
-
-func (m *multiFlag) String() string     { return strings.Join(*m, " ") }
-func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
-
-func runNodeCost(args []string) int {
-	fs := flag.NewFlagSet("rules-drift node-cost", flag.ContinueOnError)
-	var cfg ncConfig
-	var mode, rates string
-	var extra multiFlag
-	fs.StringVar(&mode, "mode", "all", "kube-proxy mode: iptables-legacy, iptables-nft, nftables, or all (in that order)")
-	fs.IntVar(&cfg.services, "services", 0, "ClusterIP services (one TCP port each); 0: 10000, but 3000 for iptables-nft")
-	fs.IntVar(&cfg.endpoints, "endpoints", 10, "endpoints per service")
-	fs.BoolVar(&cfg.smoke, "smoke", false, "200 services x 3 endpoints, phases of a few seconds, a 5 s grace period; fails only if the harness breaks")
-	cfg.Register(fs, "process logs")
-	fs.IntVar(&cfg.workers, "workers", 16, "parallel API clients creating Services and EndpointSlices")
-	fs.DurationVar(&cfg.idle, "idle", 60*time.Second, "idle phase")
-	fs.DurationVar(&cfg.settle, "settle", 35*time.Second, "start-up lasts until the exporter's netfilter reads have been still this long (more than its --netfilter.legacy-min-read-interval, 30 s)")
-	fs.DurationVar(&cfg.churn, "churn", 120*time.Second, "each churn phase")
-	fs.StringVar(&rates, "rates", "1,10", "churn phases: endpoint changes a second, comma-separated")
-	fs.DurationVar(&cfg.grace, "grace-period", 0, "pass --rules.grace-period to the exporter (0: its default, read from its --help)")
-	fs.Var(&extra, "exporter-arg", "one more exporter flag (repeatable), e.g. --exporter-arg=--no-collector.conntrack")
-	fs.DurationVar(&cfg.latencyTimeout, "latency-timeout", 5*time.Minute, "how long past the grace period to wait for the drift series")
-	fs.DurationVar(&cfg.healTimeout, "heal-timeout", 3*time.Minute, "how long to wait for the drift to clear once kube-proxy's connection is healed")
-	fs.DurationVar(&cfg.kubeProxySyncTO, "kube-proxy-sync-timeout", 20*time.Minute, "limit on kube-proxy's first sync")
-	cfg.LockWaitFlag(fs)
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	cfg.exporterArgs = extra
-	switch mode {
-	case "all":
-		cfg.modes = ncModes
-	case "iptables-legacy", "iptables-nft", "nftables":
-		cfg.modes = []string{mode}
-	default:
-		fmt.Fprintln(os.Stderr, "--mode must be iptables-legacy, iptables-nft, nftables or all")
-		return 2
-	}
-	for _, r := range strings.Split(rates, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(r))
-		if err != nil || n < 1 || n > 1000 {
-			fmt.Fprintln(os.Stderr, "--rates must be integers in [1, 1000]")
-			return 2
-		}
-		cfg.rates = append(cfg.rates, n)
-	}
-	if cfg.smoke {
-		cfg.services, cfg.endpoints = 200, 3
-		cfg.idle, cfg.churn, cfg.settle = 5*time.Second, 5*time.Second, 3*time.Second
-		if cfg.grace == 0 {
-			cfg.grace = 5 * time.Second
-		}
-		cfg.latencyTimeout, cfg.healTimeout = min(cfg.latencyTimeout, time.Minute), min(cfg.healTimeout, time.Minute)
-	}
-	switch {
-	case cfg.services < 0 || cfg.services > 60000:
-		fmt.Fprintln(os.Stderr, "--services must be in [0, 60000] (ClusterIPs come from one /16)")
-		return 2
-	case cfg.endpoints < 1 || max(cfg.services, 10000)*cfg.endpoints > 4_000_000:
-		fmt.Fprintln(os.Stderr, "--endpoints must be at least 1, and services x endpoints at most 4,000,000")
-		return 2
-	case cfg.idle <= 0 || cfg.churn <= 0:
-		fmt.Fprintln(os.Stderr, "--idle and --churn must be positive")
-		return 2
-	}
-	return benchrun.Main(benchrun.Program{Name: "rules-drift node-cost", WhyRoot: "network namespaces, cgroups", Stopping: "stopping and cleaning up"}, cfg.Out, func(ctx context.Context) (string, error) {
-		rep, err := nodeCost(ctx, cfg, append([]string{"go run ./bench/rules-drift node-cost"}, args...))
-		return rep.render(), err
-	})
-}
 
 // ncReport is one node-cost run.
 type ncReport struct {
