@@ -126,7 +126,7 @@ e2e:
 bench-smoke:
 	$(GO) run ./bench/conntrack-events --smoke
 	$(GO) run ./bench/rules-drift --smoke
-	$(GO) run ./bench/rules-drift node-cost --mode iptables-legacy --smoke
+	$(GO) run ./bench/node-cost --mode iptables-legacy --smoke
 
 # Run the exporter on this host: http://localhost:9869/
 run: build

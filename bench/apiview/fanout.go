@@ -22,6 +22,7 @@ import (
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 	"github.com/proxyhealth/proxyhealth/bench/internal/nsproc"
+	"github.com/proxyhealth/proxyhealth/bench/internal/synthcluster"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -166,7 +167,7 @@ func (k *kube) fanoutPhase(ctx context.Context, cfg fanoutConfig, fanrun, kind s
 		resetHWM(apiserver.Pid())
 		api0, etcd0 := cpuSeconds(apiserver.Pid()), cpuSeconds(etcd.Pid())
 		cmd := exec.CommandContext(ctx, "ip", "netns", "exec", k.ns, fanrun,
-			"--kubeconfig", k.kubeconfig, "--node-name", nodeName, "--kind", kind,
+			"--kubeconfig", k.kubeconfig, "--node-name", synthcluster.NodeName, "--kind", kind,
 			"--count", strconv.Itoa(cfg.watchers), "--ports", strconv.Itoa(k.res.Services))
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		stderr, err := os.Create(filepath.Join(k.dir, "fanrun-"+kind+".log"))
@@ -297,7 +298,7 @@ func (k *kube) churn(ctx context.Context, cfg fanoutConfig) (int64, error) {
 		inFlight.Add(1)
 		wg.Go(func() {
 			defer inFlight.Add(-1)
-			_, err := k.client.DiscoveryV1().EndpointSlices(svcNamespace(s)).Patch(context.WithoutCancel(ctx), svcName(s)+"-bench", types.JSONPatchType, []byte(patch), metav1.PatchOptions{})
+			_, err := k.client.DiscoveryV1().EndpointSlices(synthcluster.Namespace(s)).Patch(context.WithoutCancel(ctx), synthcluster.Name(s)+"-bench", types.JSONPatchType, []byte(patch), metav1.PatchOptions{})
 			if err != nil {
 				firstErr.CompareAndSwap(nil, &err)
 				return

@@ -7,14 +7,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -22,42 +19,18 @@ import (
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 	"github.com/proxyhealth/proxyhealth/bench/internal/controlplane"
 	"github.com/proxyhealth/proxyhealth/bench/internal/nsproc"
+	"github.com/proxyhealth/proxyhealth/bench/internal/synthcluster"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
-	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 )
 
 // The control plane (bench/internal/controlplane) runs on the loopback of a namespace of its
 // own: every port is free by construction, and nothing outlives the namespace.
 const (
-	nsPrefix      = "ph-bench-av-"
-	nodeName      = "bench-node"
-	nodeZone      = "zone-a"
-	nodeIP        = "172.18.0.2"
-	serviceCIDR   = "10.96.0.0/16"
-	svcNamespaces = 100
-	svcPortName   = "http"
-	svcPort       = 80
-	podPort       = 8080
+	nsPrefix = "ph-bench-av-"
 )
-
-func svcNamespace(s int) string { return "ns" + strconv.Itoa(s%svcNamespaces) }
-func svcName(s int) string      { return "svc" + strconv.Itoa(s) }
-
-// serviceVIP is service s's ClusterIP, clear of the kubernetes Service's 10.96.0.1.
-func serviceVIP(s int) netip.Addr {
-	n := 16 + s
-	return netip.AddrFrom4([4]byte{10, 96, byte(n >> 8), byte(n)})
-}
-
-// endpointIP is endpoint e of service s: 10.128.0.0/9, one address per endpoint.
-func endpointIP(s, e, endpoints int) netip.Addr {
-	n := 1 + s*endpoints + e
-	return netip.AddrFrom4([4]byte{10, byte(128 + n>>16), byte(n >> 8), byte(n)})
-}
 
 // kubeResult describes the control plane the views ran against.
 type kubeResult struct {
@@ -115,11 +88,11 @@ func startKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp strin
 	}
 	k.ns = benchns.NewName(nsPrefix)
 	k.res.NS = k.ns
-	if err := addNS(ctx, k.ns); err != nil {
+	if err := benchns.Add(ctx, k.ns); err != nil {
 		k.removeEtcd()
 		return nil, err
 	}
-	if _, err := run(ctx, "ip", "-n", k.ns, "addr", "add", nodeIP+"/32", "dev", "lo"); err != nil {
+	if _, err := run(ctx, "ip", "-n", k.ns, "addr", "add", synthcluster.NodeIP+"/32", "dev", "lo"); err != nil {
 		return k, err
 	}
 	token := controlplane.RandomToken()
@@ -130,7 +103,7 @@ func startKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp strin
 	t0 := time.Now()
 	cp, err := controlplane.Start(ctx, k.ns, bins, controlplane.Options{
 		Dir: k.dir, EtcdDir: k.etcdDir, Token: token,
-		Bind: "127.0.0.1", Advertise: nodeIP, ServiceCIDR: serviceCIDR, Start: k.start,
+		Bind: "127.0.0.1", Advertise: synthcluster.NodeIP, ServiceCIDR: synthcluster.ServiceCIDR, Start: k.start,
 	})
 	if err != nil {
 		return k, err
@@ -141,14 +114,16 @@ func startKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp strin
 		k.res.ControlPlaneUp = time.Since(t0)
 		return k, k.count(ctx, client, cfg)
 	}
-	if err := createNode(ctx, client); err != nil {
+	if err := synthcluster.CreateNode(ctx, client, false); err != nil {
 		return k, err
 	}
 	k.res.ControlPlaneUp = time.Since(t0)
 
 	benchrun.Logf("creating %d Services and their EndpointSlices (%d endpoints each, every %dth on this node) with %d workers", cfg.services, cfg.endpoints, cfg.localEvery, cfg.workers)
 	t0 = time.Now()
-	if err := load(ctx, client, cfg, k.res); err != nil {
+	st, err := synthcluster.Load(ctx, client, cfg.services, cfg.endpoints, cfg.localEvery, cfg.workers)
+	k.res.Services, k.res.Slices, k.res.Endpoints, k.res.LocalEndpoints, k.res.LoadRetries = st.Services, st.Slices, st.Endpoints, st.LocalEndpoints, st.Retries
+	if err != nil {
 		return k, err
 	}
 	k.res.Load = time.Since(t0)
@@ -177,13 +152,13 @@ func (k *kube) count(ctx context.Context, client kubernetes.Interface, cfg confi
 		}
 	}
 	for _, s := range sls.Items {
-		if s.Labels[discoveryv1.LabelManagedBy] != "ph-bench" {
+		if s.Labels[discoveryv1.LabelManagedBy] != synthcluster.ManagedBy {
 			continue
 		}
 		k.res.Slices++
 		k.res.Endpoints += len(s.Endpoints)
 		for _, e := range s.Endpoints {
-			if e.NodeName != nil && *e.NodeName == nodeName {
+			if e.NodeName != nil && *e.NodeName == synthcluster.NodeName {
 				k.res.LocalEndpoints++
 			}
 		}
@@ -282,7 +257,7 @@ func (k *kube) runView(ctx context.Context, bin, cpuProfile string) (viewResult,
 	defer cancel()
 	var r viewResult
 	args := []string{"netns", "exec", k.ns, bin,
-		"--kubeconfig", k.kubeconfig, "--node-name", nodeName,
+		"--kubeconfig", k.kubeconfig, "--node-name", synthcluster.NodeName,
 		"--ports", strconv.Itoa(k.res.Services), "--endpoints", strconv.Itoa(k.res.Endpoints)}
 	if cpuProfile != "" {
 		args = append(args, "--cpuprofile", cpuProfile)
@@ -305,157 +280,6 @@ func (k *kube) runView(ctx context.Context, bin, cpuProfile string) (viewResult,
 		return r, fmt.Errorf("viewrun's output %q: %w", benchrun.Truncate(out.String(), 500), err)
 	}
 	return r, nil
-}
-
-// createNode creates this node, in zone nodeZone, with an InternalIP in its status.
-func createNode(ctx context.Context, client kubernetes.Interface) error {
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, Labels: map[string]string{
-		"kubernetes.io/hostname":      nodeName,
-		"kubernetes.io/os":            "linux",
-		"topology.kubernetes.io/zone": nodeZone,
-	}}}
-	created, err := client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
-	if err != nil {
-		return fmt.Errorf("creating node: %w", err)
-	}
-	created.Status.Addresses = []corev1.NodeAddress{
-		{Type: corev1.NodeInternalIP, Address: nodeIP},
-		{Type: corev1.NodeHostName, Address: nodeName},
-	}
-	if _, err := client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("setting node status: %w", err)
-	}
-	return nil
-}
-
-// load creates the namespaces, then each Service and its EndpointSlice, with cfg.workers
-// parallel clients; a failed call is retried a few times.
-func load(ctx context.Context, client kubernetes.Interface, cfg config, res *kubeResult) error {
-	for i := range min(svcNamespaces, cfg.services) {
-		_, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: svcNamespace(i)}}, metav1.CreateOptions{})
-		if err != nil {
-			return fmt.Errorf("creating namespace: %w", err)
-		}
-	}
-	retry := func(what string, f func() error) error {
-		var err error
-		for attempt := range 5 {
-			if err = f(); err == nil || strings.Contains(err.Error(), "already exists") {
-				return nil
-			}
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			atomic.AddInt64(&res.LoadRetries, 1)
-			time.Sleep(time.Duration(attempt+1) * 200 * time.Millisecond)
-		}
-		return fmt.Errorf("%s: %w", what, err)
-	}
-	next := int64(-1)
-	var (
-		firstErr                error
-		mu                      sync.Mutex
-		wg                      sync.WaitGroup
-		svcs, slices, eps, locs int64
-	)
-	for range cfg.workers {
-		wg.Go(func() {
-			for {
-				s := int(atomic.AddInt64(&next, 1))
-				if s >= cfg.services || ctx.Err() != nil {
-					return
-				}
-				ns, name := svcNamespace(s), svcName(s)
-				vip := serviceVIP(s).String()
-				svc := &corev1.Service{
-					ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-					Spec: corev1.ServiceSpec{
-						Type:       corev1.ServiceTypeClusterIP,
-						ClusterIP:  vip,
-						ClusterIPs: []string{vip},
-						Ports: []corev1.ServicePort{{
-							Name: svcPortName, Protocol: corev1.ProtocolTCP, Port: svcPort, TargetPort: intstr.FromInt32(podPort),
-						}},
-					},
-				}
-				slice, local := endpointSlice(s, cfg.endpoints, cfg.localEvery)
-				err := retry("creating service "+ns+"/"+name, func() error {
-					_, err := client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
-					return err
-				})
-				if err == nil {
-					atomic.AddInt64(&svcs, 1)
-					err = retry("creating EndpointSlice "+ns+"/"+slice.Name, func() error {
-						_, err := client.DiscoveryV1().EndpointSlices(ns).Create(ctx, slice, metav1.CreateOptions{})
-						return err
-					})
-				}
-				if err != nil {
-					mu.Lock()
-					if firstErr == nil {
-						firstErr = err
-					}
-					mu.Unlock()
-					return
-				}
-				atomic.AddInt64(&slices, 1)
-				atomic.AddInt64(&eps, int64(len(slice.Endpoints)))
-				atomic.AddInt64(&locs, int64(local))
-				if n := s + 1; n%2000 == 0 {
-					benchrun.Logf("  ~%d services created", n)
-				}
-			}
-		})
-	}
-	wg.Wait()
-	res.Services, res.Slices, res.Endpoints, res.LocalEndpoints = int(svcs), int(slices), int(eps), int(locs)
-	if firstErr != nil {
-		return firstErr
-	}
-	return ctx.Err()
-}
-
-// endpointSlice is service s's slice as the EndpointSlice controller writes it: ready
-// endpoints with a target reference, a node and a zone; every localEvery-th on this node.
-func endpointSlice(s, endpoints, localEvery int) (*discoveryv1.EndpointSlice, int) {
-	ready, terminating := true, false
-	sl := &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{Namespace: svcNamespace(s), Name: svcName(s) + "-bench", Labels: map[string]string{
-			discoveryv1.LabelServiceName: svcName(s),
-			discoveryv1.LabelManagedBy:   "ph-bench",
-		}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports: []discoveryv1.EndpointPort{{
-			Name: ptrTo(svcPortName), Protocol: ptrTo(corev1.ProtocolTCP), Port: ptrTo(int32(podPort)),
-		}},
-	}
-	local := 0
-	for e := range endpoints {
-		node := "node-" + strconv.Itoa((s*endpoints+e)%500)
-		if (s*endpoints+e)%localEvery == 0 {
-			node, local = nodeName, local+1
-		}
-		pod := svcName(s) + "-" + strconv.Itoa(e)
-		sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{
-			Addresses:  []string{endpointIP(s, e, endpoints).String()},
-			Conditions: discoveryv1.EndpointConditions{Ready: &ready, Serving: &ready, Terminating: &terminating},
-			NodeName:   ptrTo(node),
-			Zone:       ptrTo(nodeZone),
-			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: svcNamespace(s), Name: pod},
-		})
-	}
-	return sl, local
-}
-
-func ptrTo[T any](v T) *T { return &v }
-
-// addNS creates a namespace with its loopback up.
-func addNS(ctx context.Context, name string) error {
-	if _, err := run(ctx, "ip", "netns", "add", name); err != nil {
-		return err
-	}
-	_, err := run(ctx, "ip", "-n", name, "link", "set", "lo", "up")
-	return err
 }
 
 // run runs a command with a deadline; its combined output is in the error.

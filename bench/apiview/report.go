@@ -4,10 +4,10 @@ package main
 
 import (
 	"fmt"
-	"slices"
 	"strings"
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
+	"github.com/proxyhealth/proxyhealth/bench/internal/spread"
 )
 
 // report is everything one run measured.
@@ -17,23 +17,6 @@ type report struct {
 	Version string
 	Builds  []*build
 	Kube    *kubeResult
-}
-
-// spread formats the median and, for more than one value, the range of vals.
-func spread(vals []float64, format string) string {
-	if len(vals) == 0 {
-		return "-"
-	}
-	s := slices.Clone(vals)
-	slices.Sort(s)
-	med := s[len(s)/2]
-	if len(s)%2 == 0 {
-		med = (s[len(s)/2-1] + s[len(s)/2]) / 2
-	}
-	if len(s) == 1 {
-		return fmt.Sprintf(format, med)
-	}
-	return fmt.Sprintf(format+" ("+format+"–"+format+")", med, s[0], s[len(s)-1])
 }
 
 func (b *build) field(f func(viewResult) float64) []float64 {
@@ -72,14 +55,14 @@ func (r *report) render() string {
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, bd := range r.Builds {
 		fmt.Fprintf(&b, "| %s (%s) | %d | %s | %s | %s | %s | %s | %s | %s | %s |\n", bd.Name, bd.Rev, len(bd.Runs),
-			spread(bd.field(func(v viewResult) float64 { return mib(v.HWMKiB) }), "%.1f"),
-			spread(bd.field(func(v viewResult) float64 { return mib(v.SyncRSSKiB) }), "%.1f"),
-			spread(bd.field(func(v viewResult) float64 { return mib(v.BaselineRSSKiB) }), "%.1f"),
-			spread(bd.field(func(v viewResult) float64 { return mibBytes(v.SyncHeapInuse) }), "%.1f"),
-			spread(bd.field(func(v viewResult) float64 { return mibBytes(v.LiveHeap) }), "%.1f"),
-			spread(bd.field(func(v viewResult) float64 { return mibBytes(v.SyncTotalAlloc) }), "%.0f"),
-			spread(bd.field(func(v viewResult) float64 { return v.SyncSeconds }), "%.2f"),
-			spread(bd.field(func(v viewResult) float64 { return float64(v.NumGC) }), "%.0f"),
+			spread.Format(bd.field(func(v viewResult) float64 { return mib(v.HWMKiB) }), "%.1f"),
+			spread.Format(bd.field(func(v viewResult) float64 { return mib(v.SyncRSSKiB) }), "%.1f"),
+			spread.Format(bd.field(func(v viewResult) float64 { return mib(v.BaselineRSSKiB) }), "%.1f"),
+			spread.Format(bd.field(func(v viewResult) float64 { return mibBytes(v.SyncHeapInuse) }), "%.1f"),
+			spread.Format(bd.field(func(v viewResult) float64 { return mibBytes(v.LiveHeap) }), "%.1f"),
+			spread.Format(bd.field(func(v viewResult) float64 { return mibBytes(v.SyncTotalAlloc) }), "%.0f"),
+			spread.Format(bd.field(func(v viewResult) float64 { return v.SyncSeconds }), "%.2f"),
+			spread.Format(bd.field(func(v viewResult) float64 { return float64(v.NumGC) }), "%.0f"),
 		)
 	}
 	b.WriteString("\nEach run's highest VmRSS sample (every 5 ms), and how the Go runtime accounted its memory at that moment (MiB): heap objects (live and not yet swept), free space in the spans in use, free spans not yet returned to the OS, stacks, runtime metadata, the memory profiler's buckets (Go's default sampling). The rest of VmRSS is the binary's pages and what the runtime does not account.\n\n")

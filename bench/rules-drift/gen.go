@@ -8,36 +8,9 @@ import (
 	"encoding/base32"
 	"fmt"
 	"net/netip"
-	"strconv"
+
+	"github.com/proxyhealth/proxyhealth/bench/internal/synthcluster"
 )
-
-// The synthetic cluster: services x endpoints ClusterIP services, all TCP port 80 named
-// "http", each backed by endpoints on port 8080. The same shape is written as iptables rules
-// (part 1) and as API objects (part 4).
-const (
-	svcNamespaces = 100
-	svcPortName   = "http"
-	svcPort       = 80
-	podPort       = 8080
-	clusterCIDR   = "10.244.0.0/16"
-	serviceCIDR   = "10.96.0.0/16"
-)
-
-func svcNamespace(s int) string { return "ns" + strconv.Itoa(s%svcNamespaces) }
-func svcName(s int) string      { return "svc" + strconv.Itoa(s) }
-
-// serviceVIP is service s's ClusterIP: 10.96.0.16 on, clear of the kubernetes Service's
-// 10.96.0.1.
-func serviceVIP(s int) netip.Addr {
-	n := 16 + s
-	return netip.AddrFrom4([4]byte{10, 96, byte(n >> 8), byte(n)})
-}
-
-// endpointIP is endpoint e of service s: 10.128.0.0/9, one address per endpoint.
-func endpointIP(s, e, endpoints int) netip.Addr {
-	n := 1 + s*endpoints + e
-	return netip.AddrFrom4([4]byte{10, byte(128 + n>>16), byte(n >> 8), byte(n)})
-}
 
 // chainHash is kube-proxy's portProtoHash (pkg/proxy/iptables/proxier.go): the first 16
 // characters of the base32 SHA-256 of the parts joined.
@@ -49,9 +22,9 @@ func chainHash(parts ...string) string {
 	return base32.StdEncoding.EncodeToString(h.Sum(nil))[:16]
 }
 
-// natRules writes the nat table the way kube-proxy v1.36's iptables mode writes it for
-// ClusterIP services (pkg/proxy/iptables/proxier.go syncProxyRules), in iptables-restore
-// format: chain declarations, then its fixed rules, a KUBE-SERVICES jump per service port, a
+// natRules writes the nat table the way kube-proxy v1.36's iptables mode writes it
+// (pkg/proxy/iptables/proxier.go syncProxyRules) for bench/internal/synthcluster's ClusterIP
+// services, the ones part 4 loads into the API, in iptables-restore format: chain declarations, then its fixed rules, a KUBE-SERVICES jump per service port, a
 // KUBE-MARK-MASQ rule for off-cluster sources in each KUBE-SVC chain, one
 // "statistic --mode random" jump per endpoint, and in each KUBE-SEP chain a hairpin
 // KUBE-MARK-MASQ and the DNAT. Every rule carries its comment; kube-proxy itself leaves the
@@ -108,15 +81,15 @@ func writeFixed(chains, rules *bytes.Buffer) {
 }
 
 func writeService(chains, rules *bytes.Buffer, s, endpoints int) {
-	name := svcNamespace(s) + "/" + svcName(s) + ":" + svcPortName
-	vip := serviceVIP(s)
+	name := synthcluster.Namespace(s) + "/" + synthcluster.Name(s) + ":" + synthcluster.PortName
+	vip := synthcluster.VIP(s)
 	svc := "KUBE-SVC-" + chainHash(name, "tcp")
 	fmt.Fprintf(chains, ":%s - [0:0]\n", svc)
-	fmt.Fprintf(rules, "-A KUBE-SERVICES -m comment --comment \"%s cluster IP\" -m tcp -p tcp -d %s --dport %d -j %s\n", name, vip, svcPort, svc)
-	fmt.Fprintf(rules, "-A %s -m comment --comment \"%s cluster IP\" -m tcp -p tcp -d %s --dport %d ! -s %s -j KUBE-MARK-MASQ\n", svc, name, vip, svcPort, clusterCIDR)
+	fmt.Fprintf(rules, "-A KUBE-SERVICES -m comment --comment \"%s cluster IP\" -m tcp -p tcp -d %s --dport %d -j %s\n", name, vip, synthcluster.Port, svc)
+	fmt.Fprintf(rules, "-A %s -m comment --comment \"%s cluster IP\" -m tcp -p tcp -d %s --dport %d ! -s %s -j KUBE-MARK-MASQ\n", svc, name, vip, synthcluster.Port, synthcluster.ClusterCIDR)
 	for e := range endpoints {
-		ip := endpointIP(s, e, endpoints)
-		ep := netip.AddrPortFrom(ip, podPort).String()
+		ip := synthcluster.EndpointIP(s, e, endpoints)
+		ep := netip.AddrPortFrom(ip, synthcluster.PodPort).String()
 		sep := "KUBE-SEP-" + chainHash(name, "tcp", ep)
 		fmt.Fprintf(chains, ":%s - [0:0]\n", sep)
 		if left := endpoints - e; left > 1 {

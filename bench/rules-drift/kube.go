@@ -5,37 +5,25 @@ package main
 import (
 	"context"
 	"fmt"
-	"iter"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 	"github.com/proxyhealth/proxyhealth/bench/internal/controlplane"
+	"github.com/proxyhealth/proxyhealth/bench/internal/kubeproxyrun"
 	"github.com/proxyhealth/proxyhealth/bench/internal/nsproc"
+	"github.com/proxyhealth/proxyhealth/bench/internal/promtext"
+	"github.com/proxyhealth/proxyhealth/bench/internal/synthcluster"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
-	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/kubernetes"
 )
 
-// The API part's fixed addresses, on the loopback of a namespace of its own (beside
-// bench/internal/controlplane's): every port is free by construction.
-const (
-	kubeProxyMetrics = "127.0.0.1:10249"
-	kubeProxyHealthz = "127.0.0.1:10256"
-	exporterAddr     = "127.0.0.1:9869"
-	nodeName         = "bench-node"
-	nodeIP           = "172.18.0.2" // on the namespace's loopback: the Node's InternalIP
-)
+// exporterAddr is the exporter's address in the API part, on the loopback of a namespace of its
+// own (beside bench/internal/controlplane's and kube-proxy's): free by construction.
+const exporterAddr = "127.0.0.1:9869"
 
 // kubeResult is the API part.
 type kubeResult struct {
@@ -64,49 +52,6 @@ type kubeResult struct {
 	KubeProxyIPTables          string
 }
 
-// metric returns the value of a sample in a Prometheus text exposition: the largest over its
-// label sets (kube-proxy labels its sync metrics by ip_family).
-func metric(body, name string) (float64, bool) {
-	best, found := 0.0, false
-	for v := range samples(body, name) {
-		if !found || v > best {
-			best, found = v, true
-		}
-	}
-	return best, found
-}
-
-// sumMetric is the sum of the samples of name over its label sets.
-func sumMetric(body, name string) float64 {
-	var sum float64
-	for v := range samples(body, name) {
-		sum += v
-	}
-	return sum
-}
-
-// samples yields the values of name's samples in a Prometheus text exposition.
-func samples(body, name string) iter.Seq[float64] {
-	return func(yield func(float64) bool) {
-		for line := range strings.SplitSeq(body, "\n") {
-			rest, ok := strings.CutPrefix(line, name)
-			if !ok || rest == "" || (rest[0] != ' ' && rest[0] != '{') {
-				continue
-			}
-			if rest[0] == '{' {
-				i := strings.Index(rest, "} ")
-				if i < 0 {
-					continue
-				}
-				rest = rest[i+1:]
-			}
-			if v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64); err == nil && !yield(v) {
-				return
-			}
-		}
-	}
-}
-
 // runKube starts etcd and kube-apiserver in a namespace of its own, loads the services, and
 // measures the exporter's and kube-proxy's resident memory against them.
 func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string) (res *kubeResult, err error) {
@@ -132,7 +77,7 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 
 	res.NS = newNSName("api")
 	ns := res.NS
-	if err := addNS(ctx, ns); err != nil {
+	if err := benchns.Add(ctx, ns); err != nil {
 		return res, err
 	}
 	var procs []*nsproc.Proc
@@ -144,7 +89,7 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 			err = derr
 		}
 	}()
-	if _, err := run(ctx, nil, "ip", "-n", ns, "addr", "add", nodeIP+"/32", "dev", "lo"); err != nil {
+	if _, err := run(ctx, nil, "ip", "-n", ns, "addr", "add", synthcluster.NodeIP+"/32", "dev", "lo"); err != nil {
 		return res, err
 	}
 	token := controlplane.RandomToken()
@@ -164,20 +109,20 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 	t0 := time.Now()
 	cp, err := controlplane.Start(ctx, ns, bins, controlplane.Options{
 		Dir: dir, EtcdDir: etcdDir, Token: token,
-		Bind: "127.0.0.1", Advertise: nodeIP, ServiceCIDR: serviceCIDR, Start: start,
+		Bind: "127.0.0.1", Advertise: synthcluster.NodeIP, ServiceCIDR: synthcluster.ServiceCIDR, Start: start,
 	})
 	if err != nil {
 		return res, err
 	}
 	etcd, apiserver, client := cp.Etcd, cp.APIServer, cp.Client
-	if err := createNode(ctx, client); err != nil {
+	if err := synthcluster.CreateNode(ctx, client, true); err != nil {
 		return res, err
 	}
 	res.ControlPlaneUp = time.Since(t0)
 
 	benchrun.Logf("creating %d Services and their EndpointSlices (%d endpoints each) with %d workers", cfg.services, cfg.endpoints, cfg.workers)
 	t0 = time.Now()
-	ls, err := load(ctx, client, cfg.services, cfg.endpoints, cfg.workers)
+	ls, err := synthcluster.Load(ctx, client, cfg.services, cfg.endpoints, 0, cfg.workers)
 	res.Services, res.Slices, res.Endpoints, res.LoadRetries = ls.Services, ls.Slices, ls.Endpoints, ls.Retries
 	if err != nil {
 		return res, err
@@ -187,9 +132,9 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 
 	// The exporter first, alone: its informers hold the whole API view, and no rules exist.
 	scrape := func() (string, error) { return nsGet(ns, "http://"+exporterAddr+"/metrics") }
-	res.ExporterArgs = fmt.Sprintf("--kubeconfig=admin.kubeconfig --node-name=%s --web.listen-address=%s", nodeName, exporterAddr)
+	res.ExporterArgs = fmt.Sprintf("--kubeconfig=admin.kubeconfig --node-name=%s --web.listen-address=%s", synthcluster.NodeName, exporterAddr)
 	t0 = time.Now()
-	exporter, err := start("proxyhealth", exporterBin, "--kubeconfig="+kubeconfig, "--node-name="+nodeName, "--web.listen-address="+exporterAddr)
+	exporter, err := start("proxyhealth", exporterBin, "--kubeconfig="+kubeconfig, "--node-name="+synthcluster.NodeName, "--web.listen-address="+exporterAddr)
 	if err != nil {
 		return res, err
 	}
@@ -201,7 +146,7 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 		if err != nil {
 			return false, err.Error(), nil
 		}
-		v, _ := metric(body, "proxyhealth_api_view_fresh")
+		v, _ := promtext.Value(body, "proxyhealth_api_view_fresh")
 		return v == 1, fmt.Sprintf("proxyhealth_api_view_fresh %v", v), nil
 	})
 	if err != nil {
@@ -213,18 +158,7 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 	benchrun.Logf("exporter's API view fresh after %s: VmRSS %.1f MiB", res.ExporterFresh.Round(time.Millisecond), mib(res.ExporterInformersOnly.RSSKiB))
 
 	// kube-proxy writes the rules.
-	kpArgs := []string{
-		"--kubeconfig", kubeconfig,
-		"--hostname-override", nodeName,
-		"--proxy-mode", "iptables",
-		"--cluster-cidr", clusterCIDR,
-		"--conntrack-max-per-core=0", // nf_conntrack_max cannot be set in a non-root namespace
-		"--conntrack-tcp-timeout-established=0",
-		"--conntrack-tcp-timeout-close-wait=0",
-		"--metrics-bind-address", kubeProxyMetrics,
-		"--healthz-bind-address", kubeProxyHealthz,
-		"--v", "1",
-	}
+	kpArgs := kubeproxyrun.Args(kubeconfig, "iptables")
 	res.KubeProxyArg = strings.Join(kpArgs[2:], " ")
 	res.KubeProxyIPTables = cfg.kubeProxyIPTables
 	shim, err := kubelab.IPTablesShim(dir, cfg.kubeProxyIPTables)
@@ -241,11 +175,11 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 		if kp.Exited() {
 			return false, "", fmt.Errorf("kube-proxy exited:\n%s", kp.Tail())
 		}
-		body, err := nsGet(ns, "http://"+kubeProxyMetrics+"/metrics")
+		body, err := nsGet(ns, "http://"+kubeproxyrun.MetricsAddr+"/metrics")
 		if err != nil {
 			return false, err.Error(), nil
 		}
-		last, _ := metric(body, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
+		last, _ := promtext.Value(body, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
 		if last <= 0 {
 			return false, "no sync yet", nil
 		}
@@ -255,7 +189,7 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 		}
 		n := strings.Count(out, "\n:KUBE-SVC-")
 		res.KubeProxySVCChains = n
-		if sum, ok := metric(body, "kubeproxy_sync_proxy_rules_duration_seconds_sum"); ok {
+		if sum, ok := promtext.Value(body, "kubeproxy_sync_proxy_rules_duration_seconds_sum"); ok {
 			res.KubeProxySyncSeconds = sum
 		}
 		return n >= cfg.services, fmt.Sprintf("%d KUBE-SVC chains", n), nil
@@ -278,21 +212,21 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 		if err != nil {
 			return false, err.Error(), nil
 		}
-		checked, _ := metric(body, "proxyhealth_rules_services_checked")
-		at, _ := metric(body, "proxyhealth_rules_last_check_timestamp_seconds")
+		checked, _ := promtext.Value(body, "proxyhealth_rules_services_checked")
+		at, _ := promtext.Value(body, "proxyhealth_rules_last_check_timestamp_seconds")
 		if checked < float64(cfg.services) {
 			return false, fmt.Sprintf("checked %v", checked), nil
 		}
 		if len(seen) == 0 || seen[len(seen)-1] != at {
 			seen = append(seen, at)
-			d, _ := metric(body, "proxyhealth_rules_check_duration_seconds")
+			d, _ := promtext.Value(body, "proxyhealth_rules_check_duration_seconds")
 			res.ExporterCheckSeconds = append(res.ExporterCheckSeconds, d)
 		}
 		res.ExporterChecked = checked
-		res.ExporterDrifted, _ = metric(body, "proxyhealth_rules_services_drifted")
-		res.Stale, _ = metric(body, "proxyhealth_rules_endpoints_stale")
-		res.Missing, _ = metric(body, "proxyhealth_rules_endpoints_missing")
-		res.ExporterGoHeap, _ = metric(body, "go_memstats_heap_inuse_bytes")
+		res.ExporterDrifted, _ = promtext.Value(body, "proxyhealth_rules_services_drifted")
+		res.Stale, _ = promtext.Value(body, "proxyhealth_rules_endpoints_stale")
+		res.Missing, _ = promtext.Value(body, "proxyhealth_rules_endpoints_missing")
+		res.ExporterGoHeap, _ = promtext.Value(body, "go_memstats_heap_inuse_bytes")
 		return len(seen) >= 3, fmt.Sprintf("%d full checks", len(seen)), nil
 	})
 	if err != nil {
@@ -305,154 +239,6 @@ func runKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp string)
 		len(seen), mib(res.Exporter.RSSKiB), mib(res.Exporter.HWMKiB), mib(res.KubeProxy.RSSKiB), mib(res.KubeProxy.HWMKiB))
 	return res, nil
 }
-
-// createNode creates the node with an InternalIP in its status: kube-proxy waits for one.
-func createNode(ctx context.Context, client kubernetes.Interface) error {
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, Labels: map[string]string{
-		"kubernetes.io/hostname":      nodeName,
-		"kubernetes.io/os":            "linux",
-		"topology.kubernetes.io/zone": "zone-a",
-	}}}
-	created, err := client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
-	if err != nil {
-		return fmt.Errorf("creating node: %w", err)
-	}
-	created.Status.Addresses = []corev1.NodeAddress{
-		{Type: corev1.NodeInternalIP, Address: nodeIP},
-		{Type: corev1.NodeHostName, Address: nodeName},
-	}
-	created.Status.Conditions = []corev1.NodeCondition{{
-		Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "Bench",
-		LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now(),
-	}}
-	if _, err := client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("setting node status: %w", err)
-	}
-	return nil
-}
-
-// loadStats counts what load created.
-type loadStats struct {
-	Services, Slices, Endpoints int
-	Retries                     int64 // failed calls tried again
-}
-
-// load creates the namespaces, then each of services Services and its EndpointSlice of
-// endpoints ready endpoints, with workers parallel clients; a failed call is retried a few
-// times.
-func load(ctx context.Context, client kubernetes.Interface, services, endpoints, workers int) (st loadStats, err error) {
-	for i := range min(svcNamespaces, services) {
-		_, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: svcNamespace(i)}}, metav1.CreateOptions{})
-		if err != nil {
-			return st, fmt.Errorf("creating namespace: %w", err)
-		}
-	}
-	retry := func(what string, f func() error) error {
-		var err error
-		for attempt := range 5 {
-			if err = f(); err == nil {
-				return nil
-			}
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			atomic.AddInt64(&st.Retries, 1)
-			time.Sleep(time.Duration(attempt+1) * 200 * time.Millisecond)
-		}
-		return fmt.Errorf("%s: %w", what, err)
-	}
-	next := int64(-1)
-	var firstErr error
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	var svcs, slices, eps int64
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				s := int(atomic.AddInt64(&next, 1))
-				if s >= services || ctx.Err() != nil {
-					return
-				}
-				ns, name := svcNamespace(s), svcName(s)
-				vip := serviceVIP(s).String()
-				svc := &corev1.Service{
-					ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-					Spec: corev1.ServiceSpec{
-						Type:       corev1.ServiceTypeClusterIP,
-						ClusterIP:  vip,
-						ClusterIPs: []string{vip},
-						Ports: []corev1.ServicePort{{
-							Name: svcPortName, Protocol: corev1.ProtocolTCP, Port: svcPort, TargetPort: intstr.FromInt32(podPort),
-						}},
-					},
-				}
-				slice := endpointSlice(s, endpoints)
-				err := retry("creating service "+ns+"/"+name, func() error {
-					_, err := client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
-					if err != nil && strings.Contains(err.Error(), "already exists") {
-						return nil
-					}
-					return err
-				})
-				if err == nil {
-					atomic.AddInt64(&svcs, 1)
-					err = retry("creating EndpointSlice "+ns+"/"+slice.Name, func() error {
-						_, err := client.DiscoveryV1().EndpointSlices(ns).Create(ctx, slice, metav1.CreateOptions{})
-						if err != nil && strings.Contains(err.Error(), "already exists") {
-							return nil
-						}
-						return err
-					})
-				}
-				if err != nil {
-					mu.Lock()
-					if firstErr == nil {
-						firstErr = err
-					}
-					mu.Unlock()
-					return
-				}
-				atomic.AddInt64(&slices, 1)
-				atomic.AddInt64(&eps, int64(len(slice.Endpoints)))
-				if n := s + 1; n%2000 == 0 {
-					benchrun.Logf("  ~%d services created", n)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	st.Services, st.Slices, st.Endpoints = int(svcs), int(slices), int(eps)
-	if firstErr != nil {
-		return st, firstErr
-	}
-	return st, ctx.Err()
-}
-
-func endpointSlice(s, endpoints int) *discoveryv1.EndpointSlice {
-	ready, terminating := true, false
-	sl := &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{Namespace: svcNamespace(s), Name: svcName(s) + "-bench", Labels: map[string]string{
-			discoveryv1.LabelServiceName: svcName(s),
-			discoveryv1.LabelManagedBy:   "ph-bench",
-		}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports: []discoveryv1.EndpointPort{{
-			Name: ptrTo(svcPortName), Protocol: ptrTo(corev1.ProtocolTCP), Port: ptrTo(int32(podPort)),
-		}},
-	}
-	for e := range endpoints {
-		sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{
-			Addresses:  []string{endpointIP(s, e, endpoints).String()},
-			Conditions: discoveryv1.EndpointConditions{Ready: &ready, Serving: &ready, Terminating: &terminating},
-			Zone:       ptrTo("zone-a"),
-		})
-	}
-	return sl
-}
-
-func ptrTo[T any](v T) *T { return &v }
 
 func (k *kubeResult) render(b *strings.Builder) {
 	if k.Load == 0 {

@@ -6,10 +6,8 @@
 // own), what the exporter's parse and compare cost on top (the rules package's own
 // benchmarks, and internal/testsupport/iptables.Parse on the very output just saved), and, against a real
 // etcd and kube-apiserver holding the same number of Services and EndpointSlices, the
-// exporter's memory next to kube-proxy v1.36's. Its node-cost subcommand (nodecost.go)
-// measures the whole exporter's CPU, memory and child processes next to a real kube-proxy in
-// each proxy mode, and how soon it reports kube-proxy's rules drifting from the API. It must run
-// as root. See README.md.
+// exporter's memory next to kube-proxy v1.36's. It must run as root. See README.md; the whole
+// exporter's cost next to kube-proxy is bench/node-cost's.
 package main
 
 import (
@@ -43,9 +41,6 @@ func main() {
 			os.Exit(1)
 		}
 		return
-	}
-	if len(os.Args) > 1 && os.Args[1] == "node-cost" {
-		os.Exit(runNodeCost(os.Args[2:]))
 	}
 	os.Exit(runMain(os.Args[1:]))
 }

@@ -113,15 +113,6 @@ func runMeasure(args []string) error {
 		time.Duration(ru.Utime.Nano()).Nanoseconds(), time.Duration(ru.Stime.Nano()).Nanoseconds(), ru.Maxrss)), 0o600)
 }
 
-// addNS creates a namespace with its loopback up.
-func addNS(ctx context.Context, name string) error {
-	if _, err := run(ctx, nil, "ip", "netns", "add", name); err != nil {
-		return err
-	}
-	_, err := run(ctx, nil, "ip", "-n", name, "link", "set", "lo", "up")
-	return err
-}
-
 // nsGet fetches url from inside namespace ns.
 func nsGet(ns, url string) (string, error) {
 	c := netnsdial.HTTPClient(ns, 10*time.Second)

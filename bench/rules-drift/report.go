@@ -4,39 +4,11 @@ package main
 
 import (
 	"fmt"
-	"slices"
 	"strings"
 	"time"
+
+	"github.com/proxyhealth/proxyhealth/bench/internal/spread"
 )
-
-// spread formats the median and, for more than one value, the range of vals.
-func spread(vals []float64, format string) string {
-	if len(vals) == 0 {
-		return "-"
-	}
-	s := slices.Clone(vals)
-	slices.Sort(s)
-	med := s[len(s)/2]
-	if len(s)%2 == 0 {
-		med = (s[len(s)/2-1] + s[len(s)/2]) / 2
-	}
-	if len(s) == 1 {
-		return fmt.Sprintf(format, med)
-	}
-	return fmt.Sprintf(format+" ("+format+"–"+format+")", med, s[0], s[len(s)-1])
-}
-
-func median(vals []float64) float64 {
-	if len(vals) == 0 {
-		return 0
-	}
-	s := slices.Clone(vals)
-	slices.Sort(s)
-	if len(s)%2 == 0 {
-		return (s[len(s)/2-1] + s[len(s)/2]) / 2
-	}
-	return s[len(s)/2]
-}
 
 func secs(d time.Duration) float64 { return d.Seconds() }
 func mib(kib int64) float64        { return float64(kib) / 1024 }
@@ -87,9 +59,9 @@ func (r *report) render() string {
 		}
 		fmt.Fprintf(&b, "| %s | %.2f (%.2f), %d | %s | %s | %s | %s | %d | %.1f | %d (%d / %d) | %s | %s | %s |\n",
 			s.Backend.Name, secs(s.Restore.Wall), secs(s.Restore.User+s.Restore.Sys), s.RestoreFiles,
-			spread(wall, "%.3f"), spread(cpu, "%.3f"), spread(sys, "%.3f"), spread(rss, "%.1f"),
+			spread.Format(wall, "%.3f"), spread.Format(cpu, "%.3f"), spread.Format(sys, "%.3f"), spread.Format(rss, "%.1f"),
 			s.Lines, float64(s.Bytes)/1e6, s.Chains, s.SVCChains, s.SEPChain,
-			spread(pw, "%.3f"), spread(pb, "%.0f"), spread(pa, "%.0f"))
+			spread.Format(pw, "%.3f"), spread.Format(pb, "%.0f"), spread.Format(pa, "%.0f"))
 	}
 	b.WriteString("\n")
 
@@ -101,21 +73,21 @@ func (r *report) render() string {
 			continue
 		}
 		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s |\n", name, len(gs),
-			spread(field(gs, func(g goBench) float64 { return g.NsPerOp / 1e6 }), "%.3f"),
-			spread(field(gs, func(g goBench) float64 { return g.BytesPerOp / 1e6 }), "%.1f"),
-			spread(field(gs, func(g goBench) float64 { return g.AllocsPerOp }), "%.0f"))
+			spread.Format(field(gs, func(g goBench) float64 { return g.NsPerOp / 1e6 }), "%.3f"),
+			spread.Format(field(gs, func(g goBench) float64 { return g.BytesPerOp / 1e6 }), "%.1f"),
+			spread.Format(field(gs, func(g goBench) float64 { return g.AllocsPerOp }), "%.0f"))
 	}
 	b.WriteString("\n")
 
-	pc := median(field(r.goBench("ParseAndCompare"), func(g goBench) float64 { return g.NsPerOp / 1e9 }))
-	co := median(field(r.goBench("CompareOnly"), func(g goBench) float64 { return g.NsPerOp / 1e9 }))
+	pc := spread.Median(field(r.goBench("ParseAndCompare"), func(g goBench) float64 { return g.NsPerOp / 1e9 }))
+	co := spread.Median(field(r.goBench("CompareOnly"), func(g goBench) float64 { return g.NsPerOp / 1e9 }))
 	b.WriteString("Against the targets (medians):\n\n")
 	for _, s := range r.Saves {
 		var wall []float64
 		for _, t := range s.Saves {
 			wall = append(wall, secs(t.Wall))
 		}
-		sw := median(wall)
+		sw := spread.Median(wall)
 		if sw <= 0 {
 			continue
 		}

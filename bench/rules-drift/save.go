@@ -55,7 +55,7 @@ type parseRun struct {
 func measureSave(ctx context.Context, b backend, chunks [][]byte, reps int) (res saveResult, err error) {
 	res.Backend = b
 	res.NS = newNSName(b.Name)
-	if err := addNS(ctx, res.NS); err != nil {
+	if err := benchns.Add(ctx, res.NS); err != nil {
 		return res, err
 	}
 	defer func() {

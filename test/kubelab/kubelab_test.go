@@ -2,9 +2,12 @@ package kubelab
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/prereq"
 )
 
 func TestFindBinaries(t *testing.T) {
@@ -65,5 +68,25 @@ func TestKubeconfigYAML(t *testing.T) {
 		if !strings.Contains(y, want) {
 			t.Errorf("kubeconfig lacks %q:\n%s", want, y)
 		}
+	}
+}
+
+// The shim's iptables, iptables-save, ... are links to the backend's binaries.
+func TestIPTablesShim(t *testing.T) {
+	want, err := exec.LookPath("iptables-legacy-save")
+	if err != nil {
+		prereq.Skip(t, "no iptables-legacy-save")
+	}
+	shim, err := IPTablesShim(t.TempDir(), "legacy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"iptables", "iptables-save", "iptables-restore", "ip6tables", "ip6tables-save", "ip6tables-restore"} {
+		if _, err := os.Lstat(filepath.Join(shim, name)); err != nil {
+			t.Errorf("shim lacks %s: %v", name, err)
+		}
+	}
+	if got, err := os.Readlink(filepath.Join(shim, "iptables-save")); err != nil || got != want {
+		t.Errorf("iptables-save links to %q (%v), want %q", got, err, want)
 	}
 }

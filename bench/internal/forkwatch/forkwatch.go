@@ -1,6 +1,8 @@
 //go:build linux
 
-package main
+// Package forkwatch counts the processes that process trees create, and the programs they run,
+// from the kernel's process events.
+package forkwatch
 
 import (
 	"bytes"
@@ -16,12 +18,12 @@ import (
 	"time"
 )
 
-// forkWatch counts the processes that the measured process trees create, from the kernel's
+// Watcher counts the processes that the measured process trees create, from the kernel's
 // process events (the proc connector: a netlink multicast of every fork, exec and exit on the
 // machine; it needs root, and this program's initial network namespace). Polling a cgroup's
 // process list misses children shorter than the poll period; the events miss none, unless the
-// socket overflows (counted in lost). A group is a root process and its descendants.
-type forkWatch struct {
+// socket overflows (counted by Lost). A group is a root process and its descendants.
+type Watcher struct {
 	fd   int
 	stop chan struct{}
 	done chan struct{}
@@ -47,7 +49,8 @@ const (
 	procEventHeaderLen = 16 // what, cpu, timestamp_ns
 )
 
-func newForkWatch() (*forkWatch, error) {
+// New subscribes to the process events; Close ends it.
+func New() (*Watcher, error) {
 	fd, err := syscall.Socket(syscall.AF_NETLINK, syscall.SOCK_DGRAM|syscall.SOCK_CLOEXEC, syscall.NETLINK_CONNECTOR)
 	if err != nil {
 		return nil, fmt.Errorf("proc connector socket: %w", err)
@@ -60,7 +63,7 @@ func newForkWatch() (*forkWatch, error) {
 		syscall.Close(fd)
 		return nil, fmt.Errorf("proc connector bind: %w", err)
 	}
-	w := &forkWatch{
+	w := &Watcher{
 		fd: fd, stop: make(chan struct{}), done: make(chan struct{}),
 		roots: map[int]string{}, tgids: map[int]string{}, forks: map[string]int{}, cmds: map[string]map[string]int{},
 	}
@@ -72,7 +75,7 @@ func newForkWatch() (*forkWatch, error) {
 	return w, nil
 }
 
-func (w *forkWatch) subscribe(op uint32) error {
+func (w *Watcher) subscribe(op uint32) error {
 	msg := make([]byte, syscall.NLMSG_HDRLEN+cnMsgHeaderLen+4)
 	ne := binary.NativeEndian
 	ne.PutUint32(msg[0:], uint32(len(msg)))
@@ -86,8 +89,8 @@ func (w *forkWatch) subscribe(op uint32) error {
 	return syscall.Sendto(w.fd, msg, 0, &syscall.SockaddrNetlink{Family: syscall.AF_NETLINK})
 }
 
-// close stops the watch (bounded: the receive loop wakes at least every 200 ms).
-func (w *forkWatch) close() {
+// Close stops the watch (bounded: the receive loop wakes at least every 200 ms).
+func (w *Watcher) Close() {
 	if w == nil {
 		return
 	}
@@ -100,17 +103,17 @@ func (w *forkWatch) close() {
 	syscall.Close(w.fd)
 }
 
-// watch makes pid the root of group: its descendants from now on are counted.
-func (w *forkWatch) watch(group string, pid int) {
+// Watch makes pid the root of group: its descendants from now on are counted.
+func (w *Watcher) Watch(group string, pid int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.roots[pid] = group
 	w.tgids[pid] = group
 }
 
-// take returns the processes group created since the last take and the programs they ran
+// Take returns the processes group created since the last take and the programs they ran
 // ("iptables-save 3, nft 3"), and starts counting again.
-func (w *forkWatch) take(group string) (int, string) {
+func (w *Watcher) Take(group string) (int, string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	n, cmds := w.forks[group], w.cmds[group]
@@ -133,13 +136,14 @@ func (w *forkWatch) take(group string) (int, string) {
 	return n, strings.Join(parts, ", ")
 }
 
-func (w *forkWatch) lostEvents() int {
+// Lost is how many times the socket overflowed since the start (events lost each time).
+func (w *Watcher) Lost() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.lost
 }
 
-func (w *forkWatch) loop() {
+func (w *Watcher) loop() {
 	defer close(w.done)
 	buf := make([]byte, 64<<10)
 	for {
@@ -171,7 +175,7 @@ func (w *forkWatch) loop() {
 	}
 }
 
-func (w *forkWatch) event(d []byte) {
+func (w *Watcher) event(d []byte) {
 	ne := binary.NativeEndian
 	if len(d) < cnMsgHeaderLen+procEventHeaderLen+8 || ne.Uint32(d[0:]) != cnIdxProc || ne.Uint32(d[4:]) != cnValProc {
 		return

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
+	"github.com/proxyhealth/proxyhealth/bench/internal/synthcluster"
 )
 
 func (r *ncReport) render() string {
@@ -169,7 +170,7 @@ func (r *ncReport) render() string {
 	fmt.Fprintf(&b, "Both run in one network namespace (the node), the control plane (etcd, kube-apiserver) in another joined by a veth pair; kube-proxy reaches the apiserver through the benchmark's fault proxy, the exporter directly. The exporter is scraped over one kept-alive connection every %s while idle and every %s under churn (its scrape cost is in its figures); an endpoint change is a JSON patch replacing one address of one EndpointSlice, rotating over the Services. ",
 		ncIdleScrape, ncChurnScrape)
 	b.WriteString("The machine's cores are shared with other work (the load average column): CPU figures are noisy, so compare the exporter with kube-proxy within one run and phase rather than across runs. Under churn kube-proxy batches every change that arrived during a sync into the next one, so when the machine is busy its syncs are fewer and longer (the syncs column, from its own sync duration histogram) and its CPU share lower than on a quiet machine: a busy machine flatters kube-proxy, not the exporter.\n\n")
-	fmt.Fprintf(&b, "Exporter: %s, run as `XTABLES_LOCKFILE=<the node's> "+exporterGODEBUG+" proxyhealth %s` (defaults otherwise, and GODEBUG as the image sets; the node's own xtables lock file, shared with its kube-proxy only, since /run/xtables.lock is one for the whole machine).  \n", r.ExporterBuild, strings.Join(append([]string{"--kubeconfig=… --node-name=" + nodeName, "--web.listen-address=" + exporterAddr, "--kubeproxy.log-path=<kube-proxy's log>"}, r.ExporterArgs...), " "))
+	fmt.Fprintf(&b, "Exporter: %s, run as `XTABLES_LOCKFILE=<the node's> "+exporterGODEBUG+" proxyhealth %s` (defaults otherwise, and GODEBUG as the image sets; the node's own xtables lock file, shared with its kube-proxy only, since /run/xtables.lock is one for the whole machine).  \n", r.ExporterBuild, strings.Join(append([]string{"--kubeconfig=… --node-name=" + synthcluster.NodeName, "--web.listen-address=" + exporterAddr, "--kubeproxy.log-path=<kube-proxy's log>"}, r.ExporterArgs...), " "))
 	for _, m := range r.Modes {
 		if m.KubeProxyArgs != "" {
 			fmt.Fprintf(&b, "kube-proxy (%s): `%s`.  \n", m.Mode, m.KubeProxyArgs)

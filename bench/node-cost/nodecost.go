@@ -5,7 +5,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -13,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,8 +19,13 @@ import (
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
+	"github.com/proxyhealth/proxyhealth/bench/internal/cgroupmeter"
 	"github.com/proxyhealth/proxyhealth/bench/internal/controlplane"
+	"github.com/proxyhealth/proxyhealth/bench/internal/forkwatch"
+	"github.com/proxyhealth/proxyhealth/bench/internal/kubeproxyrun"
 	"github.com/proxyhealth/proxyhealth/bench/internal/nsproc"
+	"github.com/proxyhealth/proxyhealth/bench/internal/promtext"
+	"github.com/proxyhealth/proxyhealth/bench/internal/synthcluster"
 	"github.com/proxyhealth/proxyhealth/internal/testsupport/netnsdial"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -30,7 +33,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-// The node-cost benchmark (README.md, "node-cost"): the exporter's cost as a whole process
+// The benchmark (README.md): the exporter's cost as a whole process
 // tree next to a real kube-proxy on one "node" (a network namespace), both in cgroups of their
 // own, against a control plane in another namespace joined by a veth pair:
 //
@@ -55,100 +58,9 @@ const (
 // the process's start.
 const exporterGODEBUG = "GODEBUG=memprofilerate=0"
 
-var ncModes = []string{"iptables-legacy", "iptables-nft", "nftables"}
-
-// ncDefaultServices is each mode's full size: kube-proxy's iptables mode with the nft backend
-// does not finish its first sync of 10,000 x 10 in 15 minutes on a small machine.
-var ncDefaultServices = map[string]int{"iptables-legacy": 10000, "iptables-nft": 3000, "nftables": 10000}
-
-type ncConfig struct {
-	modes           []string
-	services        int // 0: the mode's default
-	endpoints       int
-	smoke           bool
-	workers         int
-	idle, churn     time.Duration
-	settle          time.Duration
-	rates           []int
-	grace           time.Duration // 0: the exporter's default
-	exporterArgs    []string
-	latencyTimeout  time.Duration
-	healTimeout     time.Duration
-	kubeProxySyncTO time.Duration
-	benchrun.Flags
-}
-
-type multiFlag []string
-
-func (m *multiFlag) String() string     { return strings.Join(*m, " ") }
-func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
-
-func runNodeCost(args []string) int {
-	fs := flag.NewFlagSet("rules-drift node-cost", flag.ContinueOnError)
-	var cfg ncConfig
-	var mode, rates string
-	var extra multiFlag
-	fs.StringVar(&mode, "mode", "all", "kube-proxy mode: iptables-legacy, iptables-nft, nftables, or all (in that order)")
-	fs.IntVar(&cfg.services, "services", 0, "ClusterIP services (one TCP port each); 0: 10000, but 3000 for iptables-nft")
-	fs.IntVar(&cfg.endpoints, "endpoints", 10, "endpoints per service")
-	fs.BoolVar(&cfg.smoke, "smoke", false, "200 services x 3 endpoints, phases of a few seconds, a 5 s grace period; fails only if the harness breaks")
-	cfg.Register(fs, "process logs")
-	fs.IntVar(&cfg.workers, "workers", 16, "parallel API clients creating Services and EndpointSlices")
-	fs.DurationVar(&cfg.idle, "idle", 60*time.Second, "idle phase")
-	fs.DurationVar(&cfg.settle, "settle", 35*time.Second, "start-up lasts until the exporter's netfilter reads have been still this long (more than its --netfilter.legacy-min-read-interval, 30 s)")
-	fs.DurationVar(&cfg.churn, "churn", 120*time.Second, "each churn phase")
-	fs.StringVar(&rates, "rates", "1,10", "churn phases: endpoint changes a second, comma-separated")
-	fs.DurationVar(&cfg.grace, "grace-period", 0, "pass --rules.grace-period to the exporter (0: its default, read from its --help)")
-	fs.Var(&extra, "exporter-arg", "one more exporter flag (repeatable), e.g. --exporter-arg=--no-collector.conntrack")
-	fs.DurationVar(&cfg.latencyTimeout, "latency-timeout", 5*time.Minute, "how long past the grace period to wait for the drift series")
-	fs.DurationVar(&cfg.healTimeout, "heal-timeout", 3*time.Minute, "how long to wait for the drift to clear once kube-proxy's connection is healed")
-	fs.DurationVar(&cfg.kubeProxySyncTO, "kube-proxy-sync-timeout", 20*time.Minute, "limit on kube-proxy's first sync")
-	cfg.LockWaitFlag(fs)
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	cfg.exporterArgs = extra
-	switch mode {
-	case "all":
-		cfg.modes = ncModes
-	case "iptables-legacy", "iptables-nft", "nftables":
-		cfg.modes = []string{mode}
-	default:
-		fmt.Fprintln(os.Stderr, "--mode must be iptables-legacy, iptables-nft, nftables or all")
-		return 2
-	}
-	for _, r := range strings.Split(rates, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(r))
-		if err != nil || n < 1 || n > 1000 {
-			fmt.Fprintln(os.Stderr, "--rates must be integers in [1, 1000]")
-			return 2
-		}
-		cfg.rates = append(cfg.rates, n)
-	}
-	if cfg.smoke {
-		cfg.services, cfg.endpoints = 200, 3
-		cfg.idle, cfg.churn, cfg.settle = 5*time.Second, 5*time.Second, 3*time.Second
-		if cfg.grace == 0 {
-			cfg.grace = 5 * time.Second
-		}
-		cfg.latencyTimeout, cfg.healTimeout = min(cfg.latencyTimeout, time.Minute), min(cfg.healTimeout, time.Minute)
-	}
-	switch {
-	case cfg.services < 0 || cfg.services > 60000:
-		fmt.Fprintln(os.Stderr, "--services must be in [0, 60000] (ClusterIPs come from one /16)")
-		return 2
-	case cfg.endpoints < 1 || max(cfg.services, 10000)*cfg.endpoints > 4_000_000:
-		fmt.Fprintln(os.Stderr, "--endpoints must be at least 1, and services x endpoints at most 4,000,000")
-		return 2
-	case cfg.idle <= 0 || cfg.churn <= 0:
-		fmt.Fprintln(os.Stderr, "--idle and --churn must be positive")
-		return 2
-	}
-	return benchrun.Main(benchrun.Program{Name: "rules-drift node-cost", WhyRoot: "network namespaces, cgroups", Stopping: "stopping and cleaning up"}, cfg.Out, func(ctx context.Context) (string, error) {
-		rep, err := nodeCost(ctx, cfg, append([]string{"go run ./bench/rules-drift node-cost"}, args...))
-		return rep.render(), err
-	})
-}
+// cgPrefix names the cgroup pairs of the two measured process trees (bench/internal/cgroupmeter):
+// ph-bench-nc-<role>-<hex>.
+const cgPrefix = "ph-bench-nc-"
 
 // ncReport is one node-cost run.
 type ncReport struct {
@@ -169,7 +81,7 @@ type ncMode struct {
 	Mode                string
 	Services, Endpoints int
 	Load                time.Duration
-	LoadStats           loadStats
+	LoadStats           synthcluster.Stats
 	ControlPlaneUp      time.Duration
 	KubeProxySynced     time.Duration // from the start of both
 	KubeProxyChains     int
@@ -226,7 +138,7 @@ func nodeCost(ctx context.Context, cfg ncConfig, argv []string) (*ncReport, erro
 	}
 	defer ws.Close()
 	tmp := ws.Tmp
-	if err := removeLeftoverCgroups(); err != nil {
+	if err := cgroupmeter.RemoveLeftovers(cgPrefix); err != nil {
 		return nil, err
 	}
 	bins, err := kubelab.FindBinaries(cfg.Repo)
@@ -277,12 +189,12 @@ func nodeCost(ctx context.Context, cfg ncConfig, argv []string) (*ncReport, erro
 	}
 	rep.ExporterArgs = append(rep.ExporterArgs, cfg.exporterArgs...)
 
-	fw, err := newForkWatch()
+	fw, err := forkwatch.New()
 	if err != nil {
 		rep.ForkWatch = err.Error()
 		benchrun.Logf("no process events (%v): counting children by polling the cgroups only", err)
 	} else {
-		defer fw.close()
+		defer fw.Close()
 	}
 
 	var errs []error
@@ -319,19 +231,19 @@ type ncRun struct {
 	m              *ncMode
 	nodeNS, cpNS   string
 	client         kubernetes.Interface
-	expCG, kpCG    *cgroup
+	expCG, kpCG    *cgroupmeter.Group
 	exporter, kp   *nsproc.Proc
-	fw             *forkWatch
+	fw             *forkwatch.Watcher
 	fp             *kubelab.FaultProxy
 	expHTTP        *http.Client // keeps its connection: a scrape is not a new flow each time
 	kpHTTP         *http.Client
 	nextChange     atomic.Int64
-	polled         childPoll
+	polled         cgroupmeter.ChildPoll
 	countRulesArgs []string
 	countRulesSub  string
 }
 
-func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode, bins kubelab.Binaries, exporterBin, tmp string, fw *forkWatch) (err error) {
+func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode, bins kubelab.Binaries, exporterBin, tmp string, fw *forkwatch.Watcher) (err error) {
 	dir := filepath.Join(tmp, m.Mode)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
@@ -344,7 +256,7 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 
 	r := &ncRun{cfg: cfg, m: m, fw: fw, cpNS: newNSName("nc-cp"), nodeNS: newNSName("nc-node")}
 	var procs []*nsproc.Proc
-	var cgroups []*cgroup
+	var cgroups []*cgroupmeter.Group
 	// Cleanup, whatever happened: processes (kube-proxy and the exporter first), the fault
 	// proxy, cgroups, namespaces. Each step is bounded.
 	defer func() {
@@ -355,7 +267,7 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 			r.fp.Reset()
 		}
 		for _, cg := range cgroups {
-			if cerr := cg.remove(); cerr != nil && err == nil {
+			if cerr := cg.Remove(); cerr != nil && err == nil {
 				err = cerr
 			}
 		}
@@ -366,7 +278,7 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 		}
 	}()
 	for _, ns := range []string{r.cpNS, r.nodeNS} {
-		if err := addNS(ctx, ns); err != nil {
+		if err := benchns.Add(ctx, ns); err != nil {
 			return err
 		}
 	}
@@ -375,7 +287,7 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	for _, c := range [][]string{
 		{"ip", "-n", r.cpNS, "link", "add", ncVethCP, "type", "veth", "peer", "name", ncVethNode, "netns", r.nodeNS},
 		{"ip", "-n", r.cpNS, "addr", "add", ncCPAddr + "/24", "dev", ncVethCP},
-		{"ip", "-n", r.nodeNS, "addr", "add", nodeIP + "/24", "dev", ncVethNode},
+		{"ip", "-n", r.nodeNS, "addr", "add", synthcluster.NodeIP + "/24", "dev", ncVethNode},
 		{"ip", "-n", r.cpNS, "link", "set", ncVethCP, "up"},
 		{"ip", "-n", r.nodeNS, "link", "set", ncVethNode, "up"},
 	} {
@@ -402,7 +314,7 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	t0 := time.Now()
 	cp, err := controlplane.Start(ctx, r.cpNS, bins, controlplane.Options{
 		Dir: dir, EtcdDir: etcdDir, Token: token,
-		Bind: "0.0.0.0", Advertise: ncCPAddr, ServiceCIDR: serviceCIDR,
+		Bind: "0.0.0.0", Advertise: ncCPAddr, ServiceCIDR: synthcluster.ServiceCIDR,
 		Start: func(name string, args ...string) (*nsproc.Proc, error) {
 			p, err := nsproc.Start(r.cpNS, dir, name, args...)
 			if err == nil {
@@ -415,14 +327,14 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 		return err
 	}
 	r.client = cp.Client
-	if err := createNode(ctx, r.client); err != nil {
+	if err := synthcluster.CreateNode(ctx, r.client, true); err != nil {
 		return err
 	}
 	m.ControlPlaneUp = time.Since(t0)
 
 	benchrun.Logf("creating %d Services and their EndpointSlices (%d endpoints each) with %d workers", m.Services, m.Endpoints, cfg.workers)
 	t0 = time.Now()
-	m.LoadStats, err = load(ctx, r.client, m.Services, m.Endpoints, cfg.workers)
+	m.LoadStats, err = synthcluster.Load(ctx, r.client, m.Services, m.Endpoints, 0, cfg.workers)
 	if err != nil {
 		return err
 	}
@@ -444,11 +356,11 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	defer r.expHTTP.CloseIdleConnections()
 	defer r.kpHTTP.CloseIdleConnections()
 
-	if r.expCG, err = newCgroup("exporter"); err != nil {
+	if r.expCG, err = cgroupmeter.New(cgPrefix, "exporter"); err != nil {
 		return err
 	}
 	cgroups = append(cgroups, r.expCG)
-	if r.kpCG, err = newCgroup("kube-proxy"); err != nil {
+	if r.kpCG, err = cgroupmeter.New(cgPrefix, "kube-proxy"); err != nil {
 		return err
 	}
 	cgroups = append(cgroups, r.kpCG)
@@ -473,18 +385,7 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 		kpMode = "nftables"
 		r.countRulesArgs, r.countRulesSub = []string{"nft", "list", "table", "ip", "kube-proxy"}, "chain service-"
 	}
-	kpArgs := []string{
-		"--kubeconfig", kpKubeconfig,
-		"--hostname-override", nodeName,
-		"--proxy-mode", kpMode,
-		"--cluster-cidr", clusterCIDR,
-		"--conntrack-max-per-core=0", // nf_conntrack_max cannot be set in a non-root namespace
-		"--conntrack-tcp-timeout-established=0",
-		"--conntrack-tcp-timeout-close-wait=0",
-		"--metrics-bind-address", kubeProxyMetrics,
-		"--healthz-bind-address", kubeProxyHealthz,
-		"--v", "1",
-	}
+	kpArgs := kubeproxyrun.Args(kpKubeconfig, kpMode)
 	m.KubeProxyArgs = "XTABLES_LOCKFILE=<the node's> " + strings.Join(kpArgs[2:], " ")
 	if kpMode == "iptables" {
 		m.KubeProxyArgs = "PATH=<links to iptables-" + strings.TrimPrefix(m.Mode, "iptables-") + "-*>:$PATH " + m.KubeProxyArgs
@@ -492,17 +393,17 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	kpLog := filepath.Join(dir, "kube-proxy.log")
 	expArgs := append([]string{
 		"--kubeconfig=" + exporterKubeconfig,
-		"--node-name=" + nodeName,
+		"--node-name=" + synthcluster.NodeName,
 		"--web.listen-address=" + exporterAddr,
 		"--kubeproxy.log-path=" + kpLog,
 	}, rep.ExporterArgs...)
 
-	startIn := func(cg *cgroup, name string, argv ...string) (*nsproc.Proc, error) {
-		p, err := nsproc.Start("", dir, name, cg.wrap(r.nodeNS, argv...)...)
+	startIn := func(cg *cgroupmeter.Group, name string, argv ...string) (*nsproc.Proc, error) {
+		p, err := nsproc.Start("", dir, name, cg.Wrap(r.nodeNS, argv...)...)
 		if err == nil {
 			procs = append(procs, p)
 			if r.fw != nil {
-				r.fw.watch(name, p.Pid())
+				r.fw.Watch(name, p.Pid())
 			}
 		}
 		return p, err
@@ -510,7 +411,7 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 
 	// Phase 1: start-up, both at once, until kube-proxy's first full sync is in the rules and
 	// the exporter has checked every service against them.
-	stopPoll := r.polled.start(map[string]*cgroup{"proxyhealth": r.expCG, "kube-proxy": r.kpCG})
+	stopPoll := r.polled.Start(map[string]*cgroupmeter.Group{"proxyhealth": r.expCG, "kube-proxy": r.kpCG})
 	defer stopPoll()
 	meter := r.newMeter()
 	meter.begin()
@@ -519,11 +420,11 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 	if r.exporter, err = startIn(r.expCG, "proxyhealth", append([]string{"env", lockEnv, exporterGODEBUG, exporterBin}, expArgs...)...); err != nil {
 		return err
 	}
-	r.polled.setRoot("proxyhealth", r.exporter.Pid())
+	r.polled.SetRoot("proxyhealth", r.exporter.Pid())
 	if r.kp, err = startIn(r.kpCG, "kube-proxy", append(append([]string{"env"}, env...), append([]string{bins.Proxy}, kpArgs...)...)...); err != nil {
 		return err
 	}
-	r.polled.setRoot("kube-proxy", r.kp.Pid())
+	r.polled.SetRoot("kube-proxy", r.kp.Pid())
 	startup := &ncPhase{Name: "start-up"}
 	if err := r.startup(ctx, tStart, kpLog, startup); err != nil {
 		meter.end(startup)
@@ -611,7 +512,7 @@ func (r *ncRun) scrapeExporter() (string, error) {
 }
 
 func (r *ncRun) kubeProxyMetrics() (string, error) {
-	return r.get(r.kpHTTP, "http://"+kubeProxyMetrics+"/metrics")
+	return r.get(r.kpHTTP, "http://"+kubeproxyrun.MetricsAddr+"/metrics")
 }
 
 func (r *ncRun) checkAlive() error {
@@ -639,7 +540,7 @@ func (r *ncRun) startup(ctx context.Context, t0 time.Time, kpLog string, ph *ncP
 		if err != nil {
 			return false, err.Error(), nil
 		}
-		last, _ := metric(body, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
+		last, _ := promtext.Value(body, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
 		if last <= 0 {
 			return false, "no sync yet", nil
 		}
@@ -667,10 +568,10 @@ func (r *ncRun) startup(ctx context.Context, t0 time.Time, kpLog string, ph *ncP
 		if body == "" {
 			return false, failed, err
 		}
-		d, _ := metric(body, "proxyhealth_rules_services_drifted")
+		d, _ := promtext.Value(body, "proxyhealth_rules_services_drifted")
 		ph.MaxDrifted = max(ph.MaxDrifted, d)
-		checked, _ := metric(body, "proxyhealth_rules_services_checked")
-		at, _ := metric(body, "proxyhealth_rules_last_check_timestamp_seconds")
+		checked, _ := promtext.Value(body, "proxyhealth_rules_services_checked")
+		at, _ := promtext.Value(body, "proxyhealth_rules_last_check_timestamp_seconds")
 		if checked >= float64(m.Services) && at >= syncedAt {
 			return true, "", nil
 		}
@@ -692,7 +593,7 @@ func (r *ncRun) startup(ctx context.Context, t0 time.Time, kpLog string, ph *ncP
 		if body == "" {
 			return false, failed, err
 		}
-		n := sumMetric(body, "proxyhealth_netfilter_reads_total")
+		n := promtext.Sum(body, "proxyhealth_netfilter_reads_total")
 		if n != reads || still.IsZero() {
 			reads, still = n, time.Now()
 		}
@@ -736,7 +637,7 @@ func (r *ncRun) watchDrift(ctx context.Context, interval time.Duration, ph *ncPh
 			return
 		}
 		ph.Scrapes++
-		d, _ := metric(body, "proxyhealth_rules_services_drifted")
+		d, _ := promtext.Value(body, "proxyhealth_rules_services_drifted")
 		ph.MaxDrifted = max(ph.MaxDrifted, d)
 	}
 	go func() {
@@ -779,7 +680,7 @@ func (r *ncRun) change(ctx context.Context) (svc int, newIP string, err error) {
 	patch := fmt.Sprintf(`[{"op":"replace","path":"/endpoints/%d/addresses/0","value":%q}]`, e, newIP)
 	c, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	_, err = r.client.DiscoveryV1().EndpointSlices(svcNamespace(s)).Patch(c, svcName(s)+"-bench", types.JSONPatchType, []byte(patch), metav1.PatchOptions{})
+	_, err = r.client.DiscoveryV1().EndpointSlices(synthcluster.Namespace(s)).Patch(c, synthcluster.Name(s)+"-bench", types.JSONPatchType, []byte(patch), metav1.PatchOptions{})
 	return s, newIP, err
 }
 
@@ -853,8 +754,8 @@ func (r *ncRun) latency(ctx context.Context, grace time.Duration, ph *ncPhase) (
 		if err != nil {
 			return false, err.Error(), nil
 		}
-		last, _ := metric(body, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
-		queued, _ := metric(body, "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds")
+		last, _ := promtext.Value(body, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
+		queued, _ := promtext.Value(body, "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds")
 		return queued <= last, fmt.Sprintf("last sync %v, last queued %v", last, queued), nil
 	}) == nil
 	if err := ctx.Err(); err != nil {
@@ -873,10 +774,10 @@ func (r *ncRun) latency(ctx context.Context, grace time.Duration, ph *ncPhase) (
 	}
 	changed := time.Now()
 	ph.Changes = 1
-	lat.Service = svcNamespace(s) + "/" + svcName(s)
+	lat.Service = synthcluster.Namespace(s) + "/" + synthcluster.Name(s)
 	lat.ChangedEndpoint = newIP
 	benchrun.Logf("changed an endpoint of %s to %s; waiting for proxyhealth_service_drift_endpoints (grace %s)", lat.Service, newIP, grace)
-	want := []string{`service_namespace="` + svcNamespace(s) + `"`, `service_name="` + svcName(s) + `"`}
+	want := []string{`service_namespace="` + synthcluster.Namespace(s) + `"`, `service_name="` + synthcluster.Name(s) + `"`}
 	limit := grace + r.cfg.latencyTimeout
 	for time.Since(changed) < limit {
 		if err := benchns.Sleep(ctx, ncLatencyPoll); err != nil {
@@ -893,9 +794,9 @@ func (r *ncRun) latency(ctx context.Context, grace time.Duration, ph *ncPhase) (
 			continue
 		}
 		ph.Scrapes++
-		d, _ := metric(body, "proxyhealth_rules_services_drifted")
+		d, _ := promtext.Value(body, "proxyhealth_rules_services_drifted")
 		ph.MaxDrifted = max(ph.MaxDrifted, d)
-		if hasSeries(body, "proxyhealth_service_drift_endpoints", want) {
+		if promtext.HasSeries(body, "proxyhealth_service_drift_endpoints", want) {
 			lat.Seen, lat.Latency = true, time.Since(changed)
 			break
 		}
@@ -920,36 +821,14 @@ func (r *ncRun) latency(ctx context.Context, grace time.Duration, ph *ncPhase) (
 			continue
 		}
 		ph.Scrapes++
-		d, ok := metric(body, "proxyhealth_rules_services_drifted")
+		d, ok := promtext.Value(body, "proxyhealth_rules_services_drifted")
 		ph.MaxDrifted = max(ph.MaxDrifted, d)
-		if ok && d == 0 && !hasSeries(body, "proxyhealth_service_drift_endpoints", want) {
+		if ok && d == 0 && !promtext.HasSeries(body, "proxyhealth_service_drift_endpoints", want) {
 			lat.Cleared, lat.ClearedAfter = true, time.Since(healed)
 			break
 		}
 	}
 	return lat, r.checkAlive()
-}
-
-// hasSeries says whether the exposition has a sample of name whose labels include every one
-// of want (`label="value"`).
-func hasSeries(body, name string, want []string) bool {
-	for _, line := range strings.Split(body, "\n") {
-		rest, ok := strings.CutPrefix(line, name+"{")
-		if !ok {
-			continue
-		}
-		all := true
-		for _, w := range want {
-			if !strings.Contains(rest, w) {
-				all = false
-				break
-			}
-		}
-		if all {
-			return true
-		}
-	}
-	return false
 }
 
 // meter reads both cgroups at a phase's start and end.
@@ -967,21 +846,21 @@ func (r *ncRun) newMeter() *meter { return &meter{r: r} }
 
 func (mt *meter) begin() {
 	r := mt.r
-	for _, cg := range []*cgroup{r.expCG, r.kpCG} {
-		if err := cg.resetMax(); err != nil && !mt.resetFailed {
+	for _, cg := range []*cgroupmeter.Group{r.expCG, r.kpCG} {
+		if err := cg.ResetMax(); err != nil && !mt.resetFailed {
 			mt.resetFailed = true
 			r.m.Notes = append(r.m.Notes, fmt.Sprintf("memory.max_usage_in_bytes could not be reset (%v): each phase's peak is the peak so far", err))
 		}
 	}
 	if r.fw != nil {
-		r.fw.take("proxyhealth")
-		r.fw.take("kube-proxy")
+		r.fw.Take("proxyhealth")
+		r.fw.Take("kube-proxy")
 	}
-	r.polled.take("proxyhealth")
-	r.polled.take("kube-proxy")
+	r.polled.Take("proxyhealth")
+	r.polled.Take("kube-proxy")
 	mt.syncs0 = r.kubeProxySyncs()
-	mt.exp0, _ = r.expCG.cpuNS()
-	mt.kp0, _ = r.kpCG.cpuNS()
+	mt.exp0, _ = r.expCG.CPUNanos()
+	mt.kp0, _ = r.kpCG.CPUNanos()
 	mt.load0 = benchns.Load1()
 	mt.t0 = time.Now()
 }
@@ -989,19 +868,19 @@ func (mt *meter) begin() {
 func (mt *meter) end(ph *ncPhase) {
 	r := mt.r
 	wall := time.Since(mt.t0)
-	exp, _ := r.expCG.cpuNS()
-	kp, _ := r.kpCG.cpuNS()
+	exp, _ := r.expCG.CPUNanos()
+	kp, _ := r.kpCG.CPUNanos()
 	ph.Wall = wall
 	ph.ExpCPU = float64(exp-mt.exp0) / float64(wall.Nanoseconds()) * 100
 	ph.KPCPU = float64(kp-mt.kp0) / float64(wall.Nanoseconds()) * 100
-	ph.ExpPeak, _ = r.expCG.maxUsage()
-	ph.KPPeak, _ = r.kpCG.maxUsage()
+	ph.ExpPeak, _ = r.expCG.MaxUsage()
+	ph.KPPeak, _ = r.kpCG.MaxUsage()
 	if r.fw != nil {
-		ph.ExpChildren, ph.ExpChildCmds = r.fw.take("proxyhealth")
-		ph.KPChildren, ph.KPChildCmds = r.fw.take("kube-proxy")
+		ph.ExpChildren, ph.ExpChildCmds = r.fw.Take("proxyhealth")
+		ph.KPChildren, ph.KPChildCmds = r.fw.Take("kube-proxy")
 	}
-	ph.ExpPolled = r.polled.take("proxyhealth")
-	kpPolled := r.polled.take("kube-proxy")
+	ph.ExpPolled = r.polled.Take("proxyhealth")
+	kpPolled := r.polled.Take("kube-proxy")
 	if r.fw == nil {
 		ph.ExpChildren, ph.KPChildren = ph.ExpPolled, kpPolled
 	}
@@ -1020,68 +899,7 @@ func (r *ncRun) kubeProxySyncs() [2]float64 {
 	if err != nil {
 		return [2]float64{}
 	}
-	n, _ := metric(body, "kubeproxy_sync_proxy_rules_duration_seconds_count")
-	sum, _ := metric(body, "kubeproxy_sync_proxy_rules_duration_seconds_sum")
+	n, _ := promtext.Value(body, "kubeproxy_sync_proxy_rules_duration_seconds_count")
+	sum, _ := promtext.Value(body, "kubeproxy_sync_proxy_rules_duration_seconds_sum")
 	return [2]float64{n, sum}
-}
-
-// childPoll reads the measured cgroups' process lists every 100 ms and remembers the pids
-// other than each root: the children alive at some poll. It is the fallback when process
-// events are not available, and a cross-check when they are.
-type childPoll struct {
-	mu    sync.Mutex
-	roots map[string]int
-	seen  map[string]map[int]bool
-}
-
-func (c *childPoll) start(groups map[string]*cgroup) (stop func()) {
-	c.mu.Lock()
-	c.roots, c.seen = map[string]int{}, map[string]map[int]bool{}
-	for g := range groups {
-		c.seen[g] = map[int]bool{}
-	}
-	c.mu.Unlock()
-	done := make(chan struct{})
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		tick := time.NewTicker(100 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-tick.C:
-			}
-			for g, cg := range groups {
-				pids := cg.procs()
-				c.mu.Lock()
-				root, ok := c.roots[g]
-				for _, pid := range pids {
-					if ok && pid != root {
-						c.seen[g][pid] = true
-					}
-				}
-				c.mu.Unlock()
-			}
-		}
-	}()
-	var once sync.Once
-	return func() {
-		once.Do(func() { close(done); <-stopped })
-	}
-}
-
-func (c *childPoll) setRoot(group string, pid int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.roots[group] = pid
-}
-
-func (c *childPoll) take(group string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := len(c.seen[group])
-	c.seen[group] = map[int]bool{}
-	return n
 }
