@@ -50,15 +50,11 @@ func (r *recorder) save(t *testing.T, path string) {
 
 func loadReplay(t testing.TB, path string) *replayer {
 	t.Helper()
-	b, err := os.ReadFile(path)
+	r, err := NewReplay(readFile(t, path))
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%s: %v", path, err)
 	}
-	var rec recording
-	if err := json.Unmarshal(b, &rec); err != nil {
-		t.Fatal(err)
-	}
-	return &replayer{rec: rec}
+	return &r.r
 }
 
 // kernelQuerier returns a socket querier that records into rec when -update is set.
