@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -21,6 +20,7 @@ import (
 	"time"
 
 	ticonntrack "github.com/ti-mo/conntrack"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -28,6 +28,8 @@ import (
 	"github.com/proxyhealth/proxyhealth/collectors/conntrack"
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
 	"github.com/proxyhealth/proxyhealth/internal/hostrules"
+	"github.com/proxyhealth/proxyhealth/internal/iptlegacy"
+	"github.com/proxyhealth/proxyhealth/internal/nftnl"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 	"github.com/proxyhealth/proxyhealth/internal/testsupport/fixture"
 )
@@ -36,10 +38,13 @@ import (
 // are read where they already are, beside the tests of the collector they belong to.
 const (
 	procFixture        = "../collectors/node/testdata/proc-full"
-	nodeRulesDir       = "../collectors/node/testdata/"
 	rulesCaptureDir    = "../collectors/rules/testdata/kube-proxy-v1.36.3/"
 	nftRulesCaptureDir = "../collectors/rules/testdata/kube-proxy-v1.36.3-nftables/"
-	kubeProxyDataDir   = "../collectors/kubeproxy/testdata/"
+	// The kernel's answers to the exporter's netfilter readers, recorded by their kernel tests
+	// with the captures loaded: nftnl's netlink replies, iptlegacy's tables.
+	nftReplays       = "../internal/nftnl/testdata/"
+	legacyRecordings = "../internal/iptlegacy/testdata/"
+	kubeProxyDataDir = "../collectors/kubeproxy/testdata/"
 )
 
 // fixedClock is every collector's clock: it stands still until the test moves it.
@@ -97,27 +102,18 @@ type goldenRules struct{ st *hostrules.State }
 func (g goldenRules) State() *hostrules.State    { return g.st }
 func (g goldenRules) Subscribe() <-chan struct{} { return make(chan struct{}) }
 
-// nodeRules is the node's netfilter state, read at at: kube-proxy's real v1.36.3 nat table in
-// iptables mode with the iptables-nft backend (fixture.IPTablesProxyTable; collectors/rules'
-// TestFixtureTableIsTheReaders holds that to the drift check's own reader of the capture), and
-// the forward path: kube-proxy's filter table in iptables-nft (its KUBE-FORWARD drop, with
+// nodeRules is the node's netfilter state, read at at, with kube-proxy in iptables mode with
+// the iptables-nft backend, decoded from the kernel's recorded answers by the readers the
+// exporter runs (internal/nftnl, internal/iptlegacy): kube-proxy's real v1.36.3 nat table
+// (the recording of rulesCaptureDir's iptables-save-nat.txt loaded by iptables-nft), and the
+// forward path: kube-proxy's filter table in iptables-nft (its KUBE-FORWARD drop, with
 // nfacct), an empty legacy filter table, and no native nftables forward chain.
-func nodeRules(t *testing.T, captureDir string, at time.Time) goldenRules {
+func nodeRules(t *testing.T, at time.Time) goldenRules {
 	t.Helper()
-	read := func(file string) io.Reader { return readFixture(t, file) }
-	table, err := fixture.IPTablesProxyTable(read(captureDir + "iptables-save-nat.txt"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	legacy, err := fixture.IPTablesForwardGraph(read(nodeRulesDir+"iptables-legacy-save-empty.txt"), "iptables-legacy filter")
-	if err != nil {
-		t.Fatal(err)
-	}
-	viaNFT, err := fixture.IPTablesForwardGraph(read(nodeRulesDir+"iptables-nft-save-kube-proxy.txt"), "iptables-nft filter")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if legacy.InvalidDropPath() != nil || viaNFT.InvalidDropPath() == nil {
+	table := replayProxyTable(t, nftReplays+"kube-proxy-v1.36.3-nat.replay.json", "nat")
+	viaNFT, native := replayForward(t, nftReplays+"graph-iptables-iptables-nft-save-kube-proxy.replay.json")
+	legacy := recordedLegacyFilter(t, legacyRecordings+"node-legacy-empty.filter.blob")
+	if legacy.InvalidDropPath() != nil || viaNFT.InvalidDropPath() == nil || len(native) != 0 {
 		t.Fatal("INVALID drop paths: want only kube-proxy's, in iptables-nft")
 	}
 	return goldenRules{&hostrules.State{At: at, Seq: 1, Mode: hostrules.ModeIPTables, Backend: hostrules.BackendIPTablesNFT,
@@ -129,37 +125,89 @@ func nodeRules(t *testing.T, captureDir string, at time.Time) goldenRules {
 		}}}
 }
 
-// nftNodeRules is the node's netfilter state, read at at, with kube-proxy in nftables mode:
-// its real v1.36.3 table (fixture.NFTablesProxyTable), and a forward path without an INVALID
-// drop: an empty legacy filter table, no iptables-nft table, and no native forward chain that
-// drops INVALID packets (kube-proxy's nftables mode adds none; its own forward chain is left
-// out).
-func nftNodeRules(t *testing.T, captureDir string, at time.Time) goldenRules {
+// nftNodeRules is the node's netfilter state, read at at, with kube-proxy in nftables mode,
+// decoded as nodeRules' is: its real v1.36.3 table (the recording of nftRulesCaptureDir's table
+// loaded by nft), and a forward path without an INVALID drop: an empty legacy filter table, no
+// iptables-nft table, and kube-proxy's own forward chain (filter-forward), which drops no
+// INVALID packets (kube-proxy's nftables mode adds no such drop).
+func nftNodeRules(t *testing.T, at time.Time) goldenRules {
 	t.Helper()
-	table, err := fixture.NFTablesProxyTable(readFixture(t, captureDir+"nft-list-table-ip-kube-proxy.json"))
-	if err != nil {
-		t.Fatal(err)
+	table := replayProxyTable(t, nftReplays+"kube-proxy-v1.36.3-nftables.replay.json", "kube-proxy")
+	viaNFT, native := replayForward(t, nftReplays+"graph-nft-kube-proxy-v1.36.3.replay.json")
+	empty := recordedLegacyFilter(t, legacyRecordings+"node-legacy-empty.filter.blob")
+	if viaNFT != nil || len(native) != 1 || native[0].Name != "ip kube-proxy" {
+		t.Fatalf("forward path: iptables-nft %v, native %v; want only kube-proxy's table", viaNFT, native)
 	}
-	empty, err := fixture.IPTablesForwardGraph(readFixture(t, nodeRulesDir+"iptables-legacy-save-empty.txt"), "iptables-legacy filter")
-	if err != nil {
-		t.Fatal(err)
+	if empty.InvalidDropPath() != nil || native[0].InvalidDropPath() != nil {
+		t.Fatal("INVALID drop paths: want none")
 	}
 	return goldenRules{&hostrules.State{At: at, Seq: 1, Mode: hostrules.ModeNFTables, Backend: hostrules.BackendNFTables,
 		Proxy: map[bool]*ruleset.ProxyTable{false: table},
 		Forward: []hostrules.Forward{
 			{Backend: hostrules.BackendLegacy, Graphs: []*ruleset.Graph{empty}},
 			{Backend: hostrules.BackendIPTablesNFT},
-			{Backend: hostrules.BackendNFTables},
+			{Backend: hostrules.BackendNFTables, Graphs: native},
 		}}}
 }
 
-func readFixture(t *testing.T, file string) io.Reader {
+// replayProxyTable is kube-proxy's IPv4 table name (iptables-nft's "nat", or "kube-proxy" of
+// nftables mode) as nftnl's Follower reads it whole, from a recording of the kernel's replies.
+func replayProxyTable(t *testing.T, recording, name string) *ruleset.ProxyTable {
+	t.Helper()
+	r, err := nftnl.NewReplay(readFile(t, recording))
+	if err != nil {
+		t.Fatalf("%s: %v", recording, err)
+	}
+	table, err := r.ProxyTable(context.Background(), nftnl.Table{Family: unix.NFPROTO_IPV4, Name: name})
+	if err != nil || table == nil {
+		t.Fatalf("%s: table %v, %v", recording, table, err)
+	}
+	return table
+}
+
+// replayForward is the forward path as nftnl's ForwardReader reads it, from a recording of the
+// kernel's replies, split by backend as internal/hostrules splits it: iptables-nft's IPv4
+// filter table (nil without one), and the native nftables tables.
+func replayForward(t *testing.T, recording string) (viaNFT *ruleset.Graph, native []*ruleset.Graph) {
+	t.Helper()
+	r, err := nftnl.NewReplay(readFile(t, recording))
+	if err != nil {
+		t.Fatalf("%s: %v", recording, err)
+	}
+	graphs, err := r.Forward(context.Background())
+	if err != nil {
+		t.Fatalf("%s: %v", recording, err)
+	}
+	for _, g := range graphs {
+		switch g.Name {
+		case "iptables-nft filter":
+			viaNFT = g
+		case "ip6tables-nft filter":
+		default:
+			native = append(native, g)
+		}
+	}
+	return viaNFT, native
+}
+
+// recordedLegacyFilter is an IPv4 legacy filter table as internal/iptlegacy decodes it, from a
+// recording of the kernel's answer.
+func recordedLegacyFilter(t *testing.T, recording string) *ruleset.Graph {
+	t.Helper()
+	g, err := iptlegacy.DecodeRecordedFilter(readFile(t, recording), false)
+	if err != nil {
+		t.Fatalf("%s: %v", recording, err)
+	}
+	return g
+}
+
+func readFile(t *testing.T, file string) []byte {
 	t.Helper()
 	b, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return bytes.NewReader(b)
+	return b
 }
 
 // kubeProxy serves kube-proxy's endpoints on loopback as they answered in the lab while its API

@@ -44,8 +44,9 @@ type golden struct {
 	file string // the scrape, under testdata
 	// captureDir holds a real kube-proxy's rules and the API objects it programmed them from.
 	captureDir string
-	// rules is the node's netfilter state read from captureDir, read at at.
-	rules func(t *testing.T, captureDir string, at time.Time) goldenRules
+	// rules is the node's netfilter state with captureDir's rules, read at at: the kernel's
+	// recorded answers, decoded by the exporter's own netfilter readers.
+	rules func(t *testing.T, at time.Time) goldenRules
 }
 
 var (
@@ -65,9 +66,10 @@ var (
 
 // TestGoldenScrape runs every collector (conntrack, node, rules, kubeproxy) and the exporter's
 // own series together on fixtures alone (no root, no netlink, no network beyond loopback, no
-// API server), scrapes the metrics handler once and compares the whole exposition with
-// testdata/golden-scrape.txt; docs/metrics.md is then held to that file. The node
-// is in incident 3: kube-proxy's watches died, the API moved on, its rules did not; and flows
+// API server; the node's netfilter rules are the kernel's recorded answers to the exporter's
+// readers, decoded by those readers), scrapes the metrics handler once and compares the whole
+// exposition with testdata/golden-scrape.txt; docs/metrics.md is then held to that file. The
+// node is in incident 3: kube-proxy's watches died, the API moved on, its rules did not; and flows
 // to a deleted pod, to local endpoints and to no Service go unreplied. kube-proxy is in
 // iptables mode, with its conntrack INVALID drop on the forward path.
 //
@@ -122,7 +124,7 @@ func testGoldenScrape(t *testing.T, g golden) {
 		t.Fatal(err)
 	}
 	// The node's netfilter state, read once at checkedAt, shared as the exporter shares it.
-	host := g.rules(t, g.captureDir, checkedAt)
+	host := g.rules(t, checkedAt)
 	conntrackCfg.ProcPath, conntrackCfg.View, conntrackCfg.Rules, conntrackCfg.Kernel, conntrackCfg.Now = paths.ProcFS, view, host, kernel, clock.now
 	nodeCfg.ProcPath, nodeCfg.Rules = paths.ProcFS, host
 	rulesCfg.View, rulesCfg.Rules, rulesCfg.Now, rulesCfg.MinCheckGap = view, host, clock.now, 10*time.Millisecond

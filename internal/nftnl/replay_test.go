@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
-	"fmt"
 	"os"
 	"testing"
 
@@ -17,23 +16,6 @@ import (
 // when run with -update; the plain tests replay them, so the decoding of real kernel messages
 // is tested without root.
 var update = flag.Bool("update", false, "rewrite testdata/*.replay.json from the kernel tests")
-
-type recordedMsg struct {
-	Type   uint16 `json:"type"`
-	Family uint8  `json:"family"`
-	Attrs  []byte `json:"attrs"`
-}
-
-type recordedReply struct {
-	Msgs  []recordedMsg `json:"msgs"`
-	Errno int           `json:"errno,omitempty"`
-}
-
-type recording map[string]recordedReply
-
-func requestKey(req request) string {
-	return fmt.Sprintf("%d/%d/%v/%x", req.typ, req.family, req.dump, req.attrs)
-}
 
 // recorder passes requests to the kernel and keeps the replies.
 type recorder struct {
@@ -66,36 +48,13 @@ func (r *recorder) save(t *testing.T, path string) {
 	}
 }
 
-// replayer answers requests from a recording.
-type replayer struct{ rec recording }
-
 func loadReplay(t testing.TB, path string) *replayer {
 	t.Helper()
-	b, err := os.ReadFile(path)
+	r, err := NewReplay(readFile(t, path))
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%s: %v", path, err)
 	}
-	var rec recording
-	if err := json.Unmarshal(b, &rec); err != nil {
-		t.Fatal(err)
-	}
-	return &replayer{rec: rec}
-}
-
-func (r *replayer) query(_ context.Context, req request, fn func(m message) error) error {
-	reply, ok := r.rec[requestKey(req)]
-	if !ok {
-		return fmt.Errorf("replay: no recorded reply to %s", requestKey(req))
-	}
-	for _, m := range reply.Msgs {
-		if err := fn(message{m.Type, m.Family, m.Attrs}); err != nil {
-			return err
-		}
-	}
-	if reply.Errno != 0 {
-		return errnoError(unix.Errno(reply.Errno))
-	}
-	return nil
+	return &r.r
 }
 
 // kernelQuerier returns a socket querier that records into rec when -update is set.
