@@ -585,11 +585,54 @@ func (e *evaluation) conntrack() {
 		e.notChecked("the forward path's rules could not be read to find a ctstate INVALID drop"+suffix(k.RulesErr), InvalidNotDropped)
 		return
 	}
-	summary := fmt.Sprintf("Conntrack marked %d packets INVALID in the last %s (%.2g/s) with nf_conntrack_tcp_be_liberal off and no ctstate INVALID drop rule on the forward path: such replies leave the node un-NATed and clients reset their connections.",
-		c.Invalid, formatDuration(e.in.Window), rate)
-	e.add(Finding{Cause: InvalidNotDropped, Severity: Warning, Summary: summary,
-		Evidence: &InvalidEvidence{InvalidPackets: c.Invalid, WindowSeconds: window, PerSecond: rate, TCPBeLiberal: *k.TCPBeLiberal, InvalidDropRule: false},
-		Runbook:  runbook(anchorInvalidNotDropped)})
+	ev := &InvalidEvidence{InvalidPackets: c.Invalid, WindowSeconds: window, PerSecond: rate, TCPBeLiberal: *k.TCPBeLiberal, InvalidDropRule: false}
+	mostly := invalidReasons(c.InvalidReasons, ev)
+	summary := fmt.Sprintf("Conntrack marked %d packets INVALID in the last %s (%.2g/s)%s with nf_conntrack_tcp_be_liberal off and no ctstate INVALID drop rule on the forward path: such replies leave the node un-NATed and clients reset their connections.",
+		c.Invalid, formatDuration(e.in.Window), rate, mostly)
+	e.add(Finding{Cause: InvalidNotDropped, Severity: Warning, Summary: summary, Evidence: ev, Runbook: runbook(anchorInvalidNotDropped)})
+}
+
+// maxInvalidReasonsShown bounds the Services and reasons an invalid_not_dropped finding lists.
+const maxInvalidReasonsShown = 5
+
+// invalidReasons puts the window's INVALID packets by Service and reason in ev, most first, and
+// returns the summary's clause for the top one (", mostly seq_over_window for lab/web (120
+// packets)"), or "" when they are not known.
+func invalidReasons(r *InvalidReasonFacts, ev *InvalidEvidence) string {
+	switch {
+	case r == nil:
+		ev.ReasonsNotNamed = "conntrack's INVALID log is not read: --conntrack.invalid-reasons names the Services and reasons"
+		return ""
+	case r.Err != "":
+		ev.ReasonsNotNamed = r.Err
+		return ""
+	}
+	counts := slices.Clone(r.Counts)
+	slices.SortStableFunc(counts, func(a, b InvalidReasonCount) int {
+		return cmp.Or(cmp.Compare(b.Packets, a.Packets), strings.Compare(a.Namespace, b.Namespace),
+			strings.Compare(a.Name, b.Name), strings.Compare(a.Reason, b.Reason))
+	})
+	counts = slices.DeleteFunc(counts, func(c InvalidReasonCount) bool { return c.Packets == 0 })
+	shown := counts[:min(len(counts), maxInvalidReasonsShown)]
+	ev.ByServiceReason = shown
+	ev.OtherLoggedPackets = r.Unlisted
+	for _, c := range counts[len(shown):] {
+		ev.OtherLoggedPackets += c.Packets
+	}
+	ev.LostLoggedPackets = r.Lost
+	if len(shown) == 0 {
+		return ""
+	}
+	top, logged := shown[0], r.Unlisted
+	for _, c := range counts {
+		logged += c.Packets
+	}
+	// "mostly" only when the top one is more than half of what was logged.
+	most := "mostly"
+	if 2*top.Packets <= logged {
+		most = "most often"
+	}
+	return fmt.Sprintf(", %s %s for %s (%s)", most, top.Reason, top.service(), plural(top.Packets, "packet", "packets"))
 }
 
 func suffix(err string) string {
