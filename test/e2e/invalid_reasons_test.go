@@ -124,6 +124,22 @@ type invalidFinding struct {
 	} `json:"evidence"`
 }
 
+// invalidSummaryRE is what incident 2's finding says of the lab's Service: the segments are
+// seq_over_window; the RSTs A answers them with (to the endpoint's address, which A's connection
+// never saw) start no flow conntrack knows, and are invalid_new of the same Service: nearly as
+// many.
+var invalidSummaryRE = regexp.MustCompile(`, (mostly|most often) (seq_over_window|invalid_new) for lab/web \(\d+ packets\)`)
+
+// webSeqOverWindow is the seq_over_window packets of lab/web in f's evidence.
+func (f invalidFinding) webSeqOverWindow() uint64 {
+	for _, c := range f.Evidence.ByServiceReason {
+		if c.Namespace == "lab" && c.Name == "web" && c.Reason == "seq_over_window" {
+			return c.Packets
+		}
+	}
+	return 0
+}
+
 // invalidFinding reads r's invalid_not_dropped finding, if there is one.
 func (r labReport) invalidFinding(t *testing.T) (invalidFinding, bool) {
 	t.Helper()
@@ -146,8 +162,8 @@ func (r labReport) invalidFinding(t *testing.T) (invalidFinding, bool) {
 // their reason and the Service; incident 2 is reproduced for real (out-of-window segments from
 // the endpoint of an established connection through the cluster IP reach the client un-NATed,
 // which resets the connection, until a drop rule is in place) and named seq_over_window of the
-// Service, by the metrics and by the verdict's invalid_not_dropped finding in /status; and
-// SIGTERM puts the node's settings back.
+// Service, by the metrics and by the verdict's invalid_not_dropped finding in /status and the
+// landing page; SIGTERM puts the node's settings back; and diagnose names them as well.
 func TestExporterInvalidReasons(t *testing.T) {
 	requireExporter(t)
 	l := newLab(t)
@@ -240,29 +256,24 @@ func TestExporterInvalidReasons(t *testing.T) {
 		h := l.holdConnection("hold-3")
 		const n = 60
 		l.sendOutOfWindow(h, n)
-		// The segments are seq_over_window; the RSTs A answers them with (to the endpoint's
-		// address, which A's connection never saw) start no flow conntrack knows, and are
-		// invalid_new of the same Service: nearly as many.
 		var got invalidFinding
-		summaryRE := regexp.MustCompile(`, (mostly|most often) (seq_over_window|invalid_new) for lab/web \(\d+ packets\)`)
-		seqOverWindow := func() uint64 {
-			for _, c := range got.Evidence.ByServiceReason {
-				if c == (verdict.InvalidReasonCount{Namespace: "lab", Name: "web", Reason: "seq_over_window", Packets: c.Packets}) {
-					return c.Packets
-				}
-			}
-			return 0
-		}
 		waitFor(t, 10*time.Second, "/status: invalid_not_dropped naming lab/web and its reasons", func() (bool, string) {
 			r := e.status(t)
 			var ok bool
 			got, ok = r.invalidFinding(t)
-			return ok && summaryRE.MatchString(got.Summary) && seqOverWindow() >= n, r.raw
+			return ok && invalidSummaryRE.MatchString(got.Summary) && got.webSeqOverWindow() >= n, r.raw
 		})
 		if got.Evidence.InvalidPackets < n || got.Evidence.ReasonsNotNamed != "" {
 			t.Errorf("invalid_not_dropped: %+v", got)
 		}
 		t.Logf("incident 2's finding: %s; by Service and reason: %+v", got.Summary, got.Evidence.ByServiceReason)
+		// The landing page tells the same (no API and no kube-proxy here: unknown).
+		checkLandingPage(t, e, "incident2_invalid_reasons", "unknown", findingWant{
+			Severity: "warning", Cause: "invalid_not_dropped",
+			Summary:  []string{" for lab/web (", "with nf_conntrack_tcp_be_liberal off"},
+			Evidence: map[string]string{"tcp_be_liberal": "0", "invalid_drop_rule": "false"},
+			Runbook:  "#proxyhealthinvalidpacketsnotdropped",
+		})
 	})
 
 	t.Run("scrape_matches_readme", func(t *testing.T) {
@@ -287,6 +298,24 @@ func TestExporterInvalidReasons(t *testing.T) {
 		}
 		if got := l.invalidLogSettings(); got != before {
 			t.Errorf("settings after SIGTERM: %s, want the old %s", got, before)
+		}
+	})
+
+	// diagnose, once the exporter has let go of NFLOG group 0, names them too, and puts the
+	// settings back when it is done.
+	t.Run("diagnose_names_service_and_reason", func(t *testing.T) {
+		l := l.In(t)
+		const n = 30
+		r, _, stderr := diagnoseDuring(t, l, 6*time.Second, 2*time.Second, func() {
+			l.sendOutOfWindow(l.holdConnection("hold-4"), n)
+		}, "--conntrack.invalid-reasons", "--no-collector.kubeproxy")
+		f, ok := r.invalidFinding(t)
+		if !ok || !invalidSummaryRE.MatchString(f.Summary) || f.webSeqOverWindow() < n {
+			t.Errorf("diagnose: invalid_not_dropped does not name lab/web and its reasons (%d seq_over_window, want %d):\n%s\nstderr:\n%s", f.webSeqOverWindow(), n, r.raw, stderr)
+		}
+		t.Logf("diagnose: %s", f.Summary)
+		if got := l.invalidLogSettings(); got != before {
+			t.Errorf("settings after diagnose: %s, want the old %s", got, before)
 		}
 	})
 }
