@@ -43,7 +43,7 @@ func TestStatusInvalidReasonsOverTheWindow(t *testing.T) {
 		t.Fatalf("no invalid_not_dropped: %+v", rep)
 	}
 	f := rep.Findings[i]
-	if !strings.Contains(f.Summary, "Conntrack marked 1200 packets INVALID in the last 10m (2/s), mostly seq_over_window for lab/web (1100 packets) with") {
+	if !strings.Contains(f.Summary, "Conntrack marked 1200 packets INVALID in the last 10m (2/s), mostly for lab/web: 1100 seq_over_window packets, with") {
 		t.Errorf("summary %q", f.Summary)
 	}
 	var fields []string

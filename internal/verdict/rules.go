@@ -596,8 +596,9 @@ func (e *evaluation) conntrack() {
 const maxInvalidReasonsShown = 5
 
 // invalidReasons puts the window's INVALID packets by Service and reason in ev, most first, and
-// returns the summary's clause for the top one (", mostly seq_over_window for lab/web (120
-// packets)"), or "" when they are not known.
+// returns the summary's clause for the Service of the most packets and its top reasons (",
+// mostly for lab/web: 120 seq_over_window and 80 invalid_new packets,"), or "" when they are not
+// known.
 func invalidReasons(r *InvalidReasonFacts, ev *InvalidEvidence) string {
 	switch {
 	case r == nil:
@@ -623,16 +624,39 @@ func invalidReasons(r *InvalidReasonFacts, ev *InvalidEvidence) string {
 	if len(shown) == 0 {
 		return ""
 	}
-	top, logged := shown[0], r.Unlisted
+
+	// The Service of the most packets (the first in counts' order among equals), and its two
+	// top reasons.
+	type svc struct{ namespace, name string }
+	logged, bySvc := r.Unlisted, map[svc]uint64{}
 	for _, c := range counts {
 		logged += c.Packets
+		bySvc[svc{c.Namespace, c.Name}] += c.Packets
 	}
-	// "mostly" only when the top one is more than half of what was logged.
+	top := svc{counts[0].Namespace, counts[0].Name}
+	for _, c := range counts {
+		if k := (svc{c.Namespace, c.Name}); bySvc[k] > bySvc[top] {
+			top = k
+		}
+	}
+	var reasons []string
+	var name string
+	for _, c := range counts {
+		if c.Namespace == top.namespace && c.Name == top.name && len(reasons) < 2 {
+			reasons = append(reasons, fmt.Sprintf("%d %s", c.Packets, c.Reason))
+			name = c.service()
+		}
+	}
+	unit := " packets"
+	if bySvc[top] == 1 {
+		unit = " packet"
+	}
+	// "mostly" only when that Service has more than half of what was logged.
 	most := "mostly"
-	if 2*top.Packets <= logged {
+	if 2*bySvc[top] <= logged {
 		most = "most often"
 	}
-	return fmt.Sprintf(", %s %s for %s (%s)", most, top.Reason, top.service(), plural(top.Packets, "packet", "packets"))
+	return fmt.Sprintf(", %s for %s: %s%s,", most, name, strings.Join(reasons, " and "), unit)
 }
 
 func suffix(err string) string {

@@ -567,8 +567,8 @@ func TestInvalidNotDroppedNamesServicesAndReasons(t *testing.T) {
 	if !slices.Equal(ev.ByServiceReason, want) || ev.OtherLoggedPackets != 2+4 || ev.LostLoggedPackets != 6 || ev.ReasonsNotNamed != "" {
 		t.Errorf("evidence %+v, want by service and reason %+v, 6 other, 6 lost", ev, want)
 	}
-	if !strings.Contains(f.Summary, "(2/s), mostly seq_over_window for lab/web (120 packets) with nf_conntrack_tcp_be_liberal off") {
-		t.Errorf("summary %q does not name the top Service and reason", f.Summary)
+	if !strings.Contains(f.Summary, "(2/s), mostly for lab/web: 120 seq_over_window and 5 ack_over_window packets, with nf_conntrack_tcp_be_liberal off") {
+		t.Errorf("summary %q does not name the top Service and its reasons", f.Summary)
 	}
 	// The evidence as people read it (diagnose, the landing page).
 	var line string
@@ -581,10 +581,19 @@ func TestInvalidNotDroppedNamesServicesAndReasons(t *testing.T) {
 		t.Errorf("by_service_reason as text: %q", line)
 	}
 
+	// The Service of the most packets in all, though another has the largest single count.
+	in.Conntrack.InvalidReasons = &InvalidReasonFacts{Counts: []InvalidReasonCount{
+		{Namespace: "lab", Name: "api", Reason: "checksum", Packets: 50},
+		{Namespace: "lab", Name: "web", Reason: "seq_over_window", Packets: 40},
+		{Namespace: "lab", Name: "web", Reason: "invalid_new", Packets: 40},
+		{Namespace: "lab", Name: "web", Reason: "tcp_flags", Packets: 1}}}
+	if f, _ := finding(in); !strings.Contains(f.Summary, ", mostly for lab/web: 40 invalid_new and 40 seq_over_window packets, with") {
+		t.Errorf("summary %q", f.Summary)
+	}
 	// A top one of no Service, and not half of what was logged.
 	in.Conntrack.InvalidReasons = &InvalidReasonFacts{Counts: []InvalidReasonCount{
 		{Reason: "checksum", Packets: 1}, {Namespace: "lab", Name: "web", Reason: "tcp_flags", Packets: 1}}}
-	if f, _ := finding(in); !strings.Contains(f.Summary, ", most often checksum for no Service (1 packet) with") {
+	if f, _ := finding(in); !strings.Contains(f.Summary, ", most often for no Service: 1 checksum packet, with") {
 		t.Errorf("summary %q", f.Summary)
 	}
 

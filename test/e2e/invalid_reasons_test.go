@@ -126,9 +126,9 @@ type invalidFinding struct {
 
 // invalidSummaryRE is what incident 2's finding says of the lab's Service: the segments are
 // seq_over_window; the RSTs A answers them with (to the endpoint's address, which A's connection
-// never saw) start no flow conntrack knows, and are invalid_new of the same Service: nearly as
+// never saw) start no flow conntrack knows, and are invalid_new of the same Service: about as
 // many.
-var invalidSummaryRE = regexp.MustCompile(`, (mostly|most often) (seq_over_window|invalid_new) for lab/web \(\d+ packets\)`)
+var invalidSummaryRE = regexp.MustCompile(`, mostly for lab/web: \d+ (seq_over_window and \d+ invalid_new|invalid_new and \d+ seq_over_window) packets, with`)
 
 // webSeqOverWindow is the seq_over_window packets of lab/web in f's evidence.
 func (f invalidFinding) webSeqOverWindow() uint64 {
@@ -270,7 +270,7 @@ func TestExporterInvalidReasons(t *testing.T) {
 		// The landing page tells the same (no API and no kube-proxy here: unknown).
 		checkLandingPage(t, e, "incident2_invalid_reasons", "unknown", findingWant{
 			Severity: "warning", Cause: "invalid_not_dropped",
-			Summary:  []string{" for lab/web (", "with nf_conntrack_tcp_be_liberal off"},
+			Summary:  []string{"mostly for lab/web: ", "with nf_conntrack_tcp_be_liberal off"},
 			Evidence: map[string]string{"tcp_be_liberal": "0", "invalid_drop_rule": "false"},
 			Runbook:  "#proxyhealthinvalidpacketsnotdropped",
 		})
