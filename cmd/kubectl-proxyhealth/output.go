@@ -84,8 +84,9 @@ func writeFleetText(w io.Writer, nodes []nodeStatus) error {
 }
 
 // worstServiceColumn is the worst finding's Service port; on a node where no finding concerns
-// one, the Service and reason of the most INVALID packets nothing drops, when the exporter reads
-// conntrack's INVALID log: "lab/web: 1100 INVALID seq_over_window".
+// one, the Service of the most INVALID packets nothing drops and its top reasons, when the
+// exporter reads conntrack's INVALID log: "lab/web: 1163 INVALID (seq_over_window,
+// invalid_new)".
 func worstServiceColumn(r *verdict.Report) string {
 	if s := worstService(r); s != nil {
 		return s.String()
@@ -99,10 +100,25 @@ func worstServiceColumn(r *verdict.Report) string {
 		if b, err := json.Marshal(f.Evidence); err != nil || json.Unmarshal(b, &ev) != nil {
 			continue
 		}
+		// The listed counts come most first: the first of each Service is its top reason.
+		var top string
+		total := map[string]uint64{}
+		reasons := map[string][]string{}
 		for _, c := range ev.ByServiceReason {
-			if c.Name != "" {
-				return fmt.Sprintf("%s/%s: %d INVALID %s", c.Namespace, c.Name, c.Packets, c.Reason)
+			if c.Name == "" {
+				continue
 			}
+			svc := c.Namespace + "/" + c.Name
+			total[svc] += c.Packets
+			if len(reasons[svc]) < 2 {
+				reasons[svc] = append(reasons[svc], c.Reason)
+			}
+			if top == "" || total[svc] > total[top] {
+				top = svc
+			}
+		}
+		if top != "" {
+			return fmt.Sprintf("%s: %d INVALID (%s)", top, total[top], strings.Join(reasons[top], ", "))
 		}
 	}
 	return "-"
