@@ -22,6 +22,7 @@ type (
 	conntrackFacts interface {
 		Stats() (conntrack.Stats, error)
 		Flows() conntrack.Flows
+		InvalidReasons() conntrack.InvalidReasons
 	}
 	nodeFacts      interface{ Settings() node.Settings }
 	rulesFacts     interface{ LastCheck() rules.CheckSummary }
@@ -84,6 +85,7 @@ type factSample struct {
 	stats    conntrack.Stats
 	statsErr error
 	flows    conntrack.Flows
+	invalid  conntrack.InvalidReasons
 	kp       kubeproxy.Status
 }
 
@@ -93,6 +95,7 @@ func (s *factSources) sample() factSample {
 	if s.conntrack != nil {
 		fs.stats, fs.statsErr = s.conntrack.Stats()
 		fs.flows = s.conntrack.Flows()
+		fs.invalid = s.conntrack.InvalidReasons()
 	}
 	if s.kubeproxy != nil {
 		fs.kp = s.kubeproxy.Status()
@@ -304,6 +307,7 @@ func (s *factSources) conntrackInput(in *verdict.Input, samples []factSample) {
 		c.Drop = delta(first.stats.Drop, last.stats.Drop)
 		c.EarlyDrop = delta(first.stats.EarlyDrop, last.stats.EarlyDrop)
 	}
+	c.InvalidReasons = invalidReasonsInput(samples)
 	// Flows are judged only when they were followed throughout: a listener that failed in
 	// the window may have missed some. One that had not started yet had counted nothing, so
 	// only the last sample's says they are not followed.

@@ -24,13 +24,15 @@ import (
 )
 
 type fakeConntrack struct {
-	stats conntrack.Stats
-	err   error
-	flows conntrack.Flows
+	stats   conntrack.Stats
+	err     error
+	flows   conntrack.Flows
+	invalid conntrack.InvalidReasons
 }
 
-func (f *fakeConntrack) Stats() (conntrack.Stats, error) { return f.stats, f.err }
-func (f *fakeConntrack) Flows() conntrack.Flows          { return f.flows }
+func (f *fakeConntrack) Stats() (conntrack.Stats, error)          { return f.stats, f.err }
+func (f *fakeConntrack) Flows() conntrack.Flows                   { return f.flows }
+func (f *fakeConntrack) InvalidReasons() conntrack.InvalidReasons { return f.invalid }
 
 type fakeSettings struct{ s node.Settings }
 

@@ -73,11 +73,7 @@ func writeFleetText(w io.Writer, nodes []nodeStatus) error {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", orDash(n.Node), n.verdict(), "-", "error: "+oneLine(n.Err)+" ("+n.Pod+")")
 			continue
 		}
-		svc := "-"
-		if s := worstService(n.Report); s != nil {
-			svc = s.String()
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", orDash(n.Node), n.Report.Verdict, orDash(causesColumn(n.Report)), svc)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", orDash(n.Node), n.Report.Verdict, orDash(causesColumn(n.Report)), worstServiceColumn(n.Report))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -85,6 +81,47 @@ func writeFleetText(w io.Writer, nodes []nodeStatus) error {
 	_, err := fmt.Fprintf(w, "\n%s: %d critical, %d unknown (%d not read), %d warning, %d healthy\n", plural(len(nodes), "node"),
 		counts[verdict.CriticalFound], counts[verdict.Unknown], unread, counts[verdict.WarningsOnly], counts[verdict.Healthy])
 	return err
+}
+
+// worstServiceColumn is the worst finding's Service port; on a node where no finding concerns
+// one, the Service of the most INVALID packets nothing drops and its top reasons, when the
+// exporter reads conntrack's INVALID log: "lab/web: 1163 INVALID (seq_over_window,
+// invalid_new)".
+func worstServiceColumn(r *verdict.Report) string {
+	if s := worstService(r); s != nil {
+		return s.String()
+	}
+	for _, f := range r.Findings {
+		if f.Cause != verdict.InvalidNotDropped {
+			continue
+		}
+		// Decoded from /status, the evidence is a JSON object: read it as its type.
+		var ev verdict.InvalidEvidence
+		if b, err := json.Marshal(f.Evidence); err != nil || json.Unmarshal(b, &ev) != nil {
+			continue
+		}
+		// The listed counts come most first: the first of each Service is its top reason.
+		var top string
+		total := map[string]uint64{}
+		reasons := map[string][]string{}
+		for _, c := range ev.ByServiceReason {
+			if c.Name == "" {
+				continue
+			}
+			svc := c.Namespace + "/" + c.Name
+			total[svc] += c.Packets
+			if len(reasons[svc]) < 2 {
+				reasons[svc] = append(reasons[svc], c.Reason)
+			}
+			if top == "" || total[svc] > total[top] {
+				top = svc
+			}
+		}
+		if top != "" {
+			return fmt.Sprintf("%s: %d INVALID (%s)", top, total[top], strings.Join(reasons[top], ", "))
+		}
+	}
+	return "-"
 }
 
 // causesColumn is the findings' causes, then what could not be checked:

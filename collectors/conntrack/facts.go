@@ -93,3 +93,47 @@ func (c *Collector) Flows() Flows {
 	})
 	return out
 }
+
+// InvalidReasonSeries is one label set of proxyhealth_conntrack_invalid_reason_packets_total.
+type InvalidReasonSeries struct {
+	Namespace, Name string // the Service the packet carried; empty for none
+	Reason          string // tcp_flags, checksum, seq_over_window, ...
+	Packets         uint64 // since the exporter started
+}
+
+// InvalidReasons is what conntrack's INVALID log (--conntrack.invalid-reasons) has counted.
+type InvalidReasons struct {
+	// Enabled is false when the log is not read at all (the flag is off); the rest is then
+	// empty.
+	Enabled bool
+	// Err is why the log is not being read now; nil while it is. ErrInvalidLogNotStarted
+	// before it first started: it had counted nothing yet.
+	Err error
+	// Series are the per-Service counts, sorted by Service then reason.
+	Series []InvalidReasonSeries
+	// Unlisted counts the packets of Services left out of Series by
+	// --conntrack.max-service-series; Lost the logged packets that never reached the reader.
+	Unlisted, Lost uint64
+}
+
+// ErrInvalidLogNotStarted is InvalidReasons' error before conntrack's INVALID log was first read.
+var ErrInvalidLogNotStarted = errors.New("conntrack INVALID log (--conntrack.invalid-reasons): not started yet")
+
+// InvalidReasons returns the INVALID log's counts now; it waits on nothing but the log's lock.
+func (c *Collector) InvalidReasons() InvalidReasons {
+	if c.invalid == nil {
+		return InvalidReasons{}
+	}
+	s := c.invalid.snapshot()
+	out := InvalidReasons{Enabled: true, Err: s.err, Lost: s.lost, Series: make([]InvalidReasonSeries, 0, len(s.counts))}
+	for k, v := range s.counts {
+		out.Series = append(out.Series, InvalidReasonSeries{Namespace: k.namespace, Name: k.name, Reason: k.reason.String(), Packets: v})
+	}
+	for _, v := range s.unlisted {
+		out.Unlisted += v
+	}
+	slices.SortFunc(out.Series, func(a, b InvalidReasonSeries) int {
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name), strings.Compare(a.Reason, b.Reason))
+	})
+	return out
+}

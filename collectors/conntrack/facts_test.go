@@ -2,6 +2,7 @@ package conntrack
 
 import (
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -54,5 +55,46 @@ func TestStatsAndFlowsAccessors(t *testing.T) {
 	c.setListenErr(errors.New("seed flow tracking: permission denied"))
 	if f := c.Flows(); f.Err == nil {
 		t.Error("a listener error is not told")
+	}
+}
+
+func TestInvalidReasonsAccessor(t *testing.T) {
+	cfg := Config{ProcPath: "testdata/proc-full", UnrepliedAfter: time.Millisecond, MaxTrackedFlows: 10, MaxServiceSeries: 3, SocketBufferBytes: 1, ServiceRefreshInterval: time.Hour, ResyncMinInterval: time.Hour}
+	c, err := New(cfg, promslog.NewNopLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := c.InvalidReasons(); r.Enabled || r.Err != nil || r.Series != nil {
+		t.Errorf("without --conntrack.invalid-reasons: %+v", r)
+	}
+
+	cfg.InvalidReasons = true
+	c, err = New(cfg, promslog.NewNopLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := c.InvalidReasons(); !r.Enabled || !errors.Is(r.Err, ErrInvalidLogNotStarted) || len(r.Series) != 0 {
+		t.Errorf("before the log started: %+v", r)
+	}
+	var p loggedPacket
+	for range 3 {
+		c.invalid.count(&p, invalidKey{invalidSeqOverWindow, "lab", "web"})
+	}
+	c.invalid.count(&p, invalidKey{invalidChecksum, "", ""})
+	c.invalid.count(&p, invalidKey{invalidChecksum, "lab", "api"})
+	c.invalid.count(&p, invalidKey{invalidTCPFlags, "lab", "db"}) // over the cap of 3 series
+	c.invalid.count(&p, invalidKey{invalidTCPFlags, "lab", "db"})
+	c.invalid.mu.Lock()
+	c.invalid.err, c.invalid.lost = nil, 4
+	c.invalid.mu.Unlock()
+
+	r := c.InvalidReasons()
+	want := []InvalidReasonSeries{
+		{Reason: "checksum", Packets: 1},
+		{Namespace: "lab", Name: "api", Reason: "checksum", Packets: 1},
+		{Namespace: "lab", Name: "web", Reason: "seq_over_window", Packets: 3},
+	}
+	if !r.Enabled || r.Err != nil || !slices.Equal(r.Series, want) || r.Unlisted != 2 || r.Lost != 4 {
+		t.Errorf("InvalidReasons() = %+v, want series %+v, 2 unlisted, 4 lost", r, want)
 	}
 }

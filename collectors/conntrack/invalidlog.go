@@ -68,7 +68,7 @@ func newInvalidLog(cfg *Config, logger *slog.Logger, view func() *attributionVie
 		open:      func(n int) (eventSource, error) { return openInvalidLog(n) },
 		view:      view,
 		counts:    make(map[invalidKey]uint64),
-		err:       errors.New("conntrack INVALID log (--conntrack.invalid-reasons): not started yet"),
+		err:       ErrInvalidLogNotStarted,
 	}
 }
 

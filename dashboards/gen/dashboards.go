@@ -25,6 +25,10 @@ func rate(series string) string { return "rate(" + series + "[$__rate_interval])
 const serviceLabels = "service_namespace, service_name, service_port, protocol"
 const serviceLegend = "{{service_namespace}}/{{service_name}}:{{service_port}}/{{protocol}}"
 
+// invalidReasonLegend names an INVALID reason series: "lab/web seq_over_window", or
+// "/ checksum" for packets of no Service.
+const invalidReasonLegend = "{{service_namespace}}/{{service_name}} {{reason}}"
+
 func newDashboard(uid, title, description string, vars ...*Variable) *Dashboard {
 	return &Dashboard{
 		Description:  description,
@@ -188,6 +192,10 @@ func Overview() *Dashboard {
 		q{`count(` + m("proxyhealth_bridge_nf_call_iptables") + ` != 1) or vector(0)`, "bridge-nf-call-iptables not 1"},
 		q{`count(` + m("proxyhealth_conntrack_tcp_be_liberal") + ` == 0 and ` + m("proxyhealth_invalid_drop_rule_present") + ` == 0) or vector(0)`, "be_liberal 0 and no INVALID drop rule"},
 		q{`count(` + m("proxyhealth_conntrack_events_setting") + ` == 0) or vector(0)`, "conntrack events off"})
+	d.timeseries(12, "INVALID packets by reason and Service (top 20)", "pps",
+		"With the exporter's --conntrack.invalid-reasons: packets conntrack marked INVALID, per second, summed over nodes, by the kernel's reason and the Service whose address or endpoint they carried (no Service: the node's own traffic, or ports not mapped). seq_over_window and the other window reasons on one Service, with nothing dropping them, are incident 2: that Service's clients get reset. Empty without the flag.",
+		q{top(`sum by (service_namespace, service_name, reason) (` + rate(m("proxyhealth_conntrack_invalid_reason_packets_total")) + `)`), invalidReasonLegend},
+		q{`sum by (reason) (` + rate(m("proxyhealth_conntrack_invalid_reason_packets_unlisted_total")) + `)`, "services beyond the series cap {{reason}}"})
 
 	d.row("Exporter health")
 	d.timeseries(12, "Collector success", "percentunit",
@@ -319,6 +327,11 @@ func Node() *Dashboard {
 	d.timeseries(8, "INVALID packets", "pps",
 		"Packets conntrack marked INVALID, per second. Without be_liberal or an INVALID drop rule (see above) they leave un-NATed and clients reset their connections (incident 2).",
 		q{rate(m("proxyhealth_conntrack_invalid_packets_total")), "marked INVALID"})
+	d.timeseries(16, "INVALID packets by reason and Service", "pps",
+		"With the exporter's --conntrack.invalid-reasons: packets conntrack marked INVALID and logged, per second, by the kernel's reason and the Service whose address or endpoint they carried (no Service: the node's own traffic, or ports not mapped); packets lost means the log outran the exporter. seq_over_window and the other window reasons on one Service, with nothing dropping them, are incident 2. Empty without the flag.",
+		q{`sum by (service_namespace, service_name, reason) (` + rate(m("proxyhealth_conntrack_invalid_reason_packets_total")) + `)`, invalidReasonLegend},
+		q{`sum by (reason) (` + rate(m("proxyhealth_conntrack_invalid_reason_packets_unlisted_total")) + `)`, "services beyond the series cap {{reason}}"},
+		q{rate(m("proxyhealth_conntrack_invalid_reason_packets_lost_total")), "packets lost"})
 	d.timeseries(8, "Conntrack table", "none",
 		"Entries in the conntrack table and its size (nf_conntrack_max). When they meet, new flows are dropped.",
 		q{m("proxyhealth_conntrack_entries"), "entries"},

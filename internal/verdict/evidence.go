@@ -132,6 +132,16 @@ type InvalidEvidence struct {
 	PerSecond       float64 `json:"per_second"`
 	TCPBeLiberal    int     `json:"tcp_be_liberal"`
 	InvalidDropRule bool    `json:"invalid_drop_rule"`
+	// ByServiceReason are, with --conntrack.invalid-reasons, the packets conntrack logged
+	// INVALID in the window per Service and reason, most first (at most
+	// maxInvalidReasonsShown); OtherLoggedPackets counts the logged ones not listed (more
+	// Services and reasons, and Services beyond the series cap), LostLoggedPackets those
+	// that never reached the exporter.
+	ByServiceReason    []InvalidReasonCount `json:"by_service_reason,omitempty"`
+	OtherLoggedPackets uint64               `json:"other_logged_packets,omitempty"`
+	LostLoggedPackets  uint64               `json:"lost_logged_packets,omitempty"`
+	// ReasonsNotNamed says why the Services and reasons are not named, when they are not.
+	ReasonsNotNamed string `json:"reasons_not_named,omitempty"`
 }
 
 // TableEvidence backs conntrack_table_full.

@@ -152,6 +152,41 @@ type ConntrackFacts struct {
 	// Unreplied are the Service flows that ended unreplied in the window, or are open and
 	// unreplied now, per service port and reason.
 	Unreplied []UnrepliedCount
+
+	// InvalidReasons are the window's INVALID packets by Service and reason, from conntrack's
+	// own log (--conntrack.invalid-reasons); nil when that log is not read.
+	InvalidReasons *InvalidReasonFacts
+}
+
+// InvalidReasonFacts are what conntrack's INVALID log counted in the window.
+type InvalidReasonFacts struct {
+	// Err is why the log was not read throughout the window; empty while it was.
+	Err string
+	// Counts are the packets logged in the window per Service and reason (none of zero).
+	Counts []InvalidReasonCount
+	// Unlisted are the packets of Services beyond the per-service series cap, Lost those the
+	// kernel logged that never reached the reader, in the window.
+	Unlisted, Lost uint64
+}
+
+// InvalidReasonCount is the INVALID packets of one Service and reason, labelled as the metric
+// proxyhealth_conntrack_invalid_reason_packets_total is.
+type InvalidReasonCount struct {
+	// Namespace and Name are the Service whose address or endpoint the packets carried;
+	// empty for packets of no Service.
+	Namespace string `json:"service_namespace,omitempty"`
+	Name      string `json:"service_name,omitempty"`
+	// Reason is the kernel's reason, normalised: seq_over_window, tcp_flags, checksum, ...
+	Reason  string `json:"reason"`
+	Packets uint64 `json:"packets"`
+}
+
+// service names the packets' Service: "lab/web", or "no Service".
+func (c InvalidReasonCount) service() string {
+	if c.Name == "" {
+		return "no Service"
+	}
+	return c.Namespace + "/" + c.Name
 }
 
 // UnrepliedCount is one service port's unreplied DNAT'ed flows of one reason.

@@ -607,11 +607,78 @@ func (e *evaluation) conntrack() {
 		e.notChecked("the forward path's rules could not be read to find a ctstate INVALID drop"+suffix(k.RulesErr), InvalidNotDropped)
 		return
 	}
-	summary := fmt.Sprintf("Conntrack marked %d packets INVALID in the last %s (%.2g/s) with nf_conntrack_tcp_be_liberal off and no ctstate INVALID drop rule on the forward path: such replies leave the node un-NATed and clients reset their connections.",
-		c.Invalid, formatDuration(e.in.Window), rate)
-	e.add(Finding{Cause: InvalidNotDropped, Severity: Warning, Summary: summary,
-		Evidence: &InvalidEvidence{InvalidPackets: c.Invalid, WindowSeconds: window, PerSecond: rate, TCPBeLiberal: *k.TCPBeLiberal, InvalidDropRule: false},
-		Runbook:  runbook(anchorInvalidNotDropped)})
+	ev := &InvalidEvidence{InvalidPackets: c.Invalid, WindowSeconds: window, PerSecond: rate, TCPBeLiberal: *k.TCPBeLiberal, InvalidDropRule: false}
+	mostly := invalidReasons(c.InvalidReasons, ev)
+	summary := fmt.Sprintf("Conntrack marked %d packets INVALID in the last %s (%.2g/s)%s with nf_conntrack_tcp_be_liberal off and no ctstate INVALID drop rule on the forward path: such replies leave the node un-NATed and clients reset their connections.",
+		c.Invalid, formatDuration(e.in.Window), rate, mostly)
+	e.add(Finding{Cause: InvalidNotDropped, Severity: Warning, Summary: summary, Evidence: ev, Runbook: runbook(anchorInvalidNotDropped)})
+}
+
+// maxInvalidReasonsShown bounds the Services and reasons an invalid_not_dropped finding lists.
+const maxInvalidReasonsShown = 5
+
+// invalidReasons puts the window's INVALID packets by Service and reason in ev, most first, and
+// returns the summary's clause for the Service of the most packets and its top reasons (",
+// mostly for lab/web: 120 seq_over_window and 80 invalid_new packets,"), or "" when they are not
+// known.
+func invalidReasons(r *InvalidReasonFacts, ev *InvalidEvidence) string {
+	switch {
+	case r == nil:
+		ev.ReasonsNotNamed = "conntrack's INVALID log is not read: --conntrack.invalid-reasons names the Services and reasons"
+		return ""
+	case r.Err != "":
+		ev.ReasonsNotNamed = r.Err
+		return ""
+	}
+	counts := slices.Clone(r.Counts)
+	slices.SortStableFunc(counts, func(a, b InvalidReasonCount) int {
+		return cmp.Or(cmp.Compare(b.Packets, a.Packets), strings.Compare(a.Namespace, b.Namespace),
+			strings.Compare(a.Name, b.Name), strings.Compare(a.Reason, b.Reason))
+	})
+	counts = slices.DeleteFunc(counts, func(c InvalidReasonCount) bool { return c.Packets == 0 })
+	shown := counts[:min(len(counts), maxInvalidReasonsShown)]
+	ev.ByServiceReason = shown
+	ev.OtherLoggedPackets = r.Unlisted
+	for _, c := range counts[len(shown):] {
+		ev.OtherLoggedPackets += c.Packets
+	}
+	ev.LostLoggedPackets = r.Lost
+	if len(shown) == 0 {
+		return ""
+	}
+
+	// The Service of the most packets (the first in counts' order among equals), and its two
+	// top reasons.
+	type svc struct{ namespace, name string }
+	logged, bySvc := r.Unlisted, map[svc]uint64{}
+	for _, c := range counts {
+		logged += c.Packets
+		bySvc[svc{c.Namespace, c.Name}] += c.Packets
+	}
+	top := svc{counts[0].Namespace, counts[0].Name}
+	for _, c := range counts {
+		if k := (svc{c.Namespace, c.Name}); bySvc[k] > bySvc[top] {
+			top = k
+		}
+	}
+	var reasons []string
+	var name string
+	for _, c := range counts {
+		if c.Namespace == top.namespace && c.Name == top.name && len(reasons) < 2 {
+			reasons = append(reasons, fmt.Sprintf("%d %s", c.Packets, c.Reason))
+			name = c.service()
+		}
+	}
+	unit := " packets"
+	if bySvc[top] == 1 {
+		unit = " packet"
+	}
+	// "mostly" only when that Service has more than half of what was logged.
+	most := "mostly"
+	if 2*bySvc[top] <= logged {
+		most = "most often"
+	}
+	return fmt.Sprintf(", %s for %s: %s%s,", most, name, strings.Join(reasons, " and "), unit)
 }
 
 func suffix(err string) string {

@@ -524,6 +524,92 @@ func TestInvalidNotDropped(t *testing.T) {
 	}
 }
 
+func TestInvalidNotDroppedNamesServicesAndReasons(t *testing.T) {
+	base := healthyInput()
+	base.Conntrack.Invalid = 1200
+	base.Kernel.InvalidDropRule = Bool(false)
+	finding := func(in Input) (Finding, *InvalidEvidence) {
+		t.Helper()
+		r := Evaluate(in)
+		only(t, r, InvalidNotDropped)
+		return r.Findings[0], r.Findings[0].Evidence.(*InvalidEvidence)
+	}
+
+	// Without the log: the Services and reasons are not named, and the evidence says how
+	// to name them.
+	f, ev := finding(base)
+	if strings.Contains(f.Summary, "most") || ev.ByServiceReason != nil || !strings.Contains(ev.ReasonsNotNamed, "--conntrack.invalid-reasons") {
+		t.Errorf("without the log: %q, %+v", f.Summary, ev)
+	}
+
+	// With it: the top 5 by packets, the rest counted with the unlisted Services'.
+	in := base
+	in.Conntrack.InvalidReasons = &InvalidReasonFacts{
+		Counts: []InvalidReasonCount{
+			{Namespace: "lab", Name: "api", Reason: "checksum", Packets: 7},
+			{Namespace: "lab", Name: "web", Reason: "seq_over_window", Packets: 120},
+			{Reason: "tcp_flags", Packets: 9},
+			{Namespace: "lab", Name: "web", Reason: "ack_over_window", Packets: 5},
+			{Namespace: "lab", Name: "db", Reason: "seq_over_window", Packets: 3},
+			{Namespace: "lab", Name: "db", Reason: "tcp_flags", Packets: 2},
+			{Namespace: "lab", Name: "cache", Reason: "checksum", Packets: 0},
+		},
+		Unlisted: 4, Lost: 6,
+	}
+	f, ev = finding(in)
+	want := []InvalidReasonCount{
+		{Namespace: "lab", Name: "web", Reason: "seq_over_window", Packets: 120},
+		{Reason: "tcp_flags", Packets: 9},
+		{Namespace: "lab", Name: "api", Reason: "checksum", Packets: 7},
+		{Namespace: "lab", Name: "web", Reason: "ack_over_window", Packets: 5},
+		{Namespace: "lab", Name: "db", Reason: "seq_over_window", Packets: 3},
+	}
+	if !slices.Equal(ev.ByServiceReason, want) || ev.OtherLoggedPackets != 2+4 || ev.LostLoggedPackets != 6 || ev.ReasonsNotNamed != "" {
+		t.Errorf("evidence %+v, want by service and reason %+v, 6 other, 6 lost", ev, want)
+	}
+	if !strings.Contains(f.Summary, "(2/s), mostly for lab/web: 120 seq_over_window and 5 ack_over_window packets, with nf_conntrack_tcp_be_liberal off") {
+		t.Errorf("summary %q does not name the top Service and its reasons", f.Summary)
+	}
+	// The evidence as people read it (diagnose, the landing page).
+	var line string
+	for _, fl := range EvidenceFields(ev) {
+		if fl.Key == "by_service_reason" {
+			line = fl.Value
+		}
+	}
+	if !strings.HasPrefix(line, "service_namespace=lab service_name=web reason=seq_over_window packets=120; reason=tcp_flags packets=9; ") {
+		t.Errorf("by_service_reason as text: %q", line)
+	}
+
+	// The Service of the most packets in all, though another has the largest single count.
+	in.Conntrack.InvalidReasons = &InvalidReasonFacts{Counts: []InvalidReasonCount{
+		{Namespace: "lab", Name: "api", Reason: "checksum", Packets: 50},
+		{Namespace: "lab", Name: "web", Reason: "seq_over_window", Packets: 40},
+		{Namespace: "lab", Name: "web", Reason: "invalid_new", Packets: 40},
+		{Namespace: "lab", Name: "web", Reason: "tcp_flags", Packets: 1}}}
+	if f, _ := finding(in); !strings.Contains(f.Summary, ", mostly for lab/web: 40 invalid_new and 40 seq_over_window packets, with") {
+		t.Errorf("summary %q", f.Summary)
+	}
+	// A top one of no Service, and not half of what was logged.
+	in.Conntrack.InvalidReasons = &InvalidReasonFacts{Counts: []InvalidReasonCount{
+		{Reason: "checksum", Packets: 1}, {Namespace: "lab", Name: "web", Reason: "tcp_flags", Packets: 1}}}
+	if f, _ := finding(in); !strings.Contains(f.Summary, ", most often for no Service: 1 checksum packet, with") {
+		t.Errorf("summary %q", f.Summary)
+	}
+
+	// Nothing logged in the window: nothing named, nothing said missing.
+	in.Conntrack.InvalidReasons = &InvalidReasonFacts{}
+	if f, ev := finding(in); strings.Contains(f.Summary, "most") || ev.ByServiceReason != nil || ev.ReasonsNotNamed != "" {
+		t.Errorf("nothing logged: %q, %+v", f.Summary, ev)
+	}
+
+	// The log not read throughout the window: why.
+	in.Conntrack.InvalidReasons = &InvalidReasonFacts{Err: "reading NFLOG group 0: no buffer space", Counts: want}
+	if f, ev := finding(in); strings.Contains(f.Summary, "most") || ev.ByServiceReason != nil || ev.ReasonsNotNamed != "reading NFLOG group 0: no buffer space" {
+		t.Errorf("log failed: %q, %+v", f.Summary, ev)
+	}
+}
+
 func TestConntrackTable(t *testing.T) {
 	in := healthyInput()
 	in.Conntrack.Entries, in.Conntrack.Limit = 240000, 262144

@@ -379,6 +379,13 @@ func TestChartTemplate(t *testing.T) {
 			if s := crb.Subjects; len(s) != 1 || s[0].Namespace != "proxyhealth" || s[0].Name != k["ServiceAccount"].Name {
 				t.Errorf("binding subjects %+v", s)
 			}
+			// conntrack's INVALID log is not read by default: no node setting changed, no
+			// writable /proc.
+			if slices.ContainsFunc(pod.Containers[0].Args, func(a string) bool {
+				return a == "--conntrack.invalid-reasons" || strings.HasPrefix(a, "--path.procfs")
+			}) || slices.ContainsFunc(pod.Volumes, func(v corev1.Volume) bool { return v.HostPath != nil && v.HostPath.Path == "/proc" }) {
+				t.Errorf("args %q, volumes %+v: the INVALID log read by default", pod.Containers[0].Args, pod.Volumes)
+			}
 			// Scrape auth is off by default, and so are the rights it needs.
 			if slices.Contains(pod.Containers[0].Args, "--web.kubernetes-auth") {
 				t.Errorf("args %q: --web.kubernetes-auth by default", pod.Containers[0].Args)
@@ -555,6 +562,27 @@ func TestChartTemplate(t *testing.T) {
 				return strings.HasPrefix(a, "--node-conditions.event-interval")
 			}) {
 				t.Errorf("args %q: want the heartbeat set, the event interval left to the default", args)
+			}
+		},
+		"invalid-reasons-values.yaml": func(t *testing.T, objs []object, k map[string]object) {
+			var ds appsv1.DaemonSet
+			k["DaemonSet"].decodeStrict(t, &ds)
+			pod := ds.Spec.Template.Spec
+			c := pod.Containers[0]
+			if !slices.Contains(c.Args, "--conntrack.invalid-reasons") || !slices.Contains(c.Args, "--path.procfs=/host/proc") {
+				t.Errorf("args %q: want --conntrack.invalid-reasons and --path.procfs=/host/proc", c.Args)
+			}
+			// The host's /proc, writable (the runtime's /proc/sys is read-only).
+			i := slices.IndexFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.MountPath == "/host/proc" })
+			if i < 0 || c.VolumeMounts[i].ReadOnly {
+				t.Fatalf("volume mounts %+v: want the host's /proc writable at /host/proc", c.VolumeMounts)
+			}
+			j := slices.IndexFunc(pod.Volumes, func(v corev1.Volume) bool { return v.Name == c.VolumeMounts[i].Name })
+			if j < 0 || pod.Volumes[j].HostPath == nil || pod.Volumes[j].HostPath.Path != "/proc" || !pod.HostNetwork {
+				t.Errorf("volumes %+v, host network %v: want hostPath /proc in the node's network namespace", pod.Volumes, pod.HostNetwork)
+			}
+			if caps := c.SecurityContext.Capabilities; caps == nil || !slices.Contains(caps.Add, "NET_ADMIN") {
+				t.Errorf("capabilities %+v: conntrack's settings and NFLOG need NET_ADMIN", caps)
 			}
 		},
 		"external-rbac-values.yaml": func(t *testing.T, objs []object, k map[string]object) {

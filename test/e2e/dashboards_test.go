@@ -104,7 +104,7 @@ func TestDashboardQueries(t *testing.T) {
 	cp := StartControlPlane(t, l, ControlPlaneOptions{})
 	kubeconfig := cp.readOnlyKubeconfig("proxyhealth.kubeconfig", apiserverAddr)
 	args := append(driftExporterArgs(kubeconfig), kubeProxyExporterArgs(cp)...)
-	e := l.StartExporter("proxyhealth", dashboardsExporterPort, nil, append(args, "--conntrack.max-service-series=1")...)
+	e := l.StartExporter("proxyhealth", dashboardsExporterPort, nil, append(args, "--conntrack.max-service-series=1", "--conntrack.invalid-reasons")...)
 	waitDriftSynced(t, e, cp)
 	p := StartPrometheus(t, l, PrometheusOptions{Targets: []string{fmt.Sprintf("127.0.0.1:%d", dashboardsExporterPort)}})
 	from := time.Now()
@@ -139,8 +139,16 @@ func TestDashboardQueries(t *testing.T) {
 		return unlisted >= 3 && s.Sum(unrepliedTotal, sameBridge)+unlisted >= 6,
 			s.Series(unrepliedTotal) + s.Series("proxyhealth_conntrack_unreplied_flows_unlisted_total")
 	})
-	// Incident 2's INVALID packets, so that their rate is not only zeros.
+	// Incident 2's INVALID packets, so that their rate is not only zeros, named by Service and
+	// reason (--conntrack.invalid-reasons): lab/web's take the one series the cap allows,
+	// lab/web2's go beyond it.
+	l.SendInvalid(l.A, webVIP+":80", 5)
+	l.SendInvalid(l.A, web2VIP+":80", 5)
 	l.SendInvalid(l.A, podC+":"+blackPort, 20)
+	const invalidUnlisted = "proxyhealth_conntrack_invalid_reason_packets_unlisted_total"
+	e.Poll(t, 5*time.Second, "INVALID packets named, listed and beyond the cap", nil, func(s Scrape) (bool, string) {
+		return s.Sum(invalidReasonTotal, nil) >= 5 && s.Sum(invalidUnlisted, nil) >= 5, s.Series(invalidReasonTotal) + s.Series(invalidUnlisted)
+	})
 
 	// Incident 3: kube-proxy's API connection black-holed while the API moves on.
 	cp.CreateService(httpService(ns, "backend", "10.96.0.50", nil))

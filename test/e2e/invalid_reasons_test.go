@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"regexp"
@@ -11,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/proxyhealth/proxyhealth/internal/verdict"
 )
 
 const (
@@ -109,12 +112,58 @@ func (l *Lab) sendOutOfWindow(h heldConn, count int) {
 		"--count", strconv.Itoa(count))
 }
 
+// invalidFinding is /status's invalid_not_dropped finding with the evidence that names the
+// Services and reasons.
+type invalidFinding struct {
+	Cause    string `json:"cause"`
+	Summary  string `json:"summary"`
+	Evidence struct {
+		InvalidPackets  uint64                       `json:"invalid_packets"`
+		ByServiceReason []verdict.InvalidReasonCount `json:"by_service_reason"`
+		ReasonsNotNamed string                       `json:"reasons_not_named"`
+	} `json:"evidence"`
+}
+
+// invalidSummaryRE is what incident 2's finding says of the lab's Service: the segments are
+// seq_over_window; the RSTs A answers them with (to the endpoint's address, which A's connection
+// never saw) start no flow conntrack knows, and are invalid_new of the same Service: about as
+// many.
+var invalidSummaryRE = regexp.MustCompile(`, mostly for lab/web: \d+ (seq_over_window and \d+ invalid_new|invalid_new and \d+ seq_over_window) packets, with`)
+
+// webSeqOverWindow is the seq_over_window packets of lab/web in f's evidence.
+func (f invalidFinding) webSeqOverWindow() uint64 {
+	for _, c := range f.Evidence.ByServiceReason {
+		if c.Namespace == "lab" && c.Name == "web" && c.Reason == "seq_over_window" {
+			return c.Packets
+		}
+	}
+	return 0
+}
+
+// invalidFinding reads r's invalid_not_dropped finding, if there is one.
+func (r labReport) invalidFinding(t *testing.T) (invalidFinding, bool) {
+	t.Helper()
+	var doc struct {
+		Findings []invalidFinding `json:"findings"`
+	}
+	if err := json.Unmarshal([]byte(r.raw), &doc); err != nil {
+		t.Fatalf("parsing /status: %v\n%s", err, r.raw)
+	}
+	for _, f := range doc.Findings {
+		if f.Cause == "invalid_not_dropped" {
+			return f, len(f.Evidence.ByServiceReason) > 0
+		}
+	}
+	return invalidFinding{}, false
+}
+
 // TestExporterInvalidReasons runs the exporter with --conntrack.invalid-reasons in a lab node
 // with kube-proxy's rules: crafted INVALID packets towards a Service's cluster IP are named with
 // their reason and the Service; incident 2 is reproduced for real (out-of-window segments from
 // the endpoint of an established connection through the cluster IP reach the client un-NATed,
 // which resets the connection, until a drop rule is in place) and named seq_over_window of the
-// Service; and SIGTERM puts the node's settings back.
+// Service, by the metrics and by the verdict's invalid_not_dropped finding in /status and the
+// landing page; SIGTERM puts the node's settings back; and diagnose names them as well.
 func TestExporterInvalidReasons(t *testing.T) {
 	requireExporter(t)
 	l := newLab(t)
@@ -124,7 +173,8 @@ func TestExporterInvalidReasons(t *testing.T) {
 		return strings.Contains(string(b), "ready"), string(b)
 	})
 	before := l.invalidLogSettings()
-	e := l.StartExporter("proxyhealth-invalid-reasons", invalidReasonsPort, nil, "--conntrack.invalid-reasons", "--log.level=debug")
+	// The verdict judges the last 30 s: the incident reproduced below is a rate above 1/s in it.
+	e := l.StartExporter("proxyhealth-invalid-reasons", invalidReasonsPort, nil, "--conntrack.invalid-reasons", "--log.level=debug", "--status.window=30s")
 	waitFor(t, 10*time.Second, "the exporter to set conntrack's log settings", func() (bool, string) {
 		got := l.invalidLogSettings()
 		return got == "255 nfnetlink_log nfnetlink_log", got
@@ -199,6 +249,33 @@ func TestExporterInvalidReasons(t *testing.T) {
 		checkValue(t, e.Scrape(t), invalidReasonLost, nil, 0)
 	})
 
+	t.Run("incident2_verdict_names_service_and_reason", func(t *testing.T) {
+		l := l.In(t)
+		// No drop rule (the subtest above removed it), be_liberal off: a stream of
+		// out-of-window segments through the cluster IP, more than 1/s over the window.
+		h := l.holdConnection("hold-3")
+		const n = 60
+		l.sendOutOfWindow(h, n)
+		var got invalidFinding
+		waitFor(t, 10*time.Second, "/status: invalid_not_dropped naming lab/web and its reasons", func() (bool, string) {
+			r := e.status(t)
+			var ok bool
+			got, ok = r.invalidFinding(t)
+			return ok && invalidSummaryRE.MatchString(got.Summary) && got.webSeqOverWindow() >= n, r.raw
+		})
+		if got.Evidence.InvalidPackets < n || got.Evidence.ReasonsNotNamed != "" {
+			t.Errorf("invalid_not_dropped: %+v", got)
+		}
+		t.Logf("incident 2's finding: %s; by Service and reason: %+v", got.Summary, got.Evidence.ByServiceReason)
+		// The landing page tells the same (no API and no kube-proxy here: unknown).
+		checkLandingPage(t, e, "incident2_invalid_reasons", "unknown", findingWant{
+			Severity: "warning", Cause: "invalid_not_dropped",
+			Summary:  []string{"mostly for lab/web: ", "with nf_conntrack_tcp_be_liberal off"},
+			Evidence: map[string]string{"tcp_be_liberal": "0", "invalid_drop_rule": "false"},
+			Runbook:  "#proxyhealthinvalidpacketsnotdropped",
+		})
+	})
+
 	t.Run("scrape_matches_readme", func(t *testing.T) {
 		s := e.Scrape(t)
 		checkScrapeSignatures(t, s, readmeReference(t))
@@ -221,6 +298,24 @@ func TestExporterInvalidReasons(t *testing.T) {
 		}
 		if got := l.invalidLogSettings(); got != before {
 			t.Errorf("settings after SIGTERM: %s, want the old %s", got, before)
+		}
+	})
+
+	// diagnose, once the exporter has let go of NFLOG group 0, names them too, and puts the
+	// settings back when it is done.
+	t.Run("diagnose_names_service_and_reason", func(t *testing.T) {
+		l := l.In(t)
+		const n = 30
+		r, _, stderr := diagnoseDuring(t, l, 6*time.Second, 2*time.Second, func() {
+			l.sendOutOfWindow(l.holdConnection("hold-4"), n)
+		}, "--conntrack.invalid-reasons", "--no-collector.kubeproxy")
+		f, ok := r.invalidFinding(t)
+		if !ok || !invalidSummaryRE.MatchString(f.Summary) || f.webSeqOverWindow() < n {
+			t.Errorf("diagnose: invalid_not_dropped does not name lab/web and its reasons (%d seq_over_window, want %d):\n%s\nstderr:\n%s", f.webSeqOverWindow(), n, r.raw, stderr)
+		}
+		t.Logf("diagnose: %s", f.Summary)
+		if got := l.invalidLogSettings(); got != before {
+			t.Errorf("settings after diagnose: %s, want the old %s", got, before)
 		}
 	})
 }
