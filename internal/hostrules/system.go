@@ -223,8 +223,10 @@ func affectsForward(c *nftnl.Change) bool {
 			return true
 		}
 		for _, ch := range d.Chains {
-			if !strings.HasPrefix(ch, kubeproxynames.NFTClusterChainPrefix) && !strings.HasPrefix(ch, kubeproxynames.NFTLocalChainPrefix) &&
-				!strings.HasPrefix(ch, kubeproxynames.NFTEndpointChainPrefix) {
+			// By the service port chains' own predicate, not their prefixes: kube-proxy's fixed
+			// service-endpoints-check chain shares the "service-" prefix, and filter-forward
+			// jumps to it.
+			if !kubeproxynames.IsNFTServiceChain(ch) && !kubeproxynames.IsNFTEndpointChain(ch) {
 				return true
 			}
 		}
