@@ -20,9 +20,7 @@ type commandLine struct {
 	paths          *Paths
 	statusCfg      *statusConfig
 	conditions     *nodeConditionsConfig
-	regs           []registration
-	api            *apiView
-	host           *hostRules
+	collectors     *collectorFlags
 	promslogConfig *promslog.Config
 }
 
@@ -37,7 +35,7 @@ func newCommandLine() *commandLine {
 	cl.paths = addPathFlags(app)
 	cl.statusCfg = addStatusFlags(app)
 	cl.conditions = addNodeConditionsFlags(app)
-	cl.regs, cl.api, cl.host = registrations(app, cl.paths)
+	cl.collectors = addCollectorFlags(app, cl.paths)
 	promslogflag.AddFlags(app, cl.promslogConfig)
 	app.Version(version.Print("proxyhealth"))
 	app.HelpFlag.Short('h')

@@ -18,7 +18,6 @@ import (
 	"github.com/alecthomas/kingpin/v2"
 	"github.com/prometheus/common/promslog"
 
-	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
 	"github.com/proxyhealth/proxyhealth/collectors/conntrack"
 	"github.com/proxyhealth/proxyhealth/collectors/kubeproxy"
 	"github.com/proxyhealth/proxyhealth/collectors/rules"
@@ -393,8 +392,7 @@ func notCheckedMessage(r verdict.Report) string {
 
 // runDiagnose builds the collectors the exporter's flags enable, looks at the node once and
 // prints the result; it returns the exit code.
-func runDiagnose(ctx context.Context, cfg diagnoseConfig, regs []registration, api *apiView, host *hostRules, paths *Paths,
-	logger *slog.Logger, stdout, stderr io.Writer) int {
+func runDiagnose(ctx context.Context, cfg diagnoseConfig, flags *collectorFlags, logger *slog.Logger, stdout, stderr io.Writer) int {
 	fail := func(err error) int {
 		fmt.Fprintf(stderr, "proxyhealth diagnose: cannot diagnose: %v\n", err)
 		return exitCannotDiagnose
@@ -402,11 +400,20 @@ func runDiagnose(ctx context.Context, cfg diagnoseConfig, regs []registration, a
 	if err := cfg.validate(); err != nil {
 		return fail(err)
 	}
-	api.logger, host.logger = logger, logger
-	d, err := newDiagnosis(cfg, regs, api, host, paths, logger)
+	flags.api.logger, flags.host.logger = logger, logger
+	// The drift check's grace period is the window, and it compares at least every
+	// driftCheckInterval; only the --service Service is looked at closely.
+	flags.rules.CheckInterval, flags.rules.GracePeriod, flags.rules.MaxSeries = driftCheckInterval, cfg.Window, 1
+	built, err := flags.build(logger)
+	// Collectors that changed the node put it back when diagnose ends, as the exporter's do.
+	defer built.Close(logger)
 	if err != nil {
+		if be, ok := errors.AsType[*buildError](err); ok {
+			err = fmt.Errorf("build the %s collector: %w", be.collector, be.err)
+		}
 		return fail(err)
 	}
+	d := newDiagnosis(cfg, built, flags.api.cfg.NodeName)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	res, err := d.run(ctx)
@@ -423,85 +430,51 @@ func runDiagnose(ctx context.Context, cfg diagnoseConfig, regs []registration, a
 	return code
 }
 
-// newDiagnosis builds the enabled collectors as the exporter would, but the drift check's
-// grace period is the window, and kube-proxy is asked at the window's ends and its log read
-// back rather than followed.
-func newDiagnosis(cfg diagnoseConfig, regs []registration, api *apiView, host *hostRules, paths *Paths, logger *slog.Logger) (*diagnosis, error) {
-	built := map[string]phcollectors.Collector{}
-	runners := map[string]phcollectors.Runner{}
-	rulesOn := false
-	for _, r := range regs {
-		if !*r.enabled {
-			continue
-		}
-		if r.name == rules.Name {
-			rulesOn = true
-			continue // built below with the window as its grace period
-		}
-		c, run, err := r.build(logger.With("collector", r.name))
-		if err != nil {
-			return nil, fmt.Errorf("build the %s collector: %w", r.name, err)
-		}
-		built[r.name] = c
-		if run != nil && r.name != kubeproxy.Name { // kube-proxy is asked, not followed
-			runners[r.name] = run
-		}
-	}
-	if rulesOn {
-		view, err := api.get()
-		if err != nil {
-			return nil, err
-		}
-		source, err := host.get(paths.ProcFS)
-		if err != nil {
-			return nil, err
-		}
-		rc, err := rules.New(rules.Config{View: view, Rules: source, CheckInterval: driftCheckInterval, GracePeriod: cfg.Window, MaxSeries: 1}, logger.With("collector", rules.Name))
-		if err != nil {
-			return nil, err
-		}
-		built[rules.Name], runners[rules.Name] = rc, rc
-	}
+// newDiagnosis looks at the node through the collectors built as the exporter would, but
+// kube-proxy is asked at the window's ends and its log read back rather than followed.
+func newDiagnosis(cfg diagnoseConfig, built *builtCollectors, nodeName string) *diagnosis {
 	d := &diagnosis{
 		cfg:   cfg,
-		src:   sourcesOf(built, api.view, host.source, api.cfg.NodeName),
+		src:   sourcesOf(built, nodeName),
 		sleep: sleepCtx,
 	}
 	d.start = func(ctx context.Context) {
-		if host.source != nil {
-			go host.source.Run(ctx)
+		if built.host != nil {
+			go built.host.Run(ctx)
 		}
-		if api.view != nil {
-			go api.view.Run(ctx)
+		if built.api != nil {
+			go built.api.Run(ctx)
 		}
-		for _, r := range runners {
-			go r.Run(ctx)
+		for _, c := range built.named() {
+			if c.runner != nil && c.name != kubeproxy.Name { // kube-proxy is asked, not followed
+				go c.runner.Run(ctx)
+			}
 		}
 	}
 	d.ready = func(ctx context.Context) { waitReady(ctx, cfg.SyncTimeout, d.src) }
-	if kp, ok := built[kubeproxy.Name].(*kubeproxy.Collector); ok {
+	if kp := built.kubeproxy; kp != nil {
 		d.pollKubeProxy = kp.Poll
 		d.scanLog = func(since time.Time) kubeproxy.LogScan { return kp.ScanLog(since, maxLogScanBytes) }
 	}
-	if rc, ok := built[rules.Name].(*rules.Collector); ok {
+	if rc := built.rules; rc != nil {
 		d.driftReady = func() time.Time {
 			if lc := rc.LastCheck(); lc.Compared && lc.Fresh && lc.Err == nil {
 				return lc.At
 			}
 			return time.Time{}
 		}
-		settle := min(maxDriftSettle, api.view.ProbeCycle()+driftCheckInterval)
+		settle := min(maxDriftSettle, built.api.ProbeCycle()+driftCheckInterval)
 		d.driftSettled = func(ctx context.Context, from time.Time) error {
 			return waitDriftSettled(ctx, rc, from.Add(cfg.Window), settle)
 		}
 		d.service = func(namespace, name string) ([]rules.PortEndpoints, error) {
-			if api.view == nil || !api.view.Snapshot().Synced {
+			if built.api == nil || !built.api.Snapshot().Synced {
 				return nil, errors.New("--service: the API view has not synced")
 			}
-			return rules.ServiceEndpoints(api.view.Snapshot(), host.source.State(), namespace, name), nil
+			return rules.ServiceEndpoints(built.api.Snapshot(), built.host.State(), namespace, name), nil
 		}
 	}
-	return d, nil
+	return d
 }
 
 // waitReady waits, at most timeout, until what the window starts from is there: the node's

@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"os"
@@ -23,7 +22,6 @@ import (
 	"github.com/prometheus/common/version"
 	"github.com/prometheus/exporter-toolkit/web"
 
-	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
 	"github.com/proxyhealth/proxyhealth/internal/capability"
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
 	"github.com/proxyhealth/proxyhealth/internal/kubeauth"
@@ -57,8 +55,9 @@ func allocationSampling(pprof bool, rate int) int {
 func Main(args []string) int {
 	cl := newCommandLine()
 	app, diagnoseCmd, diagnoseCfg, srv := cl.app, cl.diagnoseCmd, cl.diagnoseCfg, cl.srv
-	webConfig, paths, statusCfg, conditions := cl.webConfig, cl.paths, cl.statusCfg, cl.conditions
-	regs, api, host, promslogConfig := cl.regs, cl.api, cl.host, cl.promslogConfig
+	webConfig, statusCfg, conditions := cl.webConfig, cl.statusCfg, cl.conditions
+	collectors, promslogConfig := cl.collectors, cl.promslogConfig
+	api, host := collectors.api, collectors.host
 	cmd, err := app.Parse(args)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "proxyhealth: %v\n", nameBadFlag(args, err))
@@ -78,11 +77,7 @@ func Main(args []string) int {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
 		logger := diagnoseLogger(args, promslogConfig)
-		// diagnose builds the collectors itself; those that changed the node put it back
-		// when it ends, as the exporter's do.
-		built := make(map[string]phcollectors.Collector)
-		defer closeCollectors(built, logger)
-		return runDiagnose(ctx, *diagnoseCfg, recordBuilt(regs, built), api, host, paths, logger, os.Stdout, os.Stderr)
+		return runDiagnose(ctx, *diagnoseCfg, collectors, logger, os.Stdout, os.Stderr)
 	}
 	if statusCfg.Window <= 0 {
 		fmt.Fprintln(os.Stderr, "proxyhealth: --status.window must be positive")
@@ -116,29 +111,20 @@ func Main(args []string) int {
 	}()
 
 	api.logger, host.logger = logger, logger
-	built := make(map[string]phcollectors.Collector)
-	runners := make(map[string]phcollectors.Runner)
-	for _, r := range regs {
-		if !*r.enabled {
-			logger.Info("collector disabled", "collector", r.name)
-			continue
-		}
-		c, run, err := r.build(logger.With("collector", r.name))
-		if err != nil {
-			// A collector that cannot even be built is a configuration error (a bad flag value),
-			// not a missing node feature: those are reported by Update.
-			fmt.Fprintf(os.Stderr, "proxyhealth: collector %s: %v\n", r.name, err)
-			return 2
-		}
-		built[r.name] = c
-		if run != nil {
-			runners[r.name] = run
-		}
+	for _, name := range collectors.disabled() {
+		logger.Info("collector disabled", "collector", name)
+	}
+	built, err := collectors.build(logger)
+	if err != nil {
+		// A collector that cannot even be built is a configuration error (a bad flag value),
+		// not a missing node feature: those are reported by Update.
+		fmt.Fprintf(os.Stderr, "proxyhealth: %v\n", err)
+		return 2
 	}
 	// Collectors that changed the node (--conntrack.invalid-reasons) put it back on every way
 	// out, without waiting for their background work, which the process's end would cut
 	// short. Close may be called more than once.
-	defer closeCollectors(built, logger)
+	defer built.Close(logger)
 	var auth *kubeauth.Auth
 	if srv.kubeAuth.enabled {
 		auth, err = srv.kubeAuth.newKubeAuth(&api.cfg, *webConfig.WebConfigFile, logger.With("component", "kubernetes-auth"))
@@ -148,31 +134,28 @@ func Main(args []string) int {
 		}
 	}
 	// Nothing starts before every collector was built: a bad flag stops the exporter first.
-	for _, r := range regs {
-		if _, ok := built[r.name]; !ok {
-			continue
+	for _, c := range built.named() {
+		if c.runner != nil {
+			go c.runner.Run(ctx)
 		}
-		if run := runners[r.name]; run != nil {
-			go run.Run(ctx)
-		}
-		logger.Info("collector enabled", "collector", r.name)
+		logger.Info("collector enabled", "collector", c.name)
 	}
-	if api.view != nil {
-		go api.view.Run(ctx)
+	if built.api != nil {
+		go built.api.Run(ctx)
 	}
-	set := newCollectorSet(built, logger)
+	set := newCollectorSet(built.byName(), logger)
 	// The verdict (/status and the landing page) reads the collectors' last results.
-	judge := newStatus(sourcesOf(built, api.view, host.source, api.cfg.NodeName), statusCfg.Window)
+	judge := newStatus(sourcesOf(built, api.cfg.NodeName), statusCfg.Window)
 	go judge.run(ctx)
 
 	registry := newRegistry(set, !srv.exporterOwn)
-	if host.source != nil {
-		go host.source.Run(ctx)
-		registry.MustRegister(host.source)
+	if built.host != nil {
+		go built.host.Run(ctx)
+		registry.MustRegister(built.host)
 	}
-	if api.view != nil {
+	if built.api != nil {
 		// The view's own health, whichever of its users are switched on.
-		registry.MustRegister(cluster.NewHealthCollector(api.view))
+		registry.MustRegister(cluster.NewHealthCollector(built.api))
 	}
 	if conditions.Enabled {
 		if pub := startNodeConditions(ctx, conditions, api, judge, logger); pub != nil {
@@ -219,36 +202,8 @@ func Main(args []string) int {
 	case <-ctx.Done():
 		logger.Info("shutting down", "budget", srv.shutdownTimeout)
 		// The node is put back first: the shutdown budget may be all the grace period left.
-		closeCollectors(built, logger)
+		built.Close(logger)
 		return shutdown(server, srv.shutdownTimeout, logger)
-	}
-}
-
-// recordBuilt returns regs with each build adding what it built to built.
-func recordBuilt(regs []registration, built map[string]phcollectors.Collector) []registration {
-	out := make([]registration, len(regs))
-	for i, r := range regs {
-		build := r.build
-		r.build = func(l *slog.Logger) (phcollectors.Collector, phcollectors.Runner, error) {
-			c, run, err := build(l)
-			if err == nil {
-				built[r.name] = c
-			}
-			return c, run, err
-		}
-		out[i] = r
-	}
-	return out
-}
-
-// closeCollectors calls Close on each collector that has one.
-func closeCollectors(built map[string]phcollectors.Collector, logger *slog.Logger) {
-	for name, c := range built {
-		if closer, ok := c.(io.Closer); ok {
-			if err := closer.Close(); err != nil {
-				logger.Error("collector clean-up failed", "collector", name, "err", err)
-			}
-		}
 	}
 }
 
