@@ -135,7 +135,7 @@ func (c *Collector) Run(ctx context.Context) {
 	rulesChanged := c.cfg.Rules.Subscribe()
 	var viewChanged <-chan struct{}
 	if n, ok := c.cfg.View.(cluster.Notifier); ok {
-		viewChanged = n.Changed()
+		viewChanged = n.Subscribe()
 	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
