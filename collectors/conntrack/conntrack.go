@@ -388,18 +388,20 @@ func (v *attributionView) attribute(orig, reply *tuple) seriesKey {
 }
 
 // refreshViewLoop keeps the attribution view current: the node's bridges and routes every
-// ServiceRefreshInterval, and the Service map whenever its source publishes anew (looked at
-// every second, a comparison of generations): the API view once synced, before that (or
+// ServiceRefreshInterval, and the Service map whenever its source publishes anew (told by its
+// notification, then a comparison of generations): the API view once synced, before that (or
 // without one) kube-proxy's rules as internal/hostrules last read them.
 func (c *Collector) refreshViewLoop(ctx context.Context) {
 	slow := time.NewTicker(c.cfg.ServiceRefreshInterval)
 	defer slow.Stop()
-	fast := time.NewTicker(time.Second)
-	defer fast.Stop()
-	// A new read of the rules is taken at once when the reader tells of one.
-	var rulesChanged <-chan struct{}
+	// A new read of the rules, or a new generation of the API view, is taken at once when
+	// its source tells of one. A view without notifications (a fixed one) is read once.
+	var rulesChanged, viewChanged <-chan struct{}
 	if sub, ok := c.cfg.Rules.(interface{ Subscribe() <-chan struct{} }); ok {
 		rulesChanged = sub.Subscribe()
+	}
+	if n, ok := c.cfg.View.(cluster.Notifier); ok {
+		viewChanged = n.Subscribe()
 	}
 	var (
 		lastNetErr    string
@@ -459,7 +461,7 @@ func (c *Collector) refreshViewLoop(ctx context.Context) {
 			return
 		case <-slow.C:
 			reload()
-		case <-fast.C:
+		case <-viewChanged:
 		case <-rulesChanged:
 		}
 	}
