@@ -37,6 +37,9 @@ type Runner interface {
 
 // NewDesc describes the metric proxyhealth_<subsystem>_<name> (proxyhealth_<name> when
 // subsystem is empty) with the given variable labels and no constant ones.
+// Every proxyhealth descriptor is built with it, the shared readers' (internal/cluster,
+// internal/hostrules) too; a metric kept in a client_golang vector, whose descriptor the
+// vector builds, gives Namespace and its subsystem in its opts instead.
 func NewDesc(subsystem, name, help string, labels ...string) *prometheus.Desc {
 	return prometheus.NewDesc(prometheus.BuildFQName(Namespace, subsystem, name), help, labels, nil)
 }
