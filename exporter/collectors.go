@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/alecthomas/kingpin/v2"
+	"github.com/prometheus/client_golang/prometheus"
 
 	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
 	"github.com/proxyhealth/proxyhealth/collectors/conntrack"
@@ -305,6 +306,28 @@ func (f *collectorFlags) buildKubeProxy(l *slog.Logger) (*kubeproxy.Collector, e
 		}
 	}
 	return kubeproxy.New(f.kubeproxy, l)
+}
+
+// startReaders starts the shared readers' background work: following netfilter, and the API
+// view's watches.
+func (b *builtCollectors) startReaders(ctx context.Context) {
+	if b.host != nil {
+		go b.host.Run(ctx)
+	}
+	if b.api != nil {
+		go b.api.Run(ctx)
+	}
+}
+
+// registerReaders adds the shared readers' own metrics to registry: the netfilter reader's
+// work and the API view's health, whichever of their users are switched on.
+func (b *builtCollectors) registerReaders(registry *prometheus.Registry) {
+	if b.host != nil {
+		registry.MustRegister(b.host)
+	}
+	if b.api != nil {
+		registry.MustRegister(cluster.NewHealthCollector(b.api))
+	}
 }
 
 // namedCollector is one enabled collector under its --[no-]collector.<name> switch's name;

@@ -439,12 +439,7 @@ func newDiagnosis(cfg diagnoseConfig, built *builtCollectors, nodeName string) *
 		sleep: sleepCtx,
 	}
 	d.start = func(ctx context.Context) {
-		if built.host != nil {
-			go built.host.Run(ctx)
-		}
-		if built.api != nil {
-			go built.api.Run(ctx)
-		}
+		built.startReaders(ctx)
 		for _, c := range built.named() {
 			if c.runner != nil && c.name != kubeproxy.Name { // kube-proxy is asked, not followed
 				go c.runner.Run(ctx)

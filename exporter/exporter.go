@@ -23,7 +23,6 @@ import (
 	"github.com/prometheus/exporter-toolkit/web"
 
 	"github.com/proxyhealth/proxyhealth/internal/capability"
-	"github.com/proxyhealth/proxyhealth/internal/cluster"
 	"github.com/proxyhealth/proxyhealth/internal/kubeauth"
 )
 
@@ -140,23 +139,14 @@ func Main(args []string) int {
 		}
 		logger.Info("collector enabled", "collector", c.name)
 	}
-	if built.api != nil {
-		go built.api.Run(ctx)
-	}
+	built.startReaders(ctx)
 	set := newCollectorSet(built.byName(), logger)
 	// The verdict (/status and the landing page) reads the collectors' last results.
 	judge := newStatus(sourcesOf(built, api.cfg.NodeName), statusCfg.Window)
 	go judge.run(ctx)
 
 	registry := newRegistry(set, !srv.exporterOwn)
-	if built.host != nil {
-		go built.host.Run(ctx)
-		registry.MustRegister(built.host)
-	}
-	if built.api != nil {
-		// The view's own health, whichever of its users are switched on.
-		registry.MustRegister(cluster.NewHealthCollector(built.api))
-	}
+	built.registerReaders(registry)
 	if conditions.Enabled {
 		if pub := startNodeConditions(ctx, conditions, api, judge, logger); pub != nil {
 			registry.MustRegister(pub)
