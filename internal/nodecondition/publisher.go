@@ -134,18 +134,11 @@ func (p *Publisher) Collect(ch chan<- prometheus.Metric) {
 
 // Run publishes report() every interval until ctx is done; each round's API calls get timeout.
 func (p *Publisher) Run(ctx context.Context, interval, timeout time.Duration, report func() verdict.Report) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
+	phcollectors.Every(ctx, interval, func() {
 		rctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
 		p.Publish(rctx, report())
-		cancel()
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	})
 }
 
 // Publish brings the condition and the Events up to rep. Failures are logged (once each) and
