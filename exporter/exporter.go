@@ -29,7 +29,6 @@ import (
 // DefaultListenAddress is proxyhealth's port in the Prometheus default port allocations style.
 const DefaultListenAddress = ":9869"
 
-// Main parses args, runs the exporter until SIGINT/SIGTERM and returns the process exit code.
 // defaultMemProfileRate is Go's runtime.MemProfileRate: one sample every 512 KiB allocated.
 const defaultMemProfileRate = 512 * 1024
 
@@ -51,54 +50,100 @@ func allocationSampling(pprof bool, rate int) int {
 	return rate
 }
 
+// Main parses args, runs the exporter until SIGINT/SIGTERM (or diagnose once) and returns the
+// process exit code.
 func Main(args []string) int {
 	cl := newCommandLine()
-	app, diagnoseCmd, diagnoseCfg, srv := cl.app, cl.diagnoseCmd, cl.diagnoseCfg, cl.srv
-	webConfig, statusCfg, conditions := cl.webConfig, cl.statusCfg, cl.conditions
-	collectors, promslogConfig := cl.collectors, cl.promslogConfig
-	api, host := collectors.api, collectors.host
-	cmd, err := app.Parse(args)
+	cmd, err := cl.parse(args)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "proxyhealth: %v\n", nameBadFlag(args, err))
-		if wantsDiagnose(args) {
-			return exitCannotDiagnose
-		}
-		return 2
-	}
-	if err := srv.validate(); err != nil {
 		fmt.Fprintf(os.Stderr, "proxyhealth: %v\n", err)
 		if wantsDiagnose(args) {
 			return exitCannotDiagnose
 		}
 		return 2
 	}
-	if cmd == diagnoseCmd.FullCommand() {
+	if cmd == cl.diagnoseCmd.FullCommand() {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
-		logger := diagnoseLogger(args, promslogConfig)
-		return runDiagnose(ctx, *diagnoseCfg, collectors, logger, os.Stdout, os.Stderr)
+		logger := diagnoseLogger(args, cl.promslogConfig)
+		return runDiagnose(ctx, *cl.diagnoseCfg, cl.collectors, logger, os.Stdout, os.Stderr)
 	}
-	if statusCfg.Window <= 0 {
-		fmt.Fprintln(os.Stderr, "proxyhealth: --status.window must be positive")
-		return 2
-	}
-	if err := conditions.validate(); err != nil {
+	if err := cl.validateServe(); err != nil {
 		fmt.Fprintf(os.Stderr, "proxyhealth: %v\n", err)
 		return 2
 	}
+	return cl.serve()
+}
+
+// parse parses args into the command line's flags and checks the server's; it returns the
+// command chosen.
+func (cl *commandLine) parse(args []string) (string, error) {
+	cmd, err := cl.app.Parse(args)
+	if err != nil {
+		return "", nameBadFlag(args, err)
+	}
+	if err := cl.srv.validate(); err != nil {
+		return "", err
+	}
+	return cmd, nil
+}
+
+// validateServe checks the flags only the exporter uses.
+func (cl *commandLine) validateServe() error {
+	if cl.statusCfg.Window <= 0 {
+		return errors.New("--status.window must be positive")
+	}
+	return cl.conditions.validate()
+}
+
+// serve runs the exporter until SIGINT/SIGTERM: it builds the collectors, starts their
+// background work and serves them.
+func (cl *commandLine) serve() int {
+	srv := cl.srv
 	runtime.MemProfileRate = allocationSampling(srv.enablePprof, runtime.MemProfileRate)
-	logger := promslog.New(promslogConfig)
+	logger := promslog.New(cl.promslogConfig)
 	logger.Info("starting proxyhealth", "version", version.Info(), "build_context", version.BuildContext())
 	logger.Info("capabilities", capability.LogAttrs()...)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	// SIGHUP would end the process silently; there is nothing to reload (every setting is a
-	// flag), so it is said and ignored.
+	ignoreSIGHUP(ctx, logger)
+
+	built, auth, err := cl.build(logger)
+	if built != nil {
+		// Collectors that changed the node (--conntrack.invalid-reasons) put it back on every
+		// way out, without waiting for their background work, which the process's end would
+		// cut short. Close may be called more than once.
+		defer built.Close(logger)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "proxyhealth: %v\n", err)
+		return 2
+	}
+	handler := cl.start(ctx, built, auth, logger)
+
+	server := newServer(handler, logger)
+	errc := make(chan error, 1)
+	go func() { errc <- web.ListenAndServe(server, cl.webConfig, logger) }()
+	select {
+	case err := <-errc:
+		logger.Error("HTTP server stopped", "err", err)
+		return 1
+	case <-ctx.Done():
+		logger.Info("shutting down", "budget", srv.shutdownTimeout)
+		// The node is put back first: the shutdown budget may be all the grace period left.
+		built.Close(logger)
+		return shutdown(server, srv.shutdownTimeout, logger)
+	}
+}
+
+// ignoreSIGHUP says and ignores SIGHUP until ctx is done: it would end the process silently,
+// and there is nothing to reload (every setting is a flag).
+func ignoreSIGHUP(ctx context.Context, logger *slog.Logger) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 	go func() {
+		defer signal.Stop(hup)
 		for {
 			select {
 			case <-ctx.Done():
@@ -108,31 +153,37 @@ func Main(args []string) int {
 			}
 		}
 	}()
+}
 
+// build makes the enabled collectors and, with --web.kubernetes-auth, the request checker;
+// nothing starts. A collector that cannot be built returns what was built so far (to be
+// closed) and the error; a bad flag stops the exporter here, before anything starts.
+func (cl *commandLine) build(logger *slog.Logger) (*builtCollectors, *kubeauth.Auth, error) {
+	api, host := cl.collectors.api, cl.collectors.host
 	api.logger, host.logger = logger, logger
-	for _, name := range collectors.disabled() {
+	for _, name := range cl.collectors.disabled() {
 		logger.Info("collector disabled", "collector", name)
 	}
-	built, err := collectors.build(logger)
+	built, err := cl.collectors.build(logger)
 	if err != nil {
 		// A collector that cannot even be built is a configuration error (a bad flag value),
 		// not a missing node feature: those are reported by Update.
-		fmt.Fprintf(os.Stderr, "proxyhealth: %v\n", err)
-		return 2
+		return nil, nil, err
 	}
-	// Collectors that changed the node (--conntrack.invalid-reasons) put it back on every way
-	// out, without waiting for their background work, which the process's end would cut
-	// short. Close may be called more than once.
-	defer built.Close(logger)
-	var auth *kubeauth.Auth
-	if srv.kubeAuth.enabled {
-		auth, err = srv.kubeAuth.newKubeAuth(&api.cfg, *webConfig.WebConfigFile, logger.With("component", "kubernetes-auth"))
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "proxyhealth: %v\n", err)
-			return 2
-		}
+	if !cl.srv.kubeAuth.enabled {
+		return built, nil, nil
 	}
-	// Nothing starts before every collector was built: a bad flag stops the exporter first.
+	auth, err := cl.srv.kubeAuth.newKubeAuth(&api.cfg, *cl.webConfig.WebConfigFile, logger.With("component", "kubernetes-auth"))
+	if err != nil {
+		return built, nil, err
+	}
+	return built, auth, nil
+}
+
+// start starts the collectors' background work, the verdict and, with --node-conditions, its
+// publication, and returns the handler of every path served.
+func (cl *commandLine) start(ctx context.Context, built *builtCollectors, auth *kubeauth.Auth, logger *slog.Logger) http.Handler {
+	srv := cl.srv
 	for _, c := range built.named() {
 		if c.runner != nil {
 			go c.runner.Run(ctx)
@@ -142,13 +193,13 @@ func Main(args []string) int {
 	built.startReaders(ctx)
 	set := newCollectorSet(built.byName(), logger)
 	// The verdict (/status and the landing page) reads the collectors' last results.
-	judge := newStatus(sourcesOf(built, api.cfg.NodeName), statusCfg.Window)
+	judge := newStatus(sourcesOf(built, cl.collectors.api.cfg.NodeName), cl.statusCfg.Window)
 	go judge.run(ctx)
 
 	registry := newRegistry(set, !srv.exporterOwn)
 	built.registerReaders(registry)
-	if conditions.Enabled {
-		if pub := startNodeConditions(ctx, conditions, api, judge, logger); pub != nil {
+	if cl.conditions.Enabled {
+		if pub := startNodeConditions(ctx, cl.conditions, cl.collectors.api, judge, logger); pub != nil {
 			registry.MustRegister(pub)
 		}
 	}
@@ -172,29 +223,15 @@ func Main(args []string) int {
 	}
 	mux.Handle("/status", judge)
 	mux.Handle("/", landingPage(srv.telemetryPath, srv.enablePprof, set, judge))
-	var handler http.Handler = mux
-	if auth != nil {
-		// Every path: the landing page and /status show what /metrics does (services, the
-		// node's faults), pprof more. The probes are tcpSocket and need no path.
-		registry.MustRegister(auth)
-		handler = auth.Wrap(mux)
-		logger.Info("every request needs a Kubernetes bearer token allowed to get its path (--web.kubernetes-auth)",
-			"allow_ttl", srv.kubeAuth.allowTTL, "deny_ttl", srv.kubeAuth.denyTTL)
+	if auth == nil {
+		return mux
 	}
-
-	server := newServer(handler, logger)
-	errc := make(chan error, 1)
-	go func() { errc <- web.ListenAndServe(server, webConfig, logger) }()
-	select {
-	case err := <-errc:
-		logger.Error("HTTP server stopped", "err", err)
-		return 1
-	case <-ctx.Done():
-		logger.Info("shutting down", "budget", srv.shutdownTimeout)
-		// The node is put back first: the shutdown budget may be all the grace period left.
-		built.Close(logger)
-		return shutdown(server, srv.shutdownTimeout, logger)
-	}
+	// Every path: the landing page and /status show what /metrics does (services, the node's
+	// faults), pprof more. The probes are tcpSocket and need no path.
+	registry.MustRegister(auth)
+	logger.Info("every request needs a Kubernetes bearer token allowed to get its path (--web.kubernetes-auth)",
+		"allow_ttl", srv.kubeAuth.allowTTL, "deny_ttl", srv.kubeAuth.denyTTL)
+	return auth.Wrap(mux)
 }
 
 // nameBadFlag adds the flag to a parse error that does not name it: kingpin passes a value's
