@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/common/version"
 	"github.com/prometheus/exporter-toolkit/web"
 
+	"github.com/proxyhealth/proxyhealth/exporter/diagnose"
 	"github.com/proxyhealth/proxyhealth/internal/capability"
 	"github.com/proxyhealth/proxyhealth/internal/kubeauth"
 )
@@ -57,15 +58,15 @@ func Main(args []string) int {
 	cmd, err := cl.parse(args)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "proxyhealth: %v\n", err)
-		if wantsDiagnose(args) {
-			return exitCannotDiagnose
+		if diagnose.Wanted(args) {
+			return diagnose.ExitCannotDiagnose
 		}
 		return 2
 	}
 	if cmd == cl.diagnoseCmd.FullCommand() {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
-		logger := diagnoseLogger(args, cl.promslogConfig)
+		logger := diagnose.Logger(args, cl.promslogConfig)
 		return runDiagnose(ctx, *cl.diagnoseCfg, cl.collectors, logger, os.Stdout, os.Stderr)
 	}
 	if err := cl.validateServe(); err != nil {
