@@ -4,9 +4,9 @@
 //
 // Every collector package has the same shape: a Name constant (its --[no-]collector.<name>
 // switch), a Config with AddFlags and an unexported validate that New calls and that sets no
-// defaults (defaults are the flags'; validate joins the checks in flags.go), a
-// New(Config, *slog.Logger), and a Collector that implements Collector and, when it works in
-// the background, Runner. Descriptors are built with NewDesc, periodic work runs in Every.
+// defaults (AddFlags sets them, those of settings that are not flags too; validate joins the
+// checks in flags.go), a New(Config, *slog.Logger), and a Collector that implements Collector
+// and, when it works in the background, Runner. Descriptors are built with NewDesc, periodic work runs in Every.
 package collectors
 
 import (
