@@ -4,9 +4,9 @@
 //
 // Every collector package has the same shape: a Name constant (its --[no-]collector.<name>
 // switch), a Config with AddFlags and an unexported validate that New calls and that sets no
-// defaults (defaults are the flags'; validate joins the checks in flags.go), a
-// New(Config, *slog.Logger), and a Collector that implements Collector and, when it works in
-// the background, Runner. Descriptors are built with NewDesc, periodic work runs in Every.
+// defaults (AddFlags sets them, those of settings that are not flags too; validate joins the
+// checks in flags.go), a New(Config, *slog.Logger), and a Collector that implements Collector
+// and, when it works in the background, Runner. Descriptors are built with NewDesc, periodic work runs in Every.
 package collectors
 
 import (
@@ -37,6 +37,9 @@ type Runner interface {
 
 // NewDesc describes the metric proxyhealth_<subsystem>_<name> (proxyhealth_<name> when
 // subsystem is empty) with the given variable labels and no constant ones.
+// Every proxyhealth descriptor is built with it, the shared readers' (internal/cluster,
+// internal/hostrules) too; a metric kept in a client_golang vector, whose descriptor the
+// vector builds, gives Namespace and its subsystem in its opts instead.
 func NewDesc(subsystem, name, help string, labels ...string) *prometheus.Desc {
 	return prometheus.NewDesc(prometheus.BuildFQName(Namespace, subsystem, name), help, labels, nil)
 }

@@ -3,11 +3,13 @@ package exporter
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"strconv"
 	"time"
 
 	"github.com/alecthomas/kingpin/v2"
+	"github.com/prometheus/client_golang/prometheus"
 
 	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
 	"github.com/proxyhealth/proxyhealth/collectors/conntrack"
@@ -35,41 +37,6 @@ func addPathFlags(app *kingpin.Application) *Paths {
 	// /proc/sys); kept so that command lines written for node_exporter-style flags still parse.
 	app.Flag("path.sysfs", "Deprecated and ignored: nothing is read from sysfs.").Hidden().String()
 	return p
-}
-
-// registration is one collector the exporter knows: its --[no-]collector.<name> switch and how
-// to build it once the flags are parsed. build returns the collector's background work as its
-// Runner, nil when it has none.
-type registration struct {
-	name    string
-	enabled *bool
-	build   func(*slog.Logger) (phcollectors.Collector, phcollectors.Runner, error)
-}
-
-// register adds a collector that does all its work when scraped.
-func register(app *kingpin.Application, name, help string, build func(*slog.Logger) (phcollectors.Collector, error)) registration {
-	return registration{name: name, enabled: collectorFlag(app, name, help), build: func(l *slog.Logger) (phcollectors.Collector, phcollectors.Runner, error) {
-		c, err := build(l)
-		return c, nil, err
-	}}
-}
-
-// backgroundCollector is a collector with background work, which the exporter runs.
-type backgroundCollector interface {
-	phcollectors.Collector
-	phcollectors.Runner
-}
-
-// registerRunner adds a collector with background work: the exporter starts its Run once every
-// enabled collector is built.
-func registerRunner[C backgroundCollector](app *kingpin.Application, name, help string, build func(*slog.Logger) (C, error)) registration {
-	return registration{name: name, enabled: collectorFlag(app, name, help), build: func(l *slog.Logger) (phcollectors.Collector, phcollectors.Runner, error) {
-		c, err := build(l)
-		if err != nil {
-			return nil, nil, err
-		}
-		return c, c, nil
-	}}
 }
 
 func collectorFlag(app *kingpin.Application, name, help string) *bool {
@@ -180,73 +147,232 @@ func (h *hostRules) get(procPath string) (*hostrules.Source, error) {
 	return h.source, nil
 }
 
-// registrations lists every collector, each adding its own flags to app. paths is filled in by
-// the time build runs; the returned apiView holds the API view once a collector asked for it.
-func registrations(app *kingpin.Application, paths *Paths) ([]registration, *apiView, *hostRules) {
-	api := &apiView{}
-	api.cfg.AddFlags(app)
-	host := &hostRules{}
-	host.addFlags(app)
-	var conntrackCfg conntrack.Config
-	conntrackCfg.AddFlags(app)
-	var nodeCfg node.Config
-	nodeCfg.AddFlags(app)
-	var rulesCfg rules.Config
-	rulesCfg.AddFlags(app)
-	var kubeproxyCfg kubeproxy.Config
-	kubeproxyCfg.AddFlags(app)
-	return []registration{
-		registerRunner(app, conntrack.Name, "table fill, per-CPU stats, the event stream and unreplied Service flows, and conntrack's settings (needs CAP_NET_ADMIN).",
-			func(l *slog.Logger) (*conntrack.Collector, error) {
-				view, err := api.get()
-				if err != nil {
-					return nil, err
-				}
-				rules, err := host.get(paths.ProcFS)
-				if err != nil {
-					return nil, err
-				}
-				conntrackCfg.ProcPath, conntrackCfg.View, conntrackCfg.Rules = paths.ProcFS, view, rules
-				return conntrack.New(conntrackCfg, l)
-			}),
-		register(app, node.Name, "bridge netfilter sysctls, and whether a conntrack INVALID drop rule is on the forward path (reading the rules needs CAP_NET_ADMIN, and CAP_NET_RAW for iptables-legacy).",
-			func(l *slog.Logger) (phcollectors.Collector, error) {
-				rules, err := host.get(paths.ProcFS)
-				if err != nil {
-					return nil, err
-				}
-				nodeCfg.ProcPath, nodeCfg.Rules = paths.ProcFS, rules
-				return node.New(nodeCfg, l)
-			}),
-		registerRunner(app, rules.Name, "kube-proxy's programmed endpoints against the API, per Service port (needs the API: --kubeconfig or in-cluster; CAP_NET_ADMIN to read the rules, and CAP_NET_RAW for iptables-legacy).",
-			func(l *slog.Logger) (*rules.Collector, error) {
-				view, err := api.get()
-				if err != nil {
-					return nil, err
-				}
-				source, err := host.get(paths.ProcFS)
-				if err != nil {
-					return nil, err
-				}
-				rulesCfg.View, rulesCfg.Rules = view, source
-				return rules.New(rulesCfg, l)
-			}),
-		registerRunner(app, kubeproxy.Name, "kube-proxy's list/watch failures from its log (needs read access to the host's /var/log), and its metrics and health endpoints.",
-			func(l *slog.Logger) (*kubeproxy.Collector, error) {
-				// kube-proxy's syncs tell the netfilter reader when the legacy tables, which
-				// the kernel does not announce, may have changed.
-				kubeproxyCfg.OnSync = func() {
-					if host.source != nil {
-						host.source.Hint()
-					}
-				}
-				// The API view computes what kube-proxy programs the way its version does.
-				kubeproxyCfg.OnVersion = func(v proxyversion.Version) {
-					if api.view != nil {
-						api.view.SetKubeProxyVersion(v)
-					}
-				}
-				return kubeproxy.New(kubeproxyCfg, l)
-			}),
-	}, api, host
+// collectorFlags is every collector's switch and flags, and the readers they share; build
+// makes the enabled collectors once the flags are parsed.
+type collectorFlags struct {
+	paths *Paths
+	api   *apiView
+	host  *hostRules
+
+	conntrackOn, nodeOn, rulesOn, kubeproxyOn *bool
+	conntrack                                 conntrack.Config
+	node                                      node.Config
+	rules                                     rules.Config
+	kubeproxy                                 kubeproxy.Config
+}
+
+// addCollectorFlags adds every collector's flags to app. paths is filled in by the time build
+// runs.
+func addCollectorFlags(app *kingpin.Application, paths *Paths) *collectorFlags {
+	f := &collectorFlags{paths: paths, api: &apiView{}, host: &hostRules{}}
+	f.api.cfg.AddFlags(app)
+	f.host.addFlags(app)
+	f.conntrack.AddFlags(app)
+	f.node.AddFlags(app)
+	f.rules.AddFlags(app)
+	f.kubeproxy.AddFlags(app)
+	f.conntrackOn = collectorFlag(app, conntrack.Name, "table fill, per-CPU stats, the event stream and unreplied Service flows, and conntrack's settings (needs CAP_NET_ADMIN).")
+	f.nodeOn = collectorFlag(app, node.Name, "bridge netfilter sysctls, and whether a conntrack INVALID drop rule is on the forward path (reading the rules needs CAP_NET_ADMIN, and CAP_NET_RAW for iptables-legacy).")
+	f.rulesOn = collectorFlag(app, rules.Name, "kube-proxy's programmed endpoints against the API, per Service port (needs the API: --kubeconfig or in-cluster; CAP_NET_ADMIN to read the rules, and CAP_NET_RAW for iptables-legacy).")
+	f.kubeproxyOn = collectorFlag(app, kubeproxy.Name, "kube-proxy's list/watch failures from its log (needs read access to the host's /var/log), and its metrics and health endpoints.")
+	return f
+}
+
+// disabled names the collectors switched off, in the order of their switches.
+func (f *collectorFlags) disabled() []string {
+	var out []string
+	for _, c := range []struct {
+		name string
+		on   *bool
+	}{{conntrack.Name, f.conntrackOn}, {node.Name, f.nodeOn}, {rules.Name, f.rulesOn}, {kubeproxy.Name, f.kubeproxyOn}} {
+		if !*c.on {
+			out = append(out, c.name)
+		}
+	}
+	return out
+}
+
+// builtCollectors are the exporter's collectors, made in one place (collectorFlags.build); a
+// nil one is switched off. api and host are the readers they share, nil when no enabled
+// collector needs them.
+type builtCollectors struct {
+	conntrack *conntrack.Collector
+	node      *node.Collector
+	rules     *rules.Collector
+	kubeproxy *kubeproxy.Collector
+
+	api  *cluster.Cluster
+	host *hostrules.Source
+}
+
+// build makes every enabled collector, with the API view and the netfilter reader when one of
+// them needs it. On an error it returns what it built so far, for Close.
+func (f *collectorFlags) build(logger *slog.Logger) (*builtCollectors, error) {
+	b := &builtCollectors{}
+	if *f.conntrackOn {
+		c, err := f.buildConntrack(logger.With("collector", conntrack.Name))
+		if err != nil {
+			return b.withReaders(f), &buildError{conntrack.Name, err}
+		}
+		b.conntrack = c
+	}
+	if *f.nodeOn {
+		c, err := f.buildNode(logger.With("collector", node.Name))
+		if err != nil {
+			return b.withReaders(f), &buildError{node.Name, err}
+		}
+		b.node = c
+	}
+	if *f.rulesOn {
+		c, err := f.buildRules(logger.With("collector", rules.Name))
+		if err != nil {
+			return b.withReaders(f), &buildError{rules.Name, err}
+		}
+		b.rules = c
+	}
+	if *f.kubeproxyOn {
+		c, err := f.buildKubeProxy(logger.With("collector", kubeproxy.Name))
+		if err != nil {
+			return b.withReaders(f), &buildError{kubeproxy.Name, err}
+		}
+		b.kubeproxy = c
+	}
+	return b.withReaders(f), nil
+}
+
+// buildError is a collector that could not be built: a configuration error (a bad flag
+// value), not a missing node feature, which Update reports.
+type buildError struct {
+	collector string
+	err       error
+}
+
+func (e *buildError) Error() string { return "collector " + e.collector + ": " + e.err.Error() }
+func (e *buildError) Unwrap() error { return e.err }
+
+// withReaders sets the shared readers the collectors asked for.
+func (b *builtCollectors) withReaders(f *collectorFlags) *builtCollectors {
+	b.api, b.host = f.api.view, f.host.source
+	return b
+}
+
+func (f *collectorFlags) buildConntrack(l *slog.Logger) (*conntrack.Collector, error) {
+	view, err := f.api.get()
+	if err != nil {
+		return nil, err
+	}
+	rules, err := f.host.get(f.paths.ProcFS)
+	if err != nil {
+		return nil, err
+	}
+	f.conntrack.ProcPath, f.conntrack.View, f.conntrack.Rules = f.paths.ProcFS, view, rules
+	return conntrack.New(f.conntrack, l)
+}
+
+func (f *collectorFlags) buildNode(l *slog.Logger) (*node.Collector, error) {
+	rules, err := f.host.get(f.paths.ProcFS)
+	if err != nil {
+		return nil, err
+	}
+	f.node.ProcPath, f.node.Rules = f.paths.ProcFS, rules
+	return node.New(f.node, l)
+}
+
+func (f *collectorFlags) buildRules(l *slog.Logger) (*rules.Collector, error) {
+	view, err := f.api.get()
+	if err != nil {
+		return nil, err
+	}
+	source, err := f.host.get(f.paths.ProcFS)
+	if err != nil {
+		return nil, err
+	}
+	f.rules.View, f.rules.Rules = view, source
+	return rules.New(f.rules, l)
+}
+
+func (f *collectorFlags) buildKubeProxy(l *slog.Logger) (*kubeproxy.Collector, error) {
+	// kube-proxy's syncs tell the netfilter reader when the legacy tables, which the kernel
+	// does not announce, may have changed.
+	f.kubeproxy.OnSync = func() {
+		if f.host.source != nil {
+			f.host.source.Hint()
+		}
+	}
+	// The API view computes what kube-proxy programs the way its version does.
+	f.kubeproxy.OnVersion = func(v proxyversion.Version) {
+		if f.api.view != nil {
+			f.api.view.SetKubeProxyVersion(v)
+		}
+	}
+	return kubeproxy.New(f.kubeproxy, l)
+}
+
+// startReaders starts the shared readers' background work: following netfilter, and the API
+// view's watches.
+func (b *builtCollectors) startReaders(ctx context.Context) {
+	if b.host != nil {
+		go b.host.Run(ctx)
+	}
+	if b.api != nil {
+		go b.api.Run(ctx)
+	}
+}
+
+// registerReaders adds the shared readers' own metrics to registry: the netfilter reader's
+// work and the API view's health, whichever of their users are switched on.
+func (b *builtCollectors) registerReaders(registry *prometheus.Registry) {
+	if b.host != nil {
+		registry.MustRegister(b.host)
+	}
+	if b.api != nil {
+		registry.MustRegister(cluster.NewHealthCollector(b.api))
+	}
+}
+
+// namedCollector is one enabled collector under its --[no-]collector.<name> switch's name;
+// runner is its background work, nil when it has none.
+type namedCollector struct {
+	name      string
+	collector phcollectors.Collector
+	runner    phcollectors.Runner
+}
+
+// named lists the enabled collectors in the order of their switches.
+func (b *builtCollectors) named() []namedCollector {
+	var out []namedCollector
+	if b.conntrack != nil {
+		out = append(out, namedCollector{conntrack.Name, b.conntrack, b.conntrack})
+	}
+	if b.node != nil {
+		out = append(out, namedCollector{node.Name, b.node, nil})
+	}
+	if b.rules != nil {
+		out = append(out, namedCollector{rules.Name, b.rules, b.rules})
+	}
+	if b.kubeproxy != nil {
+		out = append(out, namedCollector{kubeproxy.Name, b.kubeproxy, b.kubeproxy})
+	}
+	return out
+}
+
+// byName is the enabled collectors by name, for the registry's collector set.
+func (b *builtCollectors) byName() map[string]phcollectors.Collector {
+	out := map[string]phcollectors.Collector{}
+	for _, n := range b.named() {
+		out[n.name] = n.collector
+	}
+	return out
+}
+
+// Close puts back what a collector changed on the node (--conntrack.invalid-reasons); it
+// may be called more than once.
+func (b *builtCollectors) Close(logger *slog.Logger) {
+	for _, n := range b.named() {
+		if closer, ok := n.collector.(io.Closer); ok {
+			if err := closer.Close(); err != nil {
+				logger.Error("collector clean-up failed", "collector", n.name, "err", err)
+			}
+		}
+	}
 }

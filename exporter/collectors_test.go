@@ -14,7 +14,6 @@ import (
 
 	"github.com/alecthomas/kingpin/v2"
 
-	"github.com/proxyhealth/proxyhealth/collectors/kubeproxy"
 	"github.com/proxyhealth/proxyhealth/internal/iptlegacy"
 	"github.com/proxyhealth/proxyhealth/internal/nftnl"
 	"github.com/proxyhealth/proxyhealth/internal/proxyversion"
@@ -61,7 +60,7 @@ func TestNetfilterLimitFlags(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			app := kingpin.New("test", "")
-			_, _, host := registrations(app, addPathFlags(app))
+			host := addCollectorFlags(app, addPathFlags(app)).host
 			var logs bytes.Buffer
 			host.logger = slog.New(slog.NewTextHandler(&logs, nil))
 			host.procSelf = fakeProcSelf(t, tc.memoryMax)
@@ -108,7 +107,8 @@ current-context: c
 		t.Fatal(err)
 	}
 	app := kingpin.New("test", "")
-	regs, api, _ := registrations(app, addPathFlags(app))
+	flags := addCollectorFlags(app, addPathFlags(app))
+	api := flags.api
 	api.logger = slog.New(slog.DiscardHandler)
 	if _, err := app.Parse([]string{"--kubeconfig=" + kubeconfig, "--node-name=worker-1",
 		"--kubeproxy.metrics-url=" + kp.URL + "/metrics", "--kubeproxy.health-url="}); err != nil {
@@ -118,16 +118,11 @@ current-context: c
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, r := range regs {
-		if r.name != kubeproxy.Name {
-			continue
-		}
-		c, _, err := r.build(slog.New(slog.DiscardHandler))
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.(*kubeproxy.Collector).Poll(context.Background())
+	c, err := flags.buildKubeProxy(slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
 	}
+	c.Poll(context.Background())
 	if got := view.KubeProxyVersion(); got != (proxyversion.Version{Major: 1, Minor: 34}) {
 		t.Errorf("the API view computes for kube-proxy %v, want v1.34", got)
 	}

@@ -7,6 +7,8 @@ import (
 	"github.com/prometheus/common/version"
 	"github.com/prometheus/exporter-toolkit/web"
 	webflag "github.com/prometheus/exporter-toolkit/web/kingpinflag"
+
+	"github.com/proxyhealth/proxyhealth/exporter/diagnose"
 )
 
 // commandLine is every flag of the exporter and of `proxyhealth diagnose`, defined but not
@@ -14,15 +16,13 @@ import (
 type commandLine struct {
 	app            *kingpin.Application
 	diagnoseCmd    *kingpin.CmdClause
-	diagnoseCfg    *diagnoseConfig
+	diagnoseCfg    *diagnose.Config
 	srv            *serverFlags
 	webConfig      *web.FlagConfig
 	paths          *Paths
 	statusCfg      *statusConfig
 	conditions     *nodeConditionsConfig
-	regs           []registration
-	api            *apiView
-	host           *hostRules
+	collectors     *collectorFlags
 	promslogConfig *promslog.Config
 }
 
@@ -30,14 +30,14 @@ func newCommandLine() *commandLine {
 	app := kingpin.New("proxyhealth", "Prometheus exporter that tells whether Service traffic on this node is silently breaking, and why.")
 	app.Command("serve", "Run the exporter (the default command).").Default()
 	cl := &commandLine{app: app, srv: &serverFlags{}, promslogConfig: &promslog.Config{}}
-	cl.diagnoseCmd = app.Command("diagnose", diagnoseHelp)
-	cl.diagnoseCfg = addDiagnoseFlags(cl.diagnoseCmd)
+	cl.diagnoseCmd = app.Command("diagnose", diagnose.Help)
+	cl.diagnoseCfg = diagnose.AddFlags(cl.diagnoseCmd)
 	cl.srv.addFlags(app)
 	cl.webConfig = webflag.AddFlags(app, DefaultListenAddress)
 	cl.paths = addPathFlags(app)
 	cl.statusCfg = addStatusFlags(app)
 	cl.conditions = addNodeConditionsFlags(app)
-	cl.regs, cl.api, cl.host = registrations(app, cl.paths)
+	cl.collectors = addCollectorFlags(app, cl.paths)
 	promslogflag.AddFlags(app, cl.promslogConfig)
 	app.Version(version.Print("proxyhealth"))
 	app.HelpFlag.Short('h')

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/proxyhealth/proxyhealth/exporter/diagnose"
 )
 
 // goingAwayAPIServer answers the API view's first requests as an API server with nothing in
@@ -244,8 +246,8 @@ func TestDiagnoseAPIServerGoesAway(t *testing.T) {
 			took := time.Since(start)
 			t.Logf("exit %d after %v\nstdout:\n%s\nstderr:\n%s", code, took, stdout, stderr)
 
-			if code != exitCannotDiagnose {
-				t.Errorf("exit code %d, want %d (a cause not checked, nothing critical)", code, exitCannotDiagnose)
+			if code != diagnose.ExitCannotDiagnose {
+				t.Errorf("exit code %d, want %d (a cause not checked, nothing critical)", code, diagnose.ExitCannotDiagnose)
 			}
 			// The sync timeout, the window, a probe of the API (its interval and timeout) and a
 			// drift check at the window's end, and time to start and stop.

@@ -14,21 +14,24 @@ import (
 	"github.com/proxyhealth/proxyhealth/collectors/conntrack"
 	"github.com/proxyhealth/proxyhealth/collectors/kubeproxy"
 	"github.com/proxyhealth/proxyhealth/collectors/rules"
+	"github.com/proxyhealth/proxyhealth/exporter/diagnose"
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
 	"github.com/proxyhealth/proxyhealth/internal/verdict"
 )
 
 // fakeDiagnosis looks at h: the window passes on h's clock, kube-proxy's log is scan.
-func fakeDiagnosis(h *healthyNode, cfg diagnoseConfig, scan kubeproxy.LogScan) *diagnosis {
-	return &diagnosis{
-		cfg:   cfg,
-		src:   h.sources(),
-		sleep: func(_ context.Context, d time.Duration) error { h.now = h.now.Add(d); return nil },
-		scanLog: func(since time.Time) kubeproxy.LogScan {
-			return scan
-		},
-		pollKubeProxy: func(context.Context) {},
-		service: func(namespace, name string) ([]rules.PortEndpoints, error) {
+func fakeDiagnosis(h *healthyNode, cfg diagnose.Config, scan kubeproxy.LogScan) *diagnose.Diagnosis[factSample] {
+	src := h.sources()
+	scanLog := func(since time.Time) kubeproxy.LogScan {
+		return scan
+	}
+	return &diagnose.Diagnosis[factSample]{
+		Config:        cfg,
+		Sample:        src.sample,
+		Input:         func(first, last factSample) verdict.Input { return diagnosisInput(src, cfg, first, last, scanLog) },
+		Sleep:         func(_ context.Context, d time.Duration) error { h.now = h.now.Add(d); return nil },
+		PollKubeProxy: func(context.Context) {},
+		Service: func(namespace, name string) ([]rules.PortEndpoints, error) {
 			if namespace != "kube-system" || name != "kube-dns" {
 				return nil, nil
 			}
@@ -45,7 +48,7 @@ func fakeDiagnosis(h *healthyNode, cfg diagnoseConfig, scan kubeproxy.LogScan) *
 	}
 }
 
-var diagCfg = diagnoseConfig{Window: 15 * time.Second, Output: "text", LogSince: time.Hour, SyncTimeout: time.Second}
+var diagCfg = diagnose.Config{Window: 15 * time.Second, Output: "text", LogSince: time.Hour, SyncTimeout: time.Second}
 
 func logScanOf(resource, verb string, n uint64, last time.Time) kubeproxy.LogScan {
 	return kubeproxy.LogScan{Files: []string{"/var/log/pods/kube-system_kube-proxy-x_1/kube-proxy/0.log"},
@@ -62,11 +65,11 @@ func TestDiagnoseStaleRules(t *testing.T) {
 	cfg := diagCfg
 	cfg.Service = "kube-system/kube-dns"
 	d := fakeDiagnosis(h, cfg, logScanOf("endpointslices", "watch", 1, t0.Add(-30*time.Minute)))
-	res, err := d.run(context.Background())
+	res, err := d.Run(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if exitCode(res.Report) != exitCritical || res.Verdict != verdict.CriticalFound || len(res.Findings) != 1 || res.Findings[0].Cause != verdict.StaleRules {
+	if diagnose.ExitCode(res.Report) != diagnose.ExitCritical || res.Verdict != verdict.CriticalFound || len(res.Findings) != 1 || res.Findings[0].Cause != verdict.StaleRules {
 		t.Fatalf("result %+v", res.Report)
 	}
 	if res.WindowSeconds != 15 {
@@ -79,7 +82,7 @@ func TestDiagnoseStaleRules(t *testing.T) {
 	}
 
 	var text bytes.Buffer
-	if err := res.write(&text, "text"); err != nil {
+	if err := res.Write(&text, "text"); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
@@ -100,7 +103,7 @@ func TestDiagnoseStaleRules(t *testing.T) {
 	}
 
 	var js bytes.Buffer
-	if err := res.write(&js, "json"); err != nil {
+	if err := res.Write(&js, "json"); err != nil {
 		t.Fatal(err)
 	}
 	var doc struct {
@@ -136,46 +139,48 @@ func TestDiagnoseStaleRules(t *testing.T) {
 func TestDiagnoseExitCodes(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
-		change func(h *healthyNode, d *diagnosis)
+		change func(h *healthyNode, d *diagnose.Diagnosis[factSample])
 		want   int
 	}{
-		{"healthy", func(*healthyNode, *diagnosis) {}, exitNoFinding},
-		{"a warning", func(h *healthyNode, _ *diagnosis) { h.kp.st.PendingSince = t0.Add(-5 * time.Minute) }, exitWarnings},
-		{"kube-proxy down at both ends of the window", func(h *healthyNode, _ *diagnosis) {
+		{"healthy", func(*healthyNode, *diagnose.Diagnosis[factSample]) {}, diagnose.ExitNoFinding},
+		{"a warning", func(h *healthyNode, _ *diagnose.Diagnosis[factSample]) {
+			h.kp.st.PendingSince = t0.Add(-5 * time.Minute)
+		}, diagnose.ExitWarnings},
+		{"kube-proxy down at both ends of the window", func(h *healthyNode, _ *diagnose.Diagnosis[factSample]) {
 			h.kp.st.Up, h.kp.st.UpReason = false, "connection refused"
-		}, exitWarnings},
-		{"a critical finding", func(h *healthyNode, _ *diagnosis) { h.incident3() }, exitCritical},
-		{"not checked", func(h *healthyNode, _ *diagnosis) {
+		}, diagnose.ExitWarnings},
+		{"a critical finding", func(h *healthyNode, _ *diagnose.Diagnosis[factSample]) { h.incident3() }, diagnose.ExitCritical},
+		{"not checked", func(h *healthyNode, _ *diagnose.Diagnosis[factSample]) {
 			h.ct.err = errors.New("operation not permitted (needs CAP_NET_ADMIN)")
-		}, exitCannotDiagnose},
-		{"not checked, and a warning", func(h *healthyNode, _ *diagnosis) {
+		}, diagnose.ExitCannotDiagnose},
+		{"not checked, and a warning", func(h *healthyNode, _ *diagnose.Diagnosis[factSample]) {
 			h.ct.err = errors.New("operation not permitted (needs CAP_NET_ADMIN)")
 			h.kp.st.PendingSince = t0.Add(-5 * time.Minute)
-		}, exitCannotDiagnose},
-		{"not checked, and a critical finding", func(h *healthyNode, _ *diagnosis) {
+		}, diagnose.ExitCannotDiagnose},
+		{"not checked, and a critical finding", func(h *healthyNode, _ *diagnose.Diagnosis[factSample]) {
 			h.ct.err = errors.New("operation not permitted (needs CAP_NET_ADMIN)")
 			h.incident3()
-		}, exitCritical},
-		{"the drift could not be confirmed over the window", func(h *healthyNode, d *diagnosis) {
-			d.driftReady = func() time.Time { return t0 }
-			d.driftSettled = func(context.Context, time.Time) error {
+		}, diagnose.ExitCritical},
+		{"the drift could not be confirmed over the window", func(h *healthyNode, d *diagnose.Diagnosis[factSample]) {
+			d.DriftReady = func() time.Time { return t0 }
+			d.DriftSettled = func(context.Context, time.Time) error {
 				return errors.New("the API view could not be confirmed current at the end of the window")
 			}
-		}, exitCannotDiagnose},
+		}, diagnose.ExitCannotDiagnose},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHealthyNode()
 			d := fakeDiagnosis(h, diagCfg, kubeproxy.LogScan{Files: []string{"/var/log/kube-proxy.log"}})
 			tc.change(h, d)
-			res, err := d.run(context.Background())
+			res, err := d.Run(context.Background())
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := exitCode(res.Report); got != tc.want {
+			if got := diagnose.ExitCode(res.Report); got != tc.want {
 				t.Errorf("exit code %d, want %d: %+v", got, tc.want, res.Report)
 			}
-			if tc.want == exitCannotDiagnose && !strings.Contains(notCheckedMessage(res.Report), "could not check everything:\n  ") {
-				t.Errorf("message %q", notCheckedMessage(res.Report))
+			if tc.want == diagnose.ExitCannotDiagnose && !strings.Contains(diagnose.NotCheckedMessage(res.Report), "could not check everything:\n  ") {
+				t.Errorf("message %q", diagnose.NotCheckedMessage(res.Report))
 			}
 		})
 	}
@@ -185,7 +190,7 @@ func TestDiagnoseUnknownService(t *testing.T) {
 	h := newHealthyNode()
 	cfg := diagCfg
 	cfg.Service = "default/nothing"
-	if _, err := fakeDiagnosis(h, cfg, kubeproxy.LogScan{}).run(context.Background()); err == nil || !strings.Contains(err.Error(), "default/nothing not found") {
+	if _, err := fakeDiagnosis(h, cfg, kubeproxy.LogScan{}).Run(context.Background()); err == nil || !strings.Contains(err.Error(), "default/nothing not found") {
 		t.Errorf("error %v", err)
 	}
 }
@@ -204,10 +209,10 @@ func TestDiagnoseUsage(t *testing.T) {
 		args []string
 		want int
 	}{
-		{[]string{"diagnose", "--output=xml"}, exitCannotDiagnose},
-		{[]string{"diagnose", "--service=kube-dns"}, exitCannotDiagnose},
-		{[]string{"diagnose", "--window=-1s"}, exitCannotDiagnose},
-		{[]string{"diagnose", "--no-such-flag"}, exitCannotDiagnose},
+		{[]string{"diagnose", "--output=xml"}, diagnose.ExitCannotDiagnose},
+		{[]string{"diagnose", "--service=kube-dns"}, diagnose.ExitCannotDiagnose},
+		{[]string{"diagnose", "--window=-1s"}, diagnose.ExitCannotDiagnose},
+		{[]string{"diagnose", "--no-such-flag"}, diagnose.ExitCannotDiagnose},
 		{[]string{"--no-such-flag"}, 2},
 	} {
 		if got := Main(tc.args); got != tc.want {
@@ -220,64 +225,6 @@ func TestDiagnoseUsage(t *testing.T) {
 	for _, want := range []string{"enum value must be one of text,json", `--service "kube-dns": want NAMESPACE/NAME`, "--window must not be negative"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("stderr lacks %q:\n%s", want, out.String())
-		}
-	}
-}
-
-func TestWantsDiagnose(t *testing.T) {
-	for args, want := range map[string]bool{
-		"diagnose --window=1s":          true,
-		"--kubeconfig=x diagnose":       true,
-		"--web.listen-address=:9869":    false,
-		"-- diagnose":                   false,
-		"--kubeproxy.log-path=/x/*.log": false,
-	} {
-		if got := wantsDiagnose(strings.Fields(args)); got != want {
-			t.Errorf("wantsDiagnose(%q) = %v", args, got)
-		}
-	}
-}
-
-// An endpoint the local chain lacks while the cluster chain still holds it (a NodePort with
-// externalTrafficPolicy: Local after a partial restore) is missing, and --service says from
-// which chain: the side-by-side view agrees with the stale_rules finding.
-func TestDiagnoseServicePerChain(t *testing.T) {
-	ap := netip.MustParseAddrPort
-	local, remote := ap("10.244.1.4:8080"), ap("10.244.2.7:8080")
-	d := &diagnosis{cfg: diagnoseConfig{Service: "shop/web"}, service: func(namespace, name string) ([]rules.PortEndpoints, error) {
-		return []rules.PortEndpoints{{
-			Name:       cluster.ServicePortName{Namespace: "shop", Name: "web", Port: "http", Protocol: "TCP"},
-			Port:       80,
-			ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.20")},
-			Expected:   []netip.AddrPort{local, remote},
-			Programmed: []netip.AddrPort{local, remote},
-			Missing:    []netip.AddrPort{local},
-			Stale:      []netip.AddrPort{},
-			Chains:     []string{"KUBE-SVC-AAAA", "KUBE-SVL-AAAA"},
-			ByChain: []rules.ChainEndpoints{
-				{Chain: rules.ClusterChain, Name: "KUBE-SVC-AAAA", Expected: []netip.AddrPort{local, remote}, Programmed: []netip.AddrPort{local, remote}},
-				{Chain: rules.LocalChain, Name: "KUBE-SVL-AAAA", Expected: []netip.AddrPort{local}, Programmed: []netip.AddrPort{}, Missing: []netip.AddrPort{local}},
-			},
-		}}, nil
-	}}
-	ports, err := d.servicePorts(verdict.Input{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(ports) != 1 || strings.Join(ports[0].Missing, ",") != local.String() || len(ports[0].Stale) != 0 || len(ports[0].ByChain) != 2 {
-		t.Fatalf("service ports %+v", ports)
-	}
-	var text bytes.Buffer
-	if err := ports[0].writeText(&text, 15); err != nil {
-		t.Fatal(err)
-	}
-	for _, want := range []string{
-		"2 endpoints in the API for this node, 2 programmed (now 1 missing, 0 stale)\n",
-		"  10.244.1.4:8080  yes  yes    missing from the local chain\n",
-		"  10.244.2.7:8080  yes  yes\n",
-	} {
-		if !strings.Contains(text.String(), want) {
-			t.Errorf("text lacks %q:\n%s", want, text.String())
 		}
 	}
 }

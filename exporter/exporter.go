@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"os"
@@ -23,16 +22,14 @@ import (
 	"github.com/prometheus/common/version"
 	"github.com/prometheus/exporter-toolkit/web"
 
-	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
+	"github.com/proxyhealth/proxyhealth/exporter/diagnose"
 	"github.com/proxyhealth/proxyhealth/internal/capability"
-	"github.com/proxyhealth/proxyhealth/internal/cluster"
 	"github.com/proxyhealth/proxyhealth/internal/kubeauth"
 )
 
 // DefaultListenAddress is proxyhealth's port in the Prometheus default port allocations style.
 const DefaultListenAddress = ":9869"
 
-// Main parses args, runs the exporter until SIGINT/SIGTERM and returns the process exit code.
 // defaultMemProfileRate is Go's runtime.MemProfileRate: one sample every 512 KiB allocated.
 const defaultMemProfileRate = 512 * 1024
 
@@ -54,57 +51,100 @@ func allocationSampling(pprof bool, rate int) int {
 	return rate
 }
 
+// Main parses args, runs the exporter until SIGINT/SIGTERM (or diagnose once) and returns the
+// process exit code.
 func Main(args []string) int {
 	cl := newCommandLine()
-	app, diagnoseCmd, diagnoseCfg, srv := cl.app, cl.diagnoseCmd, cl.diagnoseCfg, cl.srv
-	webConfig, paths, statusCfg, conditions := cl.webConfig, cl.paths, cl.statusCfg, cl.conditions
-	regs, api, host, promslogConfig := cl.regs, cl.api, cl.host, cl.promslogConfig
-	cmd, err := app.Parse(args)
+	cmd, err := cl.parse(args)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "proxyhealth: %v\n", nameBadFlag(args, err))
-		if wantsDiagnose(args) {
-			return exitCannotDiagnose
-		}
-		return 2
-	}
-	if err := srv.validate(); err != nil {
 		fmt.Fprintf(os.Stderr, "proxyhealth: %v\n", err)
-		if wantsDiagnose(args) {
-			return exitCannotDiagnose
+		if diagnose.Wanted(args) {
+			return diagnose.ExitCannotDiagnose
 		}
 		return 2
 	}
-	if cmd == diagnoseCmd.FullCommand() {
+	if cmd == cl.diagnoseCmd.FullCommand() {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
-		logger := diagnoseLogger(args, promslogConfig)
-		// diagnose builds the collectors itself; those that changed the node put it back
-		// when it ends, as the exporter's do.
-		built := make(map[string]phcollectors.Collector)
-		defer closeCollectors(built, logger)
-		return runDiagnose(ctx, *diagnoseCfg, recordBuilt(regs, built), api, host, paths, logger, os.Stdout, os.Stderr)
+		logger := diagnose.Logger(args, cl.promslogConfig)
+		return runDiagnose(ctx, *cl.diagnoseCfg, cl.collectors, logger, os.Stdout, os.Stderr)
 	}
-	if statusCfg.Window <= 0 {
-		fmt.Fprintln(os.Stderr, "proxyhealth: --status.window must be positive")
-		return 2
-	}
-	if err := conditions.validate(); err != nil {
+	if err := cl.validateServe(); err != nil {
 		fmt.Fprintf(os.Stderr, "proxyhealth: %v\n", err)
 		return 2
 	}
+	return cl.serve()
+}
+
+// parse parses args into the command line's flags and checks the server's; it returns the
+// command chosen.
+func (cl *commandLine) parse(args []string) (string, error) {
+	cmd, err := cl.app.Parse(args)
+	if err != nil {
+		return "", nameBadFlag(args, err)
+	}
+	if err := cl.srv.validate(); err != nil {
+		return "", err
+	}
+	return cmd, nil
+}
+
+// validateServe checks the flags only the exporter uses.
+func (cl *commandLine) validateServe() error {
+	if cl.statusCfg.Window <= 0 {
+		return errors.New("--status.window must be positive")
+	}
+	return cl.conditions.validate()
+}
+
+// serve runs the exporter until SIGINT/SIGTERM: it builds the collectors, starts their
+// background work and serves them.
+func (cl *commandLine) serve() int {
+	srv := cl.srv
 	runtime.MemProfileRate = allocationSampling(srv.enablePprof, runtime.MemProfileRate)
-	logger := promslog.New(promslogConfig)
+	logger := promslog.New(cl.promslogConfig)
 	logger.Info("starting proxyhealth", "version", version.Info(), "build_context", version.BuildContext())
 	logger.Info("capabilities", capability.LogAttrs()...)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	// SIGHUP would end the process silently; there is nothing to reload (every setting is a
-	// flag), so it is said and ignored.
+	ignoreSIGHUP(ctx, logger)
+
+	built, auth, err := cl.build(logger)
+	if built != nil {
+		// Collectors that changed the node (--conntrack.invalid-reasons) put it back on every
+		// way out, without waiting for their background work, which the process's end would
+		// cut short. Close may be called more than once.
+		defer built.Close(logger)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "proxyhealth: %v\n", err)
+		return 2
+	}
+	handler := cl.start(ctx, built, auth, logger)
+
+	server := newServer(handler, logger)
+	errc := make(chan error, 1)
+	go func() { errc <- web.ListenAndServe(server, cl.webConfig, logger) }()
+	select {
+	case err := <-errc:
+		logger.Error("HTTP server stopped", "err", err)
+		return 1
+	case <-ctx.Done():
+		logger.Info("shutting down", "budget", srv.shutdownTimeout)
+		// The node is put back first: the shutdown budget may be all the grace period left.
+		built.Close(logger)
+		return shutdown(server, srv.shutdownTimeout, logger)
+	}
+}
+
+// ignoreSIGHUP says and ignores SIGHUP until ctx is done: it would end the process silently,
+// and there is nothing to reload (every setting is a flag).
+func ignoreSIGHUP(ctx context.Context, logger *slog.Logger) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 	go func() {
+		defer signal.Stop(hup)
 		for {
 			select {
 			case <-ctx.Done():
@@ -114,68 +154,53 @@ func Main(args []string) int {
 			}
 		}
 	}()
+}
 
+// build makes the enabled collectors and, with --web.kubernetes-auth, the request checker;
+// nothing starts. A collector that cannot be built returns what was built so far (to be
+// closed) and the error; a bad flag stops the exporter here, before anything starts.
+func (cl *commandLine) build(logger *slog.Logger) (*builtCollectors, *kubeauth.Auth, error) {
+	api, host := cl.collectors.api, cl.collectors.host
 	api.logger, host.logger = logger, logger
-	built := make(map[string]phcollectors.Collector)
-	runners := make(map[string]phcollectors.Runner)
-	for _, r := range regs {
-		if !*r.enabled {
-			logger.Info("collector disabled", "collector", r.name)
-			continue
-		}
-		c, run, err := r.build(logger.With("collector", r.name))
-		if err != nil {
-			// A collector that cannot even be built is a configuration error (a bad flag value),
-			// not a missing node feature: those are reported by Update.
-			fmt.Fprintf(os.Stderr, "proxyhealth: collector %s: %v\n", r.name, err)
-			return 2
-		}
-		built[r.name] = c
-		if run != nil {
-			runners[r.name] = run
-		}
+	for _, name := range cl.collectors.disabled() {
+		logger.Info("collector disabled", "collector", name)
 	}
-	// Collectors that changed the node (--conntrack.invalid-reasons) put it back on every way
-	// out, without waiting for their background work, which the process's end would cut
-	// short. Close may be called more than once.
-	defer closeCollectors(built, logger)
-	var auth *kubeauth.Auth
-	if srv.kubeAuth.enabled {
-		auth, err = srv.kubeAuth.newKubeAuth(&api.cfg, *webConfig.WebConfigFile, logger.With("component", "kubernetes-auth"))
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "proxyhealth: %v\n", err)
-			return 2
-		}
+	built, err := cl.collectors.build(logger)
+	if err != nil {
+		// A collector that cannot even be built is a configuration error (a bad flag value),
+		// not a missing node feature: those are reported by Update.
+		return nil, nil, err
 	}
-	// Nothing starts before every collector was built: a bad flag stops the exporter first.
-	for _, r := range regs {
-		if _, ok := built[r.name]; !ok {
-			continue
-		}
-		if run := runners[r.name]; run != nil {
-			go run.Run(ctx)
-		}
-		logger.Info("collector enabled", "collector", r.name)
+	if !cl.srv.kubeAuth.enabled {
+		return built, nil, nil
 	}
-	if api.view != nil {
-		go api.view.Run(ctx)
+	auth, err := cl.srv.kubeAuth.newKubeAuth(&api.cfg, *cl.webConfig.WebConfigFile, logger.With("component", "kubernetes-auth"))
+	if err != nil {
+		return built, nil, err
 	}
-	set := newCollectorSet(built, logger)
+	return built, auth, nil
+}
+
+// start starts the collectors' background work, the verdict and, with --node-conditions, its
+// publication, and returns the handler of every path served.
+func (cl *commandLine) start(ctx context.Context, built *builtCollectors, auth *kubeauth.Auth, logger *slog.Logger) http.Handler {
+	srv := cl.srv
+	for _, c := range built.named() {
+		if c.runner != nil {
+			go c.runner.Run(ctx)
+		}
+		logger.Info("collector enabled", "collector", c.name)
+	}
+	built.startReaders(ctx)
+	set := newCollectorSet(built.byName(), logger)
 	// The verdict (/status and the landing page) reads the collectors' last results.
-	judge := newStatus(sourcesOf(built, api.view, host.source, api.cfg.NodeName), statusCfg.Window)
+	judge := newStatus(sourcesOf(built, cl.collectors.api.cfg.NodeName), cl.statusCfg.Window)
 	go judge.run(ctx)
 
 	registry := newRegistry(set, !srv.exporterOwn)
-	if host.source != nil {
-		go host.source.Run(ctx)
-		registry.MustRegister(host.source)
-	}
-	if api.view != nil {
-		// The view's own health, whichever of its users are switched on.
-		registry.MustRegister(cluster.NewHealthCollector(api.view))
-	}
-	if conditions.Enabled {
-		if pub := startNodeConditions(ctx, conditions, api, judge, logger); pub != nil {
+	built.registerReaders(registry)
+	if cl.conditions.Enabled {
+		if pub := startNodeConditions(ctx, cl.conditions, cl.collectors.api, judge, logger); pub != nil {
 			registry.MustRegister(pub)
 		}
 	}
@@ -199,57 +224,15 @@ func Main(args []string) int {
 	}
 	mux.Handle("/status", judge)
 	mux.Handle("/", landingPage(srv.telemetryPath, srv.enablePprof, set, judge))
-	var handler http.Handler = mux
-	if auth != nil {
-		// Every path: the landing page and /status show what /metrics does (services, the
-		// node's faults), pprof more. The probes are tcpSocket and need no path.
-		registry.MustRegister(auth)
-		handler = auth.Wrap(mux)
-		logger.Info("every request needs a Kubernetes bearer token allowed to get its path (--web.kubernetes-auth)",
-			"allow_ttl", srv.kubeAuth.allowTTL, "deny_ttl", srv.kubeAuth.denyTTL)
+	if auth == nil {
+		return mux
 	}
-
-	server := newServer(handler, logger)
-	errc := make(chan error, 1)
-	go func() { errc <- web.ListenAndServe(server, webConfig, logger) }()
-	select {
-	case err := <-errc:
-		logger.Error("HTTP server stopped", "err", err)
-		return 1
-	case <-ctx.Done():
-		logger.Info("shutting down", "budget", srv.shutdownTimeout)
-		// The node is put back first: the shutdown budget may be all the grace period left.
-		closeCollectors(built, logger)
-		return shutdown(server, srv.shutdownTimeout, logger)
-	}
-}
-
-// recordBuilt returns regs with each build adding what it built to built.
-func recordBuilt(regs []registration, built map[string]phcollectors.Collector) []registration {
-	out := make([]registration, len(regs))
-	for i, r := range regs {
-		build := r.build
-		r.build = func(l *slog.Logger) (phcollectors.Collector, phcollectors.Runner, error) {
-			c, run, err := build(l)
-			if err == nil {
-				built[r.name] = c
-			}
-			return c, run, err
-		}
-		out[i] = r
-	}
-	return out
-}
-
-// closeCollectors calls Close on each collector that has one.
-func closeCollectors(built map[string]phcollectors.Collector, logger *slog.Logger) {
-	for name, c := range built {
-		if closer, ok := c.(io.Closer); ok {
-			if err := closer.Close(); err != nil {
-				logger.Error("collector clean-up failed", "collector", name, "err", err)
-			}
-		}
-	}
+	// Every path: the landing page and /status show what /metrics does (services, the node's
+	// faults), pprof more. The probes are tcpSocket and need no path.
+	registry.MustRegister(auth)
+	logger.Info("every request needs a Kubernetes bearer token allowed to get its path (--web.kubernetes-auth)",
+		"allow_ttl", srv.kubeAuth.allowTTL, "deny_ttl", srv.kubeAuth.denyTTL)
+	return auth.Wrap(mux)
 }
 
 // nameBadFlag adds the flag to a parse error that does not name it: kingpin passes a value's

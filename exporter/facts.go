@@ -6,7 +6,6 @@ import (
 	"strings"
 	"time"
 
-	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
 	"github.com/proxyhealth/proxyhealth/collectors/conntrack"
 	"github.com/proxyhealth/proxyhealth/collectors/kubeproxy"
 	"github.com/proxyhealth/proxyhealth/collectors/node"
@@ -49,28 +48,29 @@ type factSources struct {
 }
 
 // sourcesOf picks the verdict's sources from the exporter's built collectors.
-func sourcesOf(built map[string]phcollectors.Collector, api *cluster.Cluster, host *hostrules.Source, nodeName string) *factSources {
+func sourcesOf(built *builtCollectors, nodeName string) *factSources {
 	s := &factSources{node: nodeName, now: time.Now}
-	if c, ok := built[conntrack.Name].(*conntrack.Collector); ok {
-		s.conntrack = c
+	// A nil collector stays a nil interface: the verdict reads it as switched off.
+	if built.conntrack != nil {
+		s.conntrack = built.conntrack
 	}
-	if c, ok := built[node.Name].(*node.Collector); ok {
-		s.settings = c
+	if built.node != nil {
+		s.settings = built.node
 	}
-	if c, ok := built[rules.Name].(*rules.Collector); ok {
-		s.rules = c
+	if built.rules != nil {
+		s.rules = built.rules
 	}
-	if c, ok := built[kubeproxy.Name].(*kubeproxy.Collector); ok {
-		s.kubeproxy = c
+	if built.kubeproxy != nil {
+		s.kubeproxy = built.kubeproxy
 	}
-	if api != nil {
-		s.api = api
+	if built.api != nil {
+		s.api = built.api
 		if s.node == "" {
-			s.node = api.NodeName()
+			s.node = built.api.NodeName()
 		}
 	}
-	if host != nil {
-		s.host = host
+	if built.host != nil {
+		s.host = built.host
 	}
 	if s.node == "" {
 		s.node, _ = os.Hostname()

@@ -64,29 +64,30 @@ func describedMetrics(t *testing.T) map[string]string {
 func describedDescs(t *testing.T) []describedDesc {
 	t.Helper()
 	app := kingpin.New("test", "")
-	regs, api, host := registrations(app, addPathFlags(app))
-	api.logger, host.logger = promslog.NewNopLogger(), promslog.NewNopLogger()
+	flags := addCollectorFlags(app, addPathFlags(app))
+	flags.api.logger, flags.host.logger = promslog.NewNopLogger(), promslog.NewNopLogger()
 	if _, err := app.Parse(nil); err != nil {
 		t.Fatal(err)
 	}
+	built, err := flags.build(promslog.NewNopLogger())
+	if err != nil {
+		t.Fatalf("build: %v", err)
+	}
 	ch := make(chan *prometheus.Desc, 1000)
-	for _, r := range regs {
-		c, run, err := r.build(promslog.NewNopLogger())
-		if err != nil {
-			t.Fatalf("build %s: %v", r.name, err)
-		}
+	for _, r := range built.named() {
+		c, run := r.collector, r.runner
 		if _, background := c.(phcollectors.Runner); background != (run != nil) {
 			t.Errorf("collector %s: has a Run method: %v, registered with it: %v", r.name, background, run != nil)
 		}
 		c.Describe(ch)
 	}
-	host.source.Describe(ch)
+	built.host.Describe(ch)
 	pub, err := nodecondition.New(nil, nodecondition.Config{NodeName: "node", HeartbeatInterval: time.Minute}, promslog.NewNopLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
 	pub.Describe(ch)
-	cluster.NewHealthCollector(api.view).Describe(ch)
+	cluster.NewHealthCollector(built.api).Describe(ch)
 	auth, err := kubeauth.New(kubeauth.Config{}, nil, promslog.NewNopLogger())
 	if err != nil {
 		t.Fatal(err)

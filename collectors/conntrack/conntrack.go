@@ -56,11 +56,15 @@ type Config struct {
 	TableStats bool
 	// InvalidReasons reads conntrack's INVALID log from NFLOG group 0 (see invalidLog).
 	InvalidReasons bool
+	// SilentCheckInterval is how often the flows that predate the listener are looked for in
+	// the table (AddFlags sets it; not a flag); zero never looks.
+	SilentCheckInterval time.Duration
 
 	// Kernel replaces the kernel's conntrack netlink and rtnetlink; nil reads this network
 	// namespace's (see Kernel).
 	Kernel Kernel
-	// Now is the clock flows are timed by; nil means time.Now.
+	// Now is the clock flows are timed by; nil means time.Now. A field rather than a setting,
+	// with no default in AddFlags: it exists only so that tests can fix the time.
 	Now func() time.Time
 }
 
@@ -82,6 +86,9 @@ func (c *Config) AddFlags(app *kingpin.Application) {
 		Default("true").BoolVar(&c.TableStats)
 	app.Flag("conntrack.invalid-reasons", "Name the kernel's reason and the Service of each packet conntrack marks INVALID (proxyhealth_conntrack_invalid_reason_packets_total), from conntrack's own log: sets net.netfilter.nf_conntrack_log_invalid=255 and the nf_log backend of IPv4 and IPv6 to nfnetlink_log in the exporter's network namespace, and reads NFLOG group 0, which takes one reader per namespace: another user of group 0 (ulogd, an NFLOG rule without a group) keeps it, and this part fails until it is free. The old values are put back on exit (SIGTERM included); a crash leaves them set, costing a log message per INVALID packet that nobody reads, until the next exit of a restarted exporter puts back what it found then.").
 		Default("false").BoolVar(&c.InvalidReasons)
+	// Not a flag: start-up flows end within conntrack's timeouts (2 minutes for an unanswered
+	// SYN); checking them every 10s keeps the open gauge within that of the truth.
+	c.SilentCheckInterval = 10 * time.Second
 }
 
 func (c *Config) validate() error {
@@ -115,8 +122,6 @@ type Collector struct {
 	resyncs       atomic.Uint64
 	view          atomic.Pointer[attributionView]
 
-	silentCheckInterval time.Duration
-
 	mu        sync.Mutex
 	sock      eventSource // the live event socket, for its drop count
 	lostBase  uint64      // drops of sockets already replaced
@@ -139,9 +144,6 @@ func New(cfg Config, logger *slog.Logger) (*Collector, error) {
 		dump:       dumpTable,
 		loadNet:    loadLocalNet,
 		now:        time.Now,
-		// Start-up flows end within conntrack's timeouts (2 minutes for an unanswered SYN);
-		// checking them every 10s keeps the open gauge within that of the truth.
-		silentCheckInterval: 10 * time.Second,
 	}
 	if cfg.InvalidReasons {
 		c.invalid = newInvalidLog(&c.cfg, logger, c.view.Load)
@@ -179,7 +181,9 @@ func (c *Collector) Run(ctx context.Context) {
 		defer func() { <-invalidDone }()
 	}
 	go c.refreshViewLoop(ctx)
-	go phcollectors.Every(ctx, c.silentCheckInterval, c.checkSilent)
+	if c.cfg.SilentCheckInterval > 0 {
+		go phcollectors.Every(ctx, c.cfg.SilentCheckInterval, c.checkSilent)
+	}
 	c.listenLoop(ctx)
 }
 
@@ -388,18 +392,20 @@ func (v *attributionView) attribute(orig, reply *tuple) seriesKey {
 }
 
 // refreshViewLoop keeps the attribution view current: the node's bridges and routes every
-// ServiceRefreshInterval, and the Service map whenever its source publishes anew (looked at
-// every second, a comparison of generations): the API view once synced, before that (or
+// ServiceRefreshInterval, and the Service map whenever its source publishes anew (told by its
+// notification, then a comparison of generations): the API view once synced, before that (or
 // without one) kube-proxy's rules as internal/hostrules last read them.
 func (c *Collector) refreshViewLoop(ctx context.Context) {
 	slow := time.NewTicker(c.cfg.ServiceRefreshInterval)
 	defer slow.Stop()
-	fast := time.NewTicker(time.Second)
-	defer fast.Stop()
-	// A new read of the rules is taken at once when the reader tells of one.
-	var rulesChanged <-chan struct{}
+	// A new read of the rules, or a new generation of the API view, is taken at once when
+	// its source tells of one. A view without notifications (a fixed one) is read once.
+	var rulesChanged, viewChanged <-chan struct{}
 	if sub, ok := c.cfg.Rules.(interface{ Subscribe() <-chan struct{} }); ok {
 		rulesChanged = sub.Subscribe()
+	}
+	if n, ok := c.cfg.View.(cluster.Notifier); ok {
+		viewChanged = n.Subscribe()
 	}
 	var (
 		lastNetErr    string
@@ -459,7 +465,7 @@ func (c *Collector) refreshViewLoop(ctx context.Context) {
 			return
 		case <-slow.C:
 			reload()
-		case <-fast.C:
+		case <-viewChanged:
 		case <-rulesChanged:
 		}
 	}

@@ -127,12 +127,11 @@ sysctl -qw net.netfilter.nf_conntrack_udp_timeout=3`)
 
 	cfg := Config{UnrepliedAfter: 200 * time.Millisecond, MaxTrackedFlows: 100, MaxServiceSeries: 10,
 		SocketBufferBytes: 1 << 20, ServiceRefreshInterval: time.Hour, ResyncMinInterval: time.Hour,
-		ProcPath: "/proc", Rules: &rulesAt{kubeDNSServices}}
+		ProcPath: "/proc", Rules: &rulesAt{kubeDNSServices}, SilentCheckInterval: 200 * time.Millisecond}
 	c, err := New(cfg, promslog.NewNopLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.silentCheckInterval = 200 * time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { c.Run(ctx); close(done) }()

@@ -54,11 +54,11 @@ type Config struct {
 	CheckInterval time.Duration
 	GracePeriod   time.Duration
 	MaxSeries     int
-	// MinCheckGap is the least time between two comparisons: under churn the rules and the
-	// API change many times a second, and one comparison of 10,000 service ports costs about
-	// 15 ms. Zero means one second; tests shorten it.
+	// MinCheckGap is the least time between two comparisons (AddFlags sets it; not a flag);
+	// zero compares as soon as told.
 	MinCheckGap time.Duration
-	// Now is the clock; nil is time.Now. Tests fix it.
+	// Now is the clock; nil is time.Now. A field rather than a setting, with no default in
+	// AddFlags: it exists only so that tests can fix the time drift is measured by.
 	Now func() time.Time
 }
 
@@ -70,6 +70,9 @@ func (c *Config) AddFlags(app *kingpin.Application) {
 		Default("60s").DurationVar(&c.GracePeriod)
 	app.Flag("rules.max-service-series", "Most drifting service ports given their own proxyhealth_service_drift_endpoints series; the rest are counted in proxyhealth_rules_drift_unlisted.").
 		Default("100").IntVar(&c.MaxSeries)
+	// Not a flag: under churn the rules and the API change many times a second, and one
+	// comparison of 10,000 service ports costs about 15 ms.
+	c.MinCheckGap = time.Second
 	// Rules are no longer read by a command; kept so that existing command lines still parse.
 	app.Flag("rules.command-timeout", "Deprecated and ignored: the rules are read in-process.").Hidden().Duration()
 }
@@ -112,17 +115,15 @@ func New(cfg Config, logger *slog.Logger) (*Collector, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if cfg.MinCheckGap <= 0 {
-		cfg.MinCheckGap = time.Second
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
+	now := cfg.Now
+	if now == nil {
+		now = time.Now
 	}
 	return &Collector{
 		cfg:    cfg,
 		logger: logger,
 		engine: newDriftEngine(cfg.GracePeriod),
-		now:    cfg.Now,
+		now:    now,
 	}, nil
 }
 
@@ -135,7 +136,7 @@ func (c *Collector) Run(ctx context.Context) {
 	rulesChanged := c.cfg.Rules.Subscribe()
 	var viewChanged <-chan struct{}
 	if n, ok := c.cfg.View.(cluster.Notifier); ok {
-		viewChanged = n.Changed()
+		viewChanged = n.Subscribe()
 	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()

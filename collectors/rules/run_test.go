@@ -53,7 +53,7 @@ type notifyingView struct {
 }
 
 func (v *notifyingView) Snapshot() *cluster.Snapshot { v.mu.Lock(); defer v.mu.Unlock(); return v.snap }
-func (v *notifyingView) Changed() <-chan struct{}    { return v.changed }
+func (v *notifyingView) Subscribe() <-chan struct{}  { return v.changed }
 func (v *notifyingView) Confirm() {
 	v.mu.Lock()
 	v.confirms++

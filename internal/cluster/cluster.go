@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
+	"github.com/proxyhealth/proxyhealth/internal/notify"
 	"github.com/proxyhealth/proxyhealth/internal/proxyversion"
 )
 
@@ -42,8 +43,8 @@ type Cluster struct {
 	lastErr          atomic.Pointer[errBox]
 	state            atomic.Pointer[published]
 	wake             chan struct{}
-	changed          chan struct{} // see Changed
-	confirm          chan struct{} // see Confirm
+	changes          notify.Changes // see Subscribe
+	confirm          chan struct{}  // see Confirm
 
 	st *state // the API objects, in compact form
 
@@ -99,7 +100,6 @@ func newCluster(cfg Config, logger *slog.Logger) *Cluster {
 		logger:  logger,
 		now:     time.Now,
 		wake:    make(chan struct{}, 1),
-		changed: make(chan struct{}, 1),
 		confirm: make(chan struct{}, 1),
 		dirty:   map[objKey]struct{}{},
 	}
@@ -226,7 +226,7 @@ func (c *Cluster) watchFailed(ctx context.Context, r *cache.Reflector, err error
 	}
 	c.lastWatchErr.Store(&errBox{fmt.Errorf("a watch failed (the view is refreshed only by re-lists): %w", err)})
 	c.lastWatchFailure.Store(c.now().UnixNano())
-	c.notify()
+	c.changes.Notify()
 }
 
 func (c *Cluster) markDirty(key objKey) {
@@ -355,7 +355,7 @@ func (c *Cluster) recompute() {
 		ports = mergePorts(prev.ports, dirty, fresh)
 	}
 	c.state.Store(&published{ports: ports, synced: synced, generation: prev.generation + 1})
-	c.notify()
+	c.changes.Notify()
 }
 
 // probeLoop asks the API server for /version every probe interval on the watches' own
@@ -379,18 +379,18 @@ func (c *Cluster) probeLoop(ctx context.Context) {
 			c.heard()
 			c.setErr(nil)
 			if confirming {
-				c.notify() // the consumer that asked re-reads LastHeard
+				c.changes.Notify() // the consumer that asked re-reads LastHeard
 			}
 			if failing {
 				c.logger.Info("Kubernetes API server answers again", "host", c.host)
-				c.notify()
+				c.changes.Notify()
 			}
 			failing = false
 		default:
 			c.setErr(err)
 			if !failing {
 				c.logger.Warn("Kubernetes API server not answering: the API view goes stale after --api.fresh-within", "host", c.host, "err", err)
-				c.notify()
+				c.changes.Notify()
 			}
 			failing = true
 		}
@@ -398,7 +398,7 @@ func (c *Cluster) probeLoop(ctx context.Context) {
 		// watch's hold running out): tell the consumer within a probe interval.
 		if now := c.Snapshot().Fresh; now != fresh {
 			fresh = now
-			c.notify()
+			c.changes.Notify()
 		}
 		confirming = false
 		select {

@@ -1,12 +1,16 @@
 package cluster
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
+)
 
 var (
-	lastHeardDesc = prometheus.NewDesc("proxyhealth_api_last_heard_timestamp_seconds",
-		"When the exporter's own API view last heard from the API server (a watch event or a probe on the same connection).", nil, nil)
-	viewFreshDesc = prometheus.NewDesc("proxyhealth_api_view_fresh",
-		"1 while the exporter's own API view is synced and recently heard from; drift is only reported while it is.", nil, nil)
+	lastHeardDesc = phcollectors.NewDesc("api", "last_heard_timestamp_seconds",
+		"When the exporter's own API view last heard from the API server (a watch event or a probe on the same connection).")
+	viewFreshDesc = phcollectors.NewDesc("api", "view_fresh",
+		"1 while the exporter's own API view is synced and recently heard from; drift is only reported while it is.")
 )
 
 // healthCollector serves the API view's own health. It belongs to the view, not to a

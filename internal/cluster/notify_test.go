@@ -49,12 +49,13 @@ func TestChangedFollowsGenerations(t *testing.T) {
 	if !ok {
 		t.Fatal("Cluster is not a Notifier")
 	}
+	changed := n.Subscribe()
 	portsAre(t, c, "ns/web:http/TCP=10.0.1.1:8080|")
-	drain(n.Changed())
+	drain(changed)
 	gen := c.Snapshot().Generation
 
 	// Quiet: no notification.
-	if received(n.Changed(), 100*time.Millisecond) {
+	if received(changed, 100*time.Millisecond) {
 		t.Error("notified without a change")
 	}
 
@@ -64,7 +65,7 @@ func TestChangedFollowsGenerations(t *testing.T) {
 	if _, err := client.DiscoveryV1().EndpointSlices("ns").Create(ctx, s, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if !received(n.Changed(), 5*time.Second) {
+	if !received(changed, 5*time.Second) {
 		t.Fatal("no notification after a change")
 	}
 	if snap := c.Snapshot(); snap.Generation <= gen || len(render(snap.Ports)) != 1 {
@@ -77,7 +78,7 @@ func TestChangedFollowsGenerations(t *testing.T) {
 
 	// Changes while nobody reads never block the view: later changes still publish, and
 	// they wait as one notification.
-	drain(n.Changed())
+	drain(changed)
 	for i := range 5 {
 		svc := service(fmt.Sprintf("s%d", i), func(s *corev1.Service) {
 			ip := fmt.Sprintf("10.96.1.%d", i+1)
@@ -92,7 +93,7 @@ func TestChangedFollowsGenerations(t *testing.T) {
 		got := render(c.Snapshot().Ports)
 		return len(got) == 6, fmt.Sprint(got)
 	})
-	if l := len(c.changed); l != 1 {
+	if l := len(changed); l != 1 {
 		t.Errorf("%d notifications pending, want them merged into 1", l)
 	}
 }
@@ -100,13 +101,14 @@ func TestChangedFollowsGenerations(t *testing.T) {
 func TestChangedOnWatchFailure(t *testing.T) {
 	klog.SetOutput(io.Discard)
 	c := newCluster(Config{FreshWithin: time.Minute}, testLogger())
+	changed := c.Subscribe()
 	r := cache.NewReflector(&cache.ListWatch{}, &corev1.Service{}, cache.NewStore(cache.MetaNamespaceKeyFunc), 0)
 	c.watchFailed(context.Background(), r, io.EOF)
-	if received(c.Changed(), 0) {
+	if received(changed, 0) {
 		t.Error("notified of a normal watch end")
 	}
 	c.watchFailed(context.Background(), r, apierrors.NewForbidden(schema.GroupResource{Resource: "services"}, "", errors.New("no")))
-	if !received(c.Changed(), 0) {
+	if !received(changed, 0) {
 		t.Error("not notified of a failed watch")
 	}
 }
@@ -126,6 +128,7 @@ func TestChangedOnProbeFlip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	changed := c.Subscribe()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { c.Run(ctx) })
@@ -136,30 +139,30 @@ func TestChangedOnProbeFlip(t *testing.T) {
 	})
 	// Quiet once the probe has seen the view fresh: nothing more to notify.
 	waitFor(t, "no notification for three probe intervals", func() (bool, string) {
-		drain(c.Changed())
-		return !received(c.Changed(), 300*time.Millisecond), "notifications keep coming"
+		drain(changed)
+		return !received(changed, 300*time.Millisecond), "notifications keep coming"
 	})
 
 	srv.hung.Store(true)
 	waitFor(t, "the probe failing", func() (bool, string) { return c.LastError() != nil, "no error" })
-	if !received(c.Changed(), time.Second) {
+	if !received(changed, time.Second) {
 		t.Fatalf("no notification when the probe started failing (last error %v)", c.LastError())
 	}
 	// Then, once nothing has been heard for FreshWithin, Fresh goes false: notified too.
 	deadline := time.Now().Add(3 * freshWithin)
-	for c.Snapshot().Fresh || !received(c.Changed(), 0) {
+	for c.Snapshot().Fresh || !received(changed, 0) {
 		if time.Now().After(deadline) {
 			t.Fatalf("no notification when the view went stale: %+v", c.Snapshot())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	srv.hung.Store(false)
-	if !received(c.Changed(), 2*time.Second) {
+	if !received(changed, 2*time.Second) {
 		t.Error("no notification when the probe answered again")
 	}
 }
 
-// Confirm probes at once, not at the next probe interval, and tells the result through Changed.
+// Confirm probes at once, not at the next probe interval, and tells the result through Subscribe.
 func TestConfirmProbesNow(t *testing.T) {
 	srv := newFakeAPIServer(t)
 	c, err := New(Config{
@@ -172,6 +175,7 @@ func TestConfirmProbesNow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	changed := c.Subscribe()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { c.Run(ctx) })
@@ -181,12 +185,12 @@ func TestConfirmProbesNow(t *testing.T) {
 		return s.Synced && s.Fresh && srv.versions.Load() >= 1, fmt.Sprintf("%+v", s)
 	})
 	waitFor(t, "quiet", func() (bool, string) {
-		drain(c.Changed())
-		return !received(c.Changed(), 200*time.Millisecond), "notifications keep coming"
+		drain(changed)
+		return !received(changed, 200*time.Millisecond), "notifications keep coming"
 	})
 	before := srv.versions.Load()
 	c.Confirm()
-	if !received(c.Changed(), 2*time.Second) {
+	if !received(changed, 2*time.Second) {
 		t.Fatal("no notification after a confirmation")
 	}
 	if got := srv.versions.Load(); got != before+1 {

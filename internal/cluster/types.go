@@ -6,7 +6,7 @@
 // and listwatch.go (kube-proxy's selectors; streamed or paged lists) feed reflectors.go's
 // reflectors, which write store.go's state through convert.go's conversions to compact.go's
 // types; cluster.go recomputes the Services that changed (expected.go, topology.go: kube-proxy's
-// own logic), rebuilds the snapshot (ports.go) and tells a consumer (notify.go).
+// own logic), rebuilds the snapshot (ports.go) and tells its consumers (notify.go).
 package cluster
 
 import (
@@ -88,9 +88,9 @@ type View interface {
 // that finds it on its View can recompute when told instead of on a timer. It is separate
 // from View so that a View without notifications (a fixed one in a test) stays a View.
 type Notifier interface {
-	// Changed returns a channel that receives a value after the view changed; see
-	// Cluster.Changed for when, and how notifications merge.
-	Changed() <-chan struct{}
+	// Subscribe returns a new channel that receives a value after the view changed; see
+	// Cluster.Subscribe for when, and how notifications merge.
+	Subscribe() <-chan struct{}
 }
 
 // ErrorReporter is implemented by views that can say why they are not fresh (Cluster does).

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
 )
 
 // stats counts the Source's own work, for its metrics.
@@ -33,21 +35,16 @@ func (s *stats) observe(backend string, took time.Duration, err error) {
 }
 
 var (
-	readsDesc = prometheus.NewDesc("proxyhealth_netfilter_reads_total",
-		"Reads of the node's netfilter tables, by source: iptables-legacy (the legacy tables through their socket options) or nftables (every nf_tables table over netlink, iptables-nft's included). nf_tables when a change is committed (only the chains and sets it touched), the legacy tables when their size moved or a kube-proxy sync applied Service or EndpointSlice changes, and at --netfilter.resync-interval.",
-		[]string{"source"}, nil)
-	readErrorsDesc = prometheus.NewDesc("proxyhealth_netfilter_read_errors_total",
-		"Reads of the node's netfilter tables that failed in part or whole, by source.",
-		[]string{"source"}, nil)
-	readDurationDesc = prometheus.NewDesc("proxyhealth_netfilter_read_duration_seconds",
-		"How long the last read of the node's netfilter tables took, by source.",
-		[]string{"source"}, nil)
-	resyncsDesc = prometheus.NewDesc("proxyhealth_netfilter_watch_resyncs_total",
-		"nf_tables changes that may have been missed (the change notification socket overran, or a ruleset generation was skipped), each answered by a whole read.",
-		nil, nil)
-	lastReadDesc = prometheus.NewDesc("proxyhealth_netfilter_last_read_timestamp_seconds",
-		"When the node's netfilter state was last read (the newest of its sources).",
-		nil, nil)
+	readsDesc = phcollectors.NewDesc("netfilter", "reads_total",
+		"Reads of the node's netfilter tables, by source: iptables-legacy (the legacy tables through their socket options) or nftables (every nf_tables table over netlink, iptables-nft's included). nf_tables when a change is committed (only the chains and sets it touched), the legacy tables when their size moved or a kube-proxy sync applied Service or EndpointSlice changes, and at --netfilter.resync-interval.", "source")
+	readErrorsDesc = phcollectors.NewDesc("netfilter", "read_errors_total",
+		"Reads of the node's netfilter tables that failed in part or whole, by source.", "source")
+	readDurationDesc = phcollectors.NewDesc("netfilter", "read_duration_seconds",
+		"How long the last read of the node's netfilter tables took, by source.", "source")
+	resyncsDesc = phcollectors.NewDesc("netfilter", "watch_resyncs_total",
+		"nf_tables changes that may have been missed (the change notification socket overran, or a ruleset generation was skipped), each answered by a whole read.")
+	lastReadDesc = phcollectors.NewDesc("netfilter", "last_read_timestamp_seconds",
+		"When the node's netfilter state was last read (the newest of its sources).")
 )
 
 // Describe implements prometheus.Collector.

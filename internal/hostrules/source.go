@@ -11,6 +11,7 @@ import (
 
 	"github.com/proxyhealth/proxyhealth/internal/iptlegacy"
 	"github.com/proxyhealth/proxyhealth/internal/nftnl"
+	"github.com/proxyhealth/proxyhealth/internal/notify"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
 
@@ -115,8 +116,7 @@ type Source struct {
 	// catchUp asks for a legacy read at the next poll, however recent the last one.
 	catchUp atomic.Bool
 
-	mu   sync.Mutex
-	subs []chan struct{}
+	changes notify.Changes // told after each newly published State
 	// Owned by Run; published into each State.
 	legacyPart legacyPart
 	nftPart    nftPart
@@ -164,13 +164,7 @@ func (s *Source) State() *State { return s.state.Load() }
 
 // Subscribe returns a channel that receives a value (without blocking the Source; values
 // coalesce) after each newly published State.
-func (s *Source) Subscribe() <-chan struct{} {
-	ch := make(chan struct{}, 1)
-	s.mu.Lock()
-	s.subs = append(s.subs, ch)
-	s.mu.Unlock()
-	return ch
-}
+func (s *Source) Subscribe() <-chan struct{} { return s.changes.Subscribe() }
 
 // stallAfter is how long Run may go without a heartbeat before Stalled says so: several polls,
 // and longer than the slowest whole read measured (a 3,000-service iptables-nft nat table, 30 s
@@ -375,14 +369,7 @@ func (s *Source) publish() {
 		s.lag.behind, s.lag.readStart = s.lag.newsDuringRead, time.Time{}
 	}
 	s.lag.mu.Unlock()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, ch := range s.subs {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
-	}
+	s.changes.Notify()
 }
 
 // compose decides kube-proxy's mode from what each backend holds. kube-proxy removes the other
