@@ -192,9 +192,37 @@ func TestDeployManifests(t *testing.T) {
 	base := decodeObjects(t, tool.Run("render", "../../deploy/base"))
 	crds := decodeObjects(t, tool.Run("crds"))
 
+	// The exporter's own objects: its DaemonSet's ServiceAccount, the ClusterRoleBinding of
+	// that account and the ClusterRole it binds (the overlay also ships a viewer account for
+	// the kubectl plugin, with a role and binding of its own).
 	kinds := map[string]*unstructured.Unstructured{}
 	for _, o := range overlay {
-		kinds[o.GetKind()] = o
+		if o.GetKind() == "DaemonSet" || kinds[o.GetKind()] == nil {
+			kinds[o.GetKind()] = o
+		}
+	}
+	if ds := kinds["DaemonSet"]; ds != nil {
+		account, _, _ := unstructured.NestedString(ds.Object, "spec", "template", "spec", "serviceAccountName")
+		var role string
+		for _, o := range overlay {
+			switch o.GetKind() {
+			case "ServiceAccount":
+				if o.GetName() == account {
+					kinds["ServiceAccount"] = o
+				}
+			case "ClusterRoleBinding":
+				subjects, _, _ := unstructured.NestedSlice(o.Object, "subjects")
+				if len(subjects) == 1 && subjects[0].(map[string]any)["name"] == account {
+					kinds["ClusterRoleBinding"] = o
+					role, _, _ = unstructured.NestedString(o.Object, "roleRef", "name")
+				}
+			}
+		}
+		for _, o := range overlay {
+			if o.GetKind() == "ClusterRole" && o.GetName() == role {
+				kinds["ClusterRole"] = o
+			}
+		}
 	}
 	for _, k := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "PodMonitor", "PrometheusRule"} {
 		if kinds[k] == nil {
