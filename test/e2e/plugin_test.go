@@ -370,8 +370,8 @@ func TestPluginKubernetesAuth(t *testing.T) {
 	t.Cleanup(func() { cp.Heal() })
 	newEps, _ := remoteEndpoints(3, 3, 13)
 	cp.ApplySlice(EndpointSlice(ns, name, name+"-1", httpSlicePorts, newEps))
-	stale := regexp.MustCompile(`(?m)^lab-node\s+broken\s+stale_rules\s+lab/backend:http \(80/tcp\)$`)
-	waitFor(t, 60*time.Second, "kubectl proxyhealth as the cluster admin: lab-node broken, stale_rules", func() (bool, string) {
+	stale := regexp.MustCompile(`(?m)^lab-node\s+critical\s+stale_rules\s+lab/backend:http \(80/tcp\)$`)
+	waitFor(t, 60*time.Second, "kubectl proxyhealth as the cluster admin: lab-node critical, stale_rules", func() (bool, string) {
 		out, perr, code := pluginRun(t, cp, cp.AdminKubeconfig)
 		return code == 2 && stale.MatchString(out), fmt.Sprintf("exit %d\n%s%s", code, out, perr)
 	})

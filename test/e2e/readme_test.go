@@ -54,6 +54,7 @@ func testScrapeMatchesReadme(t *testing.T, s Scrape) {
 		"proxyhealth_kubeproxy_sync_failures_total":               true,
 		"proxyhealth_kubeproxy_invalid_dropped_packets_total":     true,
 		"proxyhealth_kubeproxy_healthy":                           true,
+		"proxyhealth_kubeproxy_build_info":                        true,
 		// Only with --web.kubernetes-auth: TestKubernetesAuth checks them.
 		"proxyhealth_kubernetes_auth_requests_total":   true,
 		"proxyhealth_kubernetes_auth_reviews_total":    true,
