@@ -4,13 +4,15 @@ package main
 
 import (
 	"context"
-	"encoding/base32"
 	"fmt"
+	"net/netip"
 	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/proxyhealth/proxyhealth/internal/kubeproxynames"
 )
 
 // Addresses inside the benchmark namespace. The client "pods" (the sources of the flows) are
@@ -98,35 +100,21 @@ func nsSysctl(ctx context.Context, ns, key string) string {
 	return strings.TrimSpace(out)
 }
 
-// chainHash makes a kube-proxy style chain suffix (16 base32 characters).
-func chainHash(s string) string {
-	var h uint64 = 1469598103934665603
-	for i := 0; i < len(s); i++ {
-		h ^= uint64(s[i])
-		h *= 1099511628211
-	}
-	b := make([]byte, 10)
-	for i := range b {
-		b[i] = byte(h >> (8 * (i % 8)))
-		h = h*31 + uint64(i)
-	}
-	return base32.StdEncoding.EncodeToString(b)[:16]
-}
-
 // kubeProxyRules renders the nat table the way kube-proxy's iptables mode writes
 // them for the benchmarked UDP service (three endpoints, random probability chain) plus
 // fillerServices TCP services in front of it in KUBE-SERVICES. The raw table leaves the
 // exporter's port (listenPort) untracked.
 func kubeProxyRules(fillerServices, listenPort int) string {
 	var nat, chains strings.Builder
-	svc := func(name, vip, proto string, port int, eps []string) {
-		svcChain := "KUBE-SVC-" + chainHash(name+proto)
+	svc := func(namespace, service, portName, vip, proto string, port int, eps []string) {
+		name := namespace + "/" + service + ":" + portName
+		svcChain, _ := kubeproxynames.IPTablesServiceChains(namespace, service, portName, proto)
 		comment := name + " cluster IP"
 		fmt.Fprintf(&chains, ":%s - [0:0]\n", svcChain)
 		fmt.Fprintf(&nat, "-A KUBE-SERVICES -d %s/32 -p %s -m comment --comment %q -m %s --dport %d -j %s\n", vip, proto, comment, proto, port, svcChain)
 		fmt.Fprintf(&nat, "-A %s ! -s %s -d %s/32 -p %s -m comment --comment %q -m %s --dport %d -j KUBE-MARK-MASQ\n", svcChain, clusterCIDR, vip, proto, comment, proto, port)
 		for i, ep := range eps {
-			sepChain := "KUBE-SEP-" + chainHash(name+proto+ep)
+			sepChain := kubeproxynames.IPTablesEndpointChain(namespace, service, portName, proto, netip.AddrPortFrom(netip.MustParseAddr(ep), uint16(port)))
 			fmt.Fprintf(&chains, ":%s - [0:0]\n", sepChain)
 			rule := fmt.Sprintf("-A %s -m comment --comment \"%s -> %s:%d\"", svcChain, name, ep, port)
 			if left := len(eps) - i; left > 1 {
@@ -138,10 +126,10 @@ func kubeProxyRules(fillerServices, listenPort int) string {
 		}
 	}
 	for i := 0; i < fillerServices; i++ {
-		svc(fmt.Sprintf("bench/filler-%d:http", i), fmt.Sprintf("10.96.%d.%d", 1+i/250, 1+i%250), "tcp", 80,
+		svc("bench", fmt.Sprintf("filler-%d", i), "http", fmt.Sprintf("10.96.%d.%d", 1+i/250, 1+i%250), "tcp", 80,
 			[]string{fmt.Sprintf("10.244.%d.%d", 2+i/250, 1+i%250)})
 	}
-	svc("kube-system/kube-dns:dns", defaultVIP, "udp", defaultPort, endpoints)
+	svc("kube-system", "kube-dns", "dns", defaultVIP, "udp", defaultPort, endpoints)
 
 	var b strings.Builder
 	b.WriteString("*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n")

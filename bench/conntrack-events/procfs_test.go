@@ -3,8 +3,11 @@
 package main
 
 import (
+	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/proxyhealth/proxyhealth/internal/kubeproxynames"
 )
 
 func TestParseNetlink(t *testing.T) {
@@ -134,5 +137,21 @@ func TestKubeProxyRules(t *testing.T) {
 	}
 	if n := strings.Count(r, "COMMIT"); n != 2 {
 		t.Errorf("%d COMMITs, want 2", n)
+	}
+}
+
+// The chains are named as kube-proxy names them: kube-dns's UDP port is KUBE-SVC-TCOU7JCQXEZGVUNU
+// on every cluster.
+func TestKubeProxyRulesChainNames(t *testing.T) {
+	r := kubeProxyRules(2, 9869)
+	want := []string{"-j KUBE-SVC-TCOU7JCQXEZGVUNU\n"}
+	for _, ep := range endpoints {
+		sep := kubeproxynames.IPTablesEndpointChain("kube-system", "kube-dns", "dns", "UDP", netip.AddrPortFrom(netip.MustParseAddr(ep), defaultPort))
+		want = append(want, "-A KUBE-SVC-TCOU7JCQXEZGVUNU -m comment --comment \"kube-system/kube-dns:dns -> "+ep+":53\"", ":"+sep+" - [0:0]\n", "-A "+sep+" -p udp")
+	}
+	for _, w := range want {
+		if !strings.Contains(r, w) {
+			t.Errorf("rules lack %q:\n%s", w, r)
+		}
 	}
 }

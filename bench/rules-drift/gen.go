@@ -4,23 +4,12 @@ package main
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"encoding/base32"
 	"fmt"
 	"net/netip"
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/synthcluster"
+	"github.com/proxyhealth/proxyhealth/internal/kubeproxynames"
 )
-
-// chainHash is kube-proxy's portProtoHash (pkg/proxy/iptables/proxier.go): the first 16
-// characters of the base32 SHA-256 of the parts joined.
-func chainHash(parts ...string) string {
-	h := sha256.New()
-	for _, p := range parts {
-		h.Write([]byte(p))
-	}
-	return base32.StdEncoding.EncodeToString(h.Sum(nil))[:16]
-}
 
 // natRules writes the nat table the way kube-proxy v1.36's iptables mode writes it
 // (pkg/proxy/iptables/proxier.go syncProxyRules) for bench/internal/synthcluster's ClusterIP
@@ -81,16 +70,18 @@ func writeFixed(chains, rules *bytes.Buffer) {
 }
 
 func writeService(chains, rules *bytes.Buffer, s, endpoints int) {
-	name := synthcluster.Namespace(s) + "/" + synthcluster.Name(s) + ":" + synthcluster.PortName
+	ns, svcName := synthcluster.Namespace(s), synthcluster.Name(s)
+	name := ns + "/" + svcName + ":" + synthcluster.PortName
 	vip := synthcluster.VIP(s)
-	svc := "KUBE-SVC-" + chainHash(name, "tcp")
+	svc, _ := kubeproxynames.IPTablesServiceChains(ns, svcName, synthcluster.PortName, "TCP")
 	fmt.Fprintf(chains, ":%s - [0:0]\n", svc)
 	fmt.Fprintf(rules, "-A KUBE-SERVICES -m comment --comment \"%s cluster IP\" -m tcp -p tcp -d %s --dport %d -j %s\n", name, vip, synthcluster.Port, svc)
 	fmt.Fprintf(rules, "-A %s -m comment --comment \"%s cluster IP\" -m tcp -p tcp -d %s --dport %d ! -s %s -j KUBE-MARK-MASQ\n", svc, name, vip, synthcluster.Port, synthcluster.ClusterCIDR)
 	for e := range endpoints {
 		ip := synthcluster.EndpointIP(s, e, endpoints)
-		ep := netip.AddrPortFrom(ip, synthcluster.PodPort).String()
-		sep := "KUBE-SEP-" + chainHash(name, "tcp", ep)
+		addrPort := netip.AddrPortFrom(ip, synthcluster.PodPort)
+		ep := addrPort.String()
+		sep := kubeproxynames.IPTablesEndpointChain(ns, svcName, synthcluster.PortName, "TCP", addrPort)
 		fmt.Fprintf(chains, ":%s - [0:0]\n", sep)
 		if left := endpoints - e; left > 1 {
 			fmt.Fprintf(rules, "-A %s -m comment --comment \"%s -> %s\" -m statistic --mode random --probability %0.10f -j %s\n", svc, name, ep, 1/float64(left), sep)

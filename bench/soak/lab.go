@@ -5,13 +5,12 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/base32"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"slices"
 	"strconv"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 	"github.com/proxyhealth/proxyhealth/bench/internal/nsproc"
+	"github.com/proxyhealth/proxyhealth/internal/kubeproxynames"
 	"github.com/proxyhealth/proxyhealth/internal/testsupport/netnsdial"
 )
 
@@ -59,10 +59,12 @@ func setupNamespace(ctx context.Context, ns string, services int) error {
 	return err
 }
 
-// chainHash is kube-proxy's chain name suffix: base32 of sha256 over the parts, 16 characters.
-func chainHash(parts ...string) string {
-	sum := sha256.Sum256([]byte(strings.Join(parts, "")))
-	return base32.StdEncoding.EncodeToString(sum[:])[:16]
+// servicePortName is the one port of every service, TCP.
+const servicePortName = "http"
+
+// serviceName is service s's namespace and name.
+func serviceName(s int) (namespace, name string) {
+	return fmt.Sprintf("ns%d", s%20), fmt.Sprintf("svc%d", s)
 }
 
 func serviceVIP(s int) string { return fmt.Sprintf("10.96.%d.%d", s/250, s%250+1) }
@@ -96,8 +98,9 @@ func natRules(services, gen int) []byte {
 
 // writeService writes service s: its KUBE-SERVICES jump and its chains.
 func writeService(chains, rules io.Writer, s, gen int) {
-	name := fmt.Sprintf("ns%d/svc%d:http", s%20, s)
-	svc := "KUBE-SVC-" + chainHash(name, "tcp")
+	ns, svcName := serviceName(s)
+	name := ns + "/" + svcName + ":" + servicePortName
+	svc, _ := kubeproxynames.IPTablesServiceChains(ns, svcName, servicePortName, "TCP")
 	fmt.Fprintf(rules, "-A KUBE-SERVICES -d %s/32 -p tcp -m comment --comment \"%s cluster IP\" -m tcp --dport 80 -j %s\n", serviceVIP(s), name, svc)
 	writeServiceChains(chains, rules, s, gen)
 }
@@ -105,13 +108,14 @@ func writeService(chains, rules io.Writer, s, gen int) {
 // writeServiceChains writes service s's own chains, its endpoints those of generation gen
 // (the rules churn rewrites only these).
 func writeServiceChains(chains, rules io.Writer, s, gen int) {
-	name := fmt.Sprintf("ns%d/svc%d:http", s%20, s)
-	svc := "KUBE-SVC-" + chainHash(name, "tcp")
+	ns, svcName := serviceName(s)
+	name := ns + "/" + svcName + ":" + servicePortName
+	svc, _ := kubeproxynames.IPTablesServiceChains(ns, svcName, servicePortName, "TCP")
 	fmt.Fprintf(chains, ":%s - [0:0]\n", svc)
 	const endpoints = 5
 	for e := range endpoints {
 		ep := endpointIP(s, e, gen) + ":8080"
-		sep := "KUBE-SEP-" + chainHash(name, "tcp", ep)
+		sep := kubeproxynames.IPTablesEndpointChain(ns, svcName, servicePortName, "TCP", netip.MustParseAddrPort(ep))
 		fmt.Fprintf(chains, ":%s - [0:0]\n", sep)
 		stat := ""
 		if n := endpoints - e; n > 1 {

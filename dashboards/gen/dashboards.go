@@ -146,7 +146,7 @@ func Overview() *Dashboard {
 		"For each drifting Service port, on how many nodes kube-proxy's rules disagree with the API. One service on a few nodes: those nodes' kube-proxy lost its API connection (look at its list/watch errors below). Many services on one node: that node's kube-proxy is stuck.",
 		q{`count by (` + serviceLabels + `) (max by (node, ` + serviceLabels + `) (` + m("proxyhealth_service_drift_endpoints") + `))`, serviceLegend})
 	d.timeseries(12, "Stale and missing endpoints, by service", "none",
-		"Endpoints summed over nodes: stale are programmed on the node but gone from the API (connections to them fail), missing are in the API but not programmed (they get no traffic from those nodes). Find the nodes in 'Drifting service ports by node'.",
+		"Endpoints summed over nodes: stale are programmed in a chain (cluster or local) that the API does not give them to, such as endpoints gone from the API (connections to them fail); missing are given to a chain by the API but not programmed there (they get no traffic from those nodes). Find the nodes in 'Drifting service ports by node'.",
 		q{`sum by (` + serviceLabels + `, kind) (` + m("proxyhealth_service_drift_endpoints") + `)`, serviceLegend + " {{kind}}"})
 	d.timeseries(12, "Drifting service ports by node (top 20)", "none",
 		"Service ports whose rules drift, per node (the 20 nodes with most), and the drifting ports left out of the per-service series by the exporter's cap. Open the node in proxyhealth / Node to see which services and why.",
@@ -269,7 +269,7 @@ func Node() *Dashboard {
 
 	d.row("Rules drift (incident 3)")
 	d.timeseries(12, "Drifting endpoints by service", "none",
-		"Per drifting Service port: stale endpoints are programmed but gone from the API (connections to them fail), missing ones are in the API but not programmed. kube-proxy on this node no longer follows the API: check its list/watch errors and its connection to the apiserver, then restart it.",
+		"Per drifting Service port: stale endpoints are programmed in a chain (cluster or local) that the API does not give them to, such as endpoints gone from the API (connections to them fail); missing ones are given to a chain by the API but not programmed there. kube-proxy on this node no longer follows the API: check its list/watch errors and its connection to the apiserver, then restart it.",
 		q{`sum by (` + serviceLabels + `, kind) (` + m("proxyhealth_service_drift_endpoints") + `)`, serviceLegend + " {{kind}}"})
 	d.timeseries(12, "Drift totals", "none",
 		"The drift check's totals on this node: service ports drifted, stale and missing endpoints, drifting ports left out of the per-service series by the cap, and orphan chains (rules of Services the API no longer has, usually left by a stuck kube-proxy).",

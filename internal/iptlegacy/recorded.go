@@ -24,7 +24,9 @@ func splitRecorded(recorded []byte, ipv6 bool) (*Info, []byte, error) {
 
 // DecodeRecordedFilter decodes a recorded filter table as ReadFilter decodes the kernel's. It
 // is for the tests of the packages that read through this one, so that they decode what the
-// kernel answered with the decoder the exporter runs, without root; the exporter never uses it.
+// kernel answered with the decoder the exporter runs, without root; the exporter never uses it
+// (nor links it). It lives here, not in a test-support package, because it calls this package's
+// unexported decoders (decodeInfo, decodeFilter).
 func DecodeRecordedFilter(recorded []byte, ipv6 bool) (*ruleset.Graph, error) {
 	info, entries, err := splitRecorded(recorded, ipv6)
 	if err != nil {

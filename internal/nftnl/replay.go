@@ -53,10 +53,12 @@ func (r *replayer) query(_ context.Context, req request, fn func(m message) erro
 // Replay reads kube-proxy's tables and the forward path as this package reads them from the
 // kernel, from a recording of the kernel's replies instead (the JSON of testdata/*.replay.json).
 // It is for the tests of the packages that read through this one, so that they decode real
-// kernel messages with the decoders the exporter runs, without root; the exporter never uses it.
+// kernel messages with the decoders the exporter runs, without root; the exporter never uses it
+// (nor links it). It lives here, not in a test-support package, because it drives the Follower
+// and ForwardReader through their unexported readers, which take the unexported querier.
 type Replay struct{ r replayer }
 
-// NewReplay parses a recording.
+// NewReplay parses a recording, for tests and replays (see Replay).
 func NewReplay(recorded []byte) (*Replay, error) {
 	var rec recording
 	if err := json.Unmarshal(recorded, &rec); err != nil {

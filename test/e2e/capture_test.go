@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/proxyhealth/proxyhealth/internal/kpcapture"
+	"github.com/proxyhealth/proxyhealth/internal/kubeproxynames"
 	"github.com/proxyhealth/proxyhealth/internal/testsupport/nft"
 )
 
@@ -146,8 +147,7 @@ func captureExpected(version, mode string) *kpcapture.Expected {
 				clusterChain = nftServiceChain("service-", p.ns, p.name, p.protocol, p.portName)
 				localChain = nftServiceChain("local-", p.ns, p.name, p.protocol, p.portName)
 			} else {
-				hash := chainHash(p.ns+"/"+p.name+":"+p.portName, p.protocol)
-				clusterChain, localChain = "KUBE-SVC-"+hash, "KUBE-SVL-"+hash
+				clusterChain, localChain = kubeproxynames.IPTablesServiceChains(p.ns, p.name, p.portName, p.protocol)
 			}
 			if f.cluster != nil {
 				fe.Chains[clusterChain] = sortedCopy(f.cluster)

@@ -64,8 +64,7 @@ func testLocalChainJumpRemoved(t *testing.T, cp *ControlPlane, e *Exporter, nfta
 				localChain, c.Rules[0].Handle, podB2), "nft", "-f", "-")
 		}
 	} else {
-		clusterChain := "KUBE-SVC-" + chainHash(portName, "tcp")
-		localChain := "KUBE-SVL-" + chainHash(portName, "tcp")
+		clusterChain, localChain := iptablesServiceChains(portName, "tcp")
 		chains = func() ([]string, []string) {
 			nat := cp.IptablesSave("nat")
 			c, _ := chainEndpoints(nat, clusterChain)
@@ -74,7 +73,7 @@ func testLocalChainJumpRemoved(t *testing.T, cp *ControlPlane, e *Exporter, nfta
 		}
 		// The jump to the endpoint's KUBE-SEP chain is deleted by its number in the chain.
 		removeJump = func() {
-			sep := "KUBE-SEP-" + chainHash(portName, "tcp", removed)
+			sep := iptablesEndpointChain(portName, "tcp", removed)
 			n := 0
 			for _, line := range strings.Split(cp.Lab.MustExec(cp.Lab.Node, "iptables", "-t", "nat", "-S", localChain), "\n") {
 				if !strings.HasPrefix(line, "-A ") {

@@ -364,7 +364,7 @@ func (cp *ControlPlane) StartKubeProxy(opts KubeProxyOptions) {
 	start := time.Now()
 	cp.KubeProxy = cp.Lab.Start(cp.Lab.Node, "kube-proxy", args...)
 	if mode == "iptables" {
-		want := "KUBE-SVC-" + chainHash("default/kubernetes:https", "tcp")
+		want, _ := iptablesServiceChains("default/kubernetes:https", "tcp")
 		waitFor(t, 60*time.Second, "kube-proxy's first sync (default/kubernetes programmed)", func() (bool, string) {
 			if cp.KubeProxy.Exited() {
 				t.Fatalf("kube-proxy exited")
@@ -433,7 +433,7 @@ func (cp *ControlPlane) Ip6tablesSave(table string) string {
 // names it ("namespace/name:port", protocol lower case). found is false when KUBE-SERVICES does
 // not jump to that chain.
 func ServicePortEndpoints(nat, portName, protocol string) (eps []string, found bool) {
-	svc := "KUBE-SVC-" + chainHash(portName, protocol)
+	svc, _ := iptablesServiceChains(portName, protocol)
 	return chainEndpoints(nat, svc)
 }
 
@@ -441,7 +441,7 @@ func ServicePortEndpoints(nat, portName, protocol string) (eps []string, found b
 // internalTrafficPolicy: Local (and externalTrafficPolicy: Local) fill with this node's
 // endpoints.
 func LocalServicePortEndpoints(nat, portName, protocol string) (eps []string, found bool) {
-	svl := "KUBE-SVL-" + chainHash(portName, protocol)
+	_, svl := iptablesServiceChains(portName, protocol)
 	return chainEndpoints(nat, svl)
 }
 

@@ -5,10 +5,9 @@ package e2e
 import (
 	"bufio"
 	"crypto/rand"
-	"crypto/sha256"
-	"encoding/base32"
 	"encoding/hex"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/proxyhealth/proxyhealth/internal/kubeproxynames"
 )
 
 // The lab's addresses. Nothing here is routed to or from the root namespace.
@@ -163,12 +164,24 @@ const labRawRules = `*raw
 COMMIT
 `
 
-// chainHash is kube-proxy's chain name suffix (pkg/proxy/iptables: servicePortChainNameBase and
-// servicePortEndpointChainName): base32 of sha256 over the service port name, the lower-case
-// protocol and, for an endpoint chain, the endpoint, cut to 16 characters.
-func chainHash(parts ...string) string {
-	sum := sha256.Sum256([]byte(strings.Join(parts, "")))
-	return base32.StdEncoding.EncodeToString(sum[:])[:16]
+// iptablesServiceChains is kubeproxynames.IPTablesServiceChains of a service port written the
+// way kube-proxy names it, "namespace/name:port" ("namespace/name" for an unnamed port).
+func iptablesServiceChains(portName, protocol string) (cluster, local string) {
+	ns, name, port := splitServicePortName(portName)
+	return kubeproxynames.IPTablesServiceChains(ns, name, port, protocol)
+}
+
+// iptablesEndpointChain is kubeproxynames.IPTablesEndpointChain of a service port written as
+// iptablesServiceChains takes it and an endpoint "ip:port".
+func iptablesEndpointChain(portName, protocol, endpoint string) string {
+	ns, name, port := splitServicePortName(portName)
+	return kubeproxynames.IPTablesEndpointChain(ns, name, port, protocol, netip.MustParseAddrPort(endpoint))
+}
+
+func splitServicePortName(portName string) (ns, name, port string) {
+	ns, rest, _ := strings.Cut(portName, "/")
+	name, port, _ = strings.Cut(rest, ":")
+	return ns, name, port
 }
 
 // kubeProxyRules is what kube-proxy (iptables mode) writes for two ClusterIP services, in its
@@ -188,12 +201,12 @@ func kubeProxyRules() string {
 	}
 	var chains, rules strings.Builder
 	for _, s := range svcs {
-		svcChain := "KUBE-SVC-" + chainHash(s.name, "tcp")
+		svcChain, _ := iptablesServiceChains(s.name, "tcp")
 		fmt.Fprintf(&chains, ":%s - [0:0]\n", svcChain)
 		fmt.Fprintf(&rules, "-A KUBE-SERVICES -d %s/32 -p tcp -m comment --comment \"%s cluster IP\" -m tcp --dport 80 -j %s\n", s.vip, s.name, svcChain)
 		fmt.Fprintf(&rules, "-A %s ! -s 10.244.0.0/16 -d %s/32 -p tcp -m comment --comment \"%s cluster IP\" -m tcp --dport 80 -j KUBE-MARK-MASQ\n", svcChain, s.vip, s.name)
 		for i, ep := range s.eps {
-			sepChain := "KUBE-SEP-" + chainHash(s.name, "tcp", ep)
+			sepChain := iptablesEndpointChain(s.name, "tcp", ep)
 			fmt.Fprintf(&chains, ":%s - [0:0]\n", sepChain)
 			stat := ""
 			if n := len(s.eps) - i; n > 1 {

@@ -3,8 +3,6 @@
 package e2e
 
 import (
-	"crypto/sha256"
-	"encoding/base32"
 	"fmt"
 	"net/netip"
 	"os"
@@ -19,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/proxyhealth/proxyhealth/internal/kubeproxynames"
 	"github.com/proxyhealth/proxyhealth/internal/testsupport/nft"
 )
 
@@ -147,14 +146,17 @@ func createNFTFixtureObjects(cp *ControlPlane) {
 	}
 }
 
-// nftServiceChain is kube-proxy's nftables chain name for a service port
-// (pkg/proxy/nftables/proxier.go: servicePortChainNameBase, hashAndTruncate): prefix
-// ("service-" or "local-"), then the first 8 characters of base32(sha256) of
-// "<ns>/<name>/<protocol>/<port name>", "-", and that string itself.
+// nftServiceChain is kubeproxynames.NFTServiceChains' cluster chain for prefix "service-",
+// its local chain for "local-".
 func nftServiceChain(prefix, ns, name, protocol, portName string) string {
-	base := fmt.Sprintf("%s/%s/%s/%s", ns, name, protocol, portName)
-	sum := sha256.Sum256([]byte(base))
-	return prefix + base32.StdEncoding.EncodeToString(sum[:])[:8] + "-" + base
+	cluster, local := kubeproxynames.NFTServiceChains(ns, name, portName, protocol)
+	switch prefix {
+	case kubeproxynames.NFTClusterChainPrefix:
+		return cluster
+	case kubeproxynames.NFTLocalChainPrefix:
+		return local
+	}
+	panic("nftServiceChain: no service port chain starts " + prefix)
 }
 
 // NFTKubeProxy parses `nft -j list table ip kube-proxy` of the node namespace; nil when the
