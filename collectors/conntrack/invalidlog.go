@@ -198,14 +198,25 @@ func (s savedSetting) String() string {
 	return filepath.Base(filepath.Dir(s.path)) + "/" + filepath.Base(s.path) + "=" + s.value
 }
 
-// consume reads the socket until it fails or ctx is done.
+// consume reads the socket until it fails or ctx is done, and closes it: the group stays
+// bound to a socket until it is closed, and the next bind would fail with EPERM, as if another
+// process read the group.
 func (l *invalidLog) consume(ctx context.Context) error {
 	l.mu.Lock()
 	sock := l.sock
 	l.mu.Unlock()
 	stop := context.AfterFunc(ctx, func() { sock.Close() })
 	defer stop()
-	return l.consumeFrom(sock)
+	err := l.consumeFrom(sock)
+	l.mu.Lock()
+	if l.sock == sock {
+		l.sock = nil
+	}
+	l.mu.Unlock()
+	if closeErr := sock.Close(); closeErr != nil {
+		l.logger.Debug("closing the NFLOG socket after a receive error", "err", closeErr)
+	}
+	return err
 }
 
 // consumeFrom counts each packet of sock's messages until sock fails.

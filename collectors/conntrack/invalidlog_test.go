@@ -139,6 +139,65 @@ func TestInvalidLogCountsByReasonAndService(t *testing.T) {
 	}
 }
 
+// A receive error closes the socket before the group is bound again: the kernel keeps the
+// group for the failed socket until it is closed, and refuses the new bind as if another
+// process read it. The settings stay set across the re-bind and are put back at the end.
+func TestInvalidLogRebindsAfterReceiveError(t *testing.T) {
+	procfs := invalidProcfs(t, "0", "NONE", "NONE")
+	var mu sync.Mutex
+	var log []string
+	sources := []*fakeSource{
+		{name: "first", err: errors.New("receive conntrack events: no buffer space"), log: &log, mu: &mu, closed: make(chan struct{})},
+		{name: "second", msgs: [][]byte{
+			logMessage(2, "nf_ct_proto_6: bad checksum ", ipv4Packet(5, 6, "10.0.0.2", "10.0.0.9", 0, ports(1, 8080)), 0),
+		}, log: &log, mu: &mu, closed: make(chan struct{})},
+	}
+	opened := 0
+	c := newInvalidTestCollector(t, procfs, func(int) (eventSource, error) {
+		// As the kernel: one socket per group, until it is closed.
+		if opened > 0 {
+			select {
+			case <-sources[opened-1].closed:
+			default:
+				return nil, errGroupTaken
+			}
+		}
+		if opened == len(sources) {
+			return nil, errors.New("no more sources in this test")
+		}
+		if opened == 1 {
+			if got := readSettings(t, procfs); got != "255 nfnetlink_log nfnetlink_log" {
+				t.Errorf("settings at the re-bind: %s, want them still set", got)
+			}
+		}
+		opened++
+		return sources[opened-1], nil
+	})
+	c.view.Store(&attributionView{services: emptyServiceMap{}, endpoints: emptyServiceMap{}, net: &localNet{}})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { c.invalid.run(ctx); close(done) }()
+	waitFor(t, "the packet of the second socket to be counted", func() bool {
+		s := c.invalid.snapshot()
+		return s.err == nil && s.counts[invalidKey{invalidChecksum, "", ""}] == 1
+	})
+	if got := readSettings(t, procfs); got != "255 nfnetlink_log nfnetlink_log" {
+		t.Errorf("settings after the re-bind: %s", got)
+	}
+	cancel()
+	<-done
+	if got := readSettings(t, procfs); got != "0 NONE NONE" {
+		t.Errorf("settings after the reader stopped: %s, want the old ones", got)
+	}
+	for _, src := range sources {
+		select {
+		case <-src.closed:
+		default:
+			t.Errorf("NFLOG socket %s still open after the reader stopped", src.name)
+		}
+	}
+}
+
 func TestInvalidLogCap(t *testing.T) {
 	l := newInvalidLog(&Config{MaxServiceSeries: 1}, promslog.NewNopLogger(), nil)
 	var p loggedPacket
