@@ -214,6 +214,68 @@ func TestInvalidLogCap(t *testing.T) {
 	}
 }
 
+// A deleted Service's series is dropped once it has been out of the view and unmoved for
+// invalidSeriesIdle, and its place under the cap goes to a new Service; a Service still in the
+// view keeps its series however idle.
+func TestInvalidLogFreesSeriesOfDeletedServices(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	view := &attributionView{services: apiServiceMap(webSnapshot(1, "web", "old")), endpoints: emptyServiceMap{}, net: &localNet{}}
+	l := newInvalidLog(&Config{MaxServiceSeries: 2, Now: func() time.Time { return now }}, promslog.NewNopLogger(),
+		func() *attributionView { return view })
+	var p loggedPacket
+	web, old, added := invalidKey{invalidChecksum, "lab", "web"}, invalidKey{invalidChecksum, "lab", "old"}, invalidKey{invalidChecksum, "lab", "new"}
+	l.count(&p, web)
+	l.count(&p, old)
+	l.snapshot()
+
+	// lab/old is deleted and lab/new created; a packet of lab/old counted just before the
+	// view changed moves its series once more.
+	view = &attributionView{services: apiServiceMap(webSnapshot(2, "web", "new")), endpoints: emptyServiceMap{}, net: &localNet{}}
+	l.count(&p, old)
+	l.count(&p, added)
+	s := l.snapshot()
+	if s.unlisted[invalidChecksum] != 1 || s.counts[old] != 2 {
+		t.Fatalf("before a pass: counts %v, unlisted %v; want lab/new unlisted, lab/old kept", s.counts, s.unlisted)
+	}
+	// Not dropped while it moved since the last pass.
+	now = now.Add(invalidSeriesIdle)
+	if s := l.snapshot(); s.counts[old] != 2 {
+		t.Fatalf("lab/old dropped although it moved since the last pass: %v", s.counts)
+	}
+	now = now.Add(invalidSeriesIdle - time.Second)
+	if s := l.snapshot(); s.counts[old] != 2 {
+		t.Fatalf("a pass before invalidSeriesIdle passed: %v", s.counts)
+	}
+	now = now.Add(time.Second)
+	s = l.snapshot()
+	if _, listed := s.counts[old]; listed || s.counts[web] != 1 {
+		t.Fatalf("after the deleted Service was idle: %v; want lab/old dropped, lab/web kept", s.counts)
+	}
+	l.count(&p, added)
+	if s := l.snapshot(); s.counts[added] != 1 || s.unlisted[invalidChecksum] != 1 {
+		t.Errorf("the new Service did not take the freed place: counts %v, unlisted %v", s.counts, s.unlisted)
+	}
+}
+
+// With no Services in the view (a source not read yet, more likely than a node without
+// Services) nothing is dropped.
+func TestInvalidLogKeepsSeriesWhileViewEmpty(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	view := &attributionView{services: emptyServiceMap{}, endpoints: emptyServiceMap{}, net: &localNet{}}
+	l := newInvalidLog(&Config{MaxServiceSeries: 2, Now: func() time.Time { return now }}, promslog.NewNopLogger(),
+		func() *attributionView { return view })
+	var p loggedPacket
+	web := invalidKey{invalidChecksum, "lab", "web"}
+	l.count(&p, web)
+	for range 3 {
+		l.snapshot()
+		now = now.Add(invalidSeriesIdle)
+	}
+	if s := l.snapshot(); s.counts[web] != 1 {
+		t.Errorf("dropped with an empty view: %v", s.counts)
+	}
+}
+
 func TestInvalidLogGroupTaken(t *testing.T) {
 	procfs := invalidProcfs(t, "0", "NONE", "NONE")
 	c := newInvalidTestCollector(t, procfs, func(int) (eventSource, error) {
