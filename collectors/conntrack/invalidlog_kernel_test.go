@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -356,4 +357,72 @@ func TestKernelInvalidLogReadOnlyProcSys(t *testing.T) {
 		t.Fatalf("with /proc/sys read-only: %v\n%s", err, out)
 	}
 	t.Logf("%s", out)
+}
+
+// failingSocket is an NFLOG socket whose receive fails at once, as recvmmsg or a malformed
+// message length can.
+type failingSocket struct{ eventSource }
+
+func (failingSocket) receiveBatches(func([]byte) error) error {
+	return errors.New("receive conntrack events: no buffer space")
+}
+
+// After a receive error the reader binds group 0 again in the same namespace and reads on: the
+// failed socket is closed first, or the kernel refuses the bind as if another process held it.
+func TestKernelInvalidLogRebindsAfterReceiveError(t *testing.T) {
+	requireOwnNetns(t, "ip", "iptables")
+	sh(t, `ip link set lo up
+modprobe nfnetlink_log 2>/dev/null || true
+sysctl -qw net.netfilter.nf_conntrack_log_invalid=0
+iptables -w -A OUTPUT -m conntrack --ctstate INVALID -j ACCEPT`)
+	t.Cleanup(func() {
+		if out, err := exec.Command("iptables", "-w", "-D", "OUTPUT", "-m", "conntrack", "--ctstate", "INVALID", "-j", "ACCEPT").CombinedOutput(); err != nil {
+			t.Errorf("remove the test's OUTPUT rule: %v\n%s", err, out)
+		}
+	})
+	before := readProcSettings(t)
+
+	view := &attributionView{services: emptyServiceMap{}, endpoints: emptyServiceMap{}, net: &localNet{}}
+	l := newInvalidLog(&Config{ProcPath: "/proc", SocketBufferBytes: 1 << 20, MaxServiceSeries: 10}, promslog.NewNopLogger(),
+		func() *attributionView { return view })
+	var opened atomic.Int32
+	l.open = func(n int) (eventSource, error) {
+		sock, err := openInvalidLog(n)
+		if err != nil {
+			return nil, err
+		}
+		if opened.Add(1) == 1 {
+			return failingSocket{sock}, nil
+		}
+		return sock, nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { l.run(ctx); close(done) }()
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
+			cancel()
+			<-done
+		}
+	}
+	t.Cleanup(stop)
+	waitFor(t, "the group to be bound again", func() bool {
+		return opened.Load() == 2 && l.snapshot().err == nil
+	})
+	if got := readProcSettings(t); got != "255 nfnetlink_log nfnetlink_log" {
+		t.Errorf("settings after the re-bind: %s", got)
+	}
+	// The new socket reads: a SYN+FIN on loopback is INVALID at OUTPUT.
+	local := netip.MustParseAddrPort("127.0.0.1:40000")
+	dst := netip.MustParseAddrPort("127.0.0.1:80")
+	rawTCPSender(t, local)(dst, tcpSegment(local, dst, tcpSYN|tcpFIN, 1, 0, false))
+	waitFor(t, "the packet to be counted", func() bool {
+		return l.snapshot().counts[invalidKey{invalidTCPFlags, "", ""}] >= 1
+	})
+	stop()
+	if got := readProcSettings(t); got != before {
+		t.Errorf("settings after the reader stopped: %s, want %s", got, before)
+	}
 }

@@ -139,6 +139,65 @@ func TestInvalidLogCountsByReasonAndService(t *testing.T) {
 	}
 }
 
+// A receive error closes the socket before the group is bound again: the kernel keeps the
+// group for the failed socket until it is closed, and refuses the new bind as if another
+// process read it. The settings stay set across the re-bind and are put back at the end.
+func TestInvalidLogRebindsAfterReceiveError(t *testing.T) {
+	procfs := invalidProcfs(t, "0", "NONE", "NONE")
+	var mu sync.Mutex
+	var log []string
+	sources := []*fakeSource{
+		{name: "first", err: errors.New("receive conntrack events: no buffer space"), log: &log, mu: &mu, closed: make(chan struct{})},
+		{name: "second", msgs: [][]byte{
+			logMessage(2, "nf_ct_proto_6: bad checksum ", ipv4Packet(5, 6, "10.0.0.2", "10.0.0.9", 0, ports(1, 8080)), 0),
+		}, log: &log, mu: &mu, closed: make(chan struct{})},
+	}
+	opened := 0
+	c := newInvalidTestCollector(t, procfs, func(int) (eventSource, error) {
+		// As the kernel: one socket per group, until it is closed.
+		if opened > 0 {
+			select {
+			case <-sources[opened-1].closed:
+			default:
+				return nil, errGroupTaken
+			}
+		}
+		if opened == len(sources) {
+			return nil, errors.New("no more sources in this test")
+		}
+		if opened == 1 {
+			if got := readSettings(t, procfs); got != "255 nfnetlink_log nfnetlink_log" {
+				t.Errorf("settings at the re-bind: %s, want them still set", got)
+			}
+		}
+		opened++
+		return sources[opened-1], nil
+	})
+	c.view.Store(&attributionView{services: emptyServiceMap{}, endpoints: emptyServiceMap{}, net: &localNet{}})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { c.invalid.run(ctx); close(done) }()
+	waitFor(t, "the packet of the second socket to be counted", func() bool {
+		s := c.invalid.snapshot()
+		return s.err == nil && s.counts[invalidKey{invalidChecksum, "", ""}] == 1
+	})
+	if got := readSettings(t, procfs); got != "255 nfnetlink_log nfnetlink_log" {
+		t.Errorf("settings after the re-bind: %s", got)
+	}
+	cancel()
+	<-done
+	if got := readSettings(t, procfs); got != "0 NONE NONE" {
+		t.Errorf("settings after the reader stopped: %s, want the old ones", got)
+	}
+	for _, src := range sources {
+		select {
+		case <-src.closed:
+		default:
+			t.Errorf("NFLOG socket %s still open after the reader stopped", src.name)
+		}
+	}
+}
+
 func TestInvalidLogCap(t *testing.T) {
 	l := newInvalidLog(&Config{MaxServiceSeries: 1}, promslog.NewNopLogger(), nil)
 	var p loggedPacket
@@ -152,6 +211,68 @@ func TestInvalidLogCap(t *testing.T) {
 	}
 	if s.unlisted[invalidChecksum] != 1 || s.unlisted[invalidTCPFlags] != 1 {
 		t.Errorf("unlisted: %v", s.unlisted)
+	}
+}
+
+// A deleted Service's series is dropped once it has been out of the view and unmoved for
+// invalidSeriesIdle, and its place under the cap goes to a new Service; a Service still in the
+// view keeps its series however idle.
+func TestInvalidLogFreesSeriesOfDeletedServices(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	view := &attributionView{services: apiServiceMap(webSnapshot(1, "web", "old")), endpoints: emptyServiceMap{}, net: &localNet{}}
+	l := newInvalidLog(&Config{MaxServiceSeries: 2, Now: func() time.Time { return now }}, promslog.NewNopLogger(),
+		func() *attributionView { return view })
+	var p loggedPacket
+	web, old, added := invalidKey{invalidChecksum, "lab", "web"}, invalidKey{invalidChecksum, "lab", "old"}, invalidKey{invalidChecksum, "lab", "new"}
+	l.count(&p, web)
+	l.count(&p, old)
+	l.snapshot()
+
+	// lab/old is deleted and lab/new created; a packet of lab/old counted just before the
+	// view changed moves its series once more.
+	view = &attributionView{services: apiServiceMap(webSnapshot(2, "web", "new")), endpoints: emptyServiceMap{}, net: &localNet{}}
+	l.count(&p, old)
+	l.count(&p, added)
+	s := l.snapshot()
+	if s.unlisted[invalidChecksum] != 1 || s.counts[old] != 2 {
+		t.Fatalf("before a pass: counts %v, unlisted %v; want lab/new unlisted, lab/old kept", s.counts, s.unlisted)
+	}
+	// Not dropped while it moved since the last pass.
+	now = now.Add(invalidSeriesIdle)
+	if s := l.snapshot(); s.counts[old] != 2 {
+		t.Fatalf("lab/old dropped although it moved since the last pass: %v", s.counts)
+	}
+	now = now.Add(invalidSeriesIdle - time.Second)
+	if s := l.snapshot(); s.counts[old] != 2 {
+		t.Fatalf("a pass before invalidSeriesIdle passed: %v", s.counts)
+	}
+	now = now.Add(time.Second)
+	s = l.snapshot()
+	if _, listed := s.counts[old]; listed || s.counts[web] != 1 {
+		t.Fatalf("after the deleted Service was idle: %v; want lab/old dropped, lab/web kept", s.counts)
+	}
+	l.count(&p, added)
+	if s := l.snapshot(); s.counts[added] != 1 || s.unlisted[invalidChecksum] != 1 {
+		t.Errorf("the new Service did not take the freed place: counts %v, unlisted %v", s.counts, s.unlisted)
+	}
+}
+
+// With no Services in the view (a source not read yet, more likely than a node without
+// Services) nothing is dropped.
+func TestInvalidLogKeepsSeriesWhileViewEmpty(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	view := &attributionView{services: emptyServiceMap{}, endpoints: emptyServiceMap{}, net: &localNet{}}
+	l := newInvalidLog(&Config{MaxServiceSeries: 2, Now: func() time.Time { return now }}, promslog.NewNopLogger(),
+		func() *attributionView { return view })
+	var p loggedPacket
+	web := invalidKey{invalidChecksum, "lab", "web"}
+	l.count(&p, web)
+	for range 3 {
+		l.snapshot()
+		now = now.Add(invalidSeriesIdle)
+	}
+	if s := l.snapshot(); s.counts[web] != 1 {
+		t.Errorf("dropped with an empty view: %v", s.counts)
 	}
 }
 
