@@ -33,6 +33,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/proxyhealth/proxyhealth/internal/buildinfo"
+	"github.com/proxyhealth/proxyhealth/internal/podproxy"
 )
 
 // defaultSelector matches the exporter pods of the Helm chart and of deploy/.
@@ -237,7 +238,7 @@ func (o *options) proxyReader(core corev1client.CoreV1Interface, tokens *viewerT
 		req := core.RESTClient().Get().Namespace(pod.Namespace).Resource("pods").SubResource("proxy").
 			Name(utilnet.JoinSchemeNamePort(scheme, pod.Name, port)).Suffix("status")
 		if token != "" {
-			req.SetHeader(tokenHeader, token)
+			req.SetHeader(podproxy.TokenHeader, token)
 		}
 		body, err := req.DoRaw(ctx)
 		if err != nil {

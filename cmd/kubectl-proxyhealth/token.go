@@ -10,11 +10,6 @@ import (
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 )
 
-// tokenHeader is where an exporter with --web.kubernetes-auth reads a token the API server's pod
-// proxy lets through (kubeauth.TokenHeader): the proxy removes Authorization from every request
-// it has authenticated, whatever the plugin's user authenticated with.
-const tokenHeader = "X-Proxyhealth-Token"
-
 // viewerTokenSeconds is the lifetime of the viewer tokens the plugin asks for: the shortest the
 // TokenRequest API issues. A token lives beyond the run, but only for this long, and only for
 // the exporters' audience.

@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/proxyhealth/proxyhealth/internal/kubeauth"
+	"github.com/proxyhealth/proxyhealth/internal/podproxy"
 	"github.com/proxyhealth/proxyhealth/internal/verdict"
 )
 
@@ -81,7 +82,7 @@ func newAuthAPIServer(t *testing.T, mayCreateToken bool) *authAPIServer {
 			a.mu.Lock()
 			a.proxied++
 			a.mu.Unlock()
-			if r.Header.Get(tokenHeader) != testViewerToken {
+			if r.Header.Get(podproxy.TokenHeader) != testViewerToken {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="proxyhealth"`)
 				http.Error(w, "Unauthorized: a Kubernetes bearer token is required", http.StatusUnauthorized)
 				return
@@ -107,8 +108,8 @@ func (a *authAPIServer) run(t *testing.T, args ...string) (stdout, stderr string
 // The plugin sends a viewer token the pod proxy lets through: one TokenRequest per namespace,
 // for the exporters' audience and ten minutes.
 func TestViewerTokenReachesTheExporters(t *testing.T) {
-	if tokenHeader != kubeauth.TokenHeader {
-		t.Fatalf("the plugin sends %s, the exporter reads %s", tokenHeader, kubeauth.TokenHeader)
+	if podproxy.TokenHeader != kubeauth.TokenHeader {
+		t.Fatalf("the plugin sends %s, the exporter reads %s", podproxy.TokenHeader, kubeauth.TokenHeader)
 	}
 	a := newAuthAPIServer(t, true)
 	out, errOut, code := a.run(t)
