@@ -33,6 +33,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/proxyhealth/proxyhealth/internal/buildinfo"
+	"github.com/proxyhealth/proxyhealth/internal/podproxy"
 )
 
 // defaultSelector matches the exporter pods of the Helm chart and of deploy/.
@@ -180,7 +181,7 @@ func (o *options) run(ctx context.Context, stdout io.Writer) (int, error) {
 	if len(pods.Items) == 0 {
 		return exitCannotRun, fmt.Errorf("no exporter pods found (%s); set --namespace or --selector", where(namespace, o.selector))
 	}
-	nodes := readAll(ctx, pods.Items, o.proxyReader(core, newViewerTokens(core, o.viewer, o.audience)), o.parallel, o.timeout)
+	nodes := readAll(ctx, pods.Items, o.proxyReader(core, newViewerTokens(core, o.viewer, o.audience, o.timeout)), o.parallel, o.timeout)
 	sortNodes(nodes)
 
 	if o.service != "" {
@@ -218,8 +219,9 @@ func where(namespace, selector string) string {
 }
 
 // proxyReader reads /status through the API server's pod proxy:
-// GET /api/v1/namespaces/NS/pods/[https:]NAME:PORT/proxy/status, with the namespace's viewer
-// token when there is one.
+// GET /api/v1/namespaces/NS/pods/[https:]NAME:PORT/proxy/status. It asks for the namespace's
+// viewer token only when an exporter answers 401 (one with --web.kubernetes-auth), then reads
+// that node again with it; later reads in the namespace send it at once.
 func (o *options) proxyReader(core corev1client.CoreV1Interface, tokens *viewerTokens) statusReader {
 	return func(ctx context.Context, pod *corev1.Pod) ([]byte, error) {
 		port, err := podPort(pod, o.port)
@@ -230,16 +232,24 @@ func (o *options) proxyReader(core corev1client.CoreV1Interface, tokens *viewerT
 		if o.scheme == "https" {
 			scheme = "https"
 		}
-		// An exporter without --web.kubernetes-auth needs no token: failing to get one
-		// matters only when the exporter asks for it.
-		token, tokenErr := tokens.get(ctx, pod.Namespace)
-		// As Pods().ProxyGet, with the header.
-		req := core.RESTClient().Get().Namespace(pod.Namespace).Resource("pods").SubResource("proxy").
-			Name(utilnet.JoinSchemeNamePort(scheme, pod.Name, port)).Suffix("status")
-		if token != "" {
-			req.SetHeader(tokenHeader, token)
+		get := func(token string) ([]byte, error) {
+			// As Pods().ProxyGet, with the header.
+			req := core.RESTClient().Get().Namespace(pod.Namespace).Resource("pods").SubResource("proxy").
+				Name(utilnet.JoinSchemeNamePort(scheme, pod.Name, port)).Suffix("status")
+			if token != "" {
+				req.SetHeader(podproxy.TokenHeader, token)
+			}
+			return req.DoRaw(ctx)
 		}
-		body, err := req.DoRaw(ctx)
+		// Failing to get a token matters only when the exporter asks for one.
+		token, _, tokenErr := tokens.cached(pod.Namespace)
+		body, err := get(token)
+		if apierrors.IsUnauthorized(err) && token == "" && tokenErr == nil {
+			token, tokenErr = tokens.get(ctx, pod.Namespace)
+			if token != "" {
+				body, err = get(token)
+			}
+		}
 		if err != nil {
 			msg := err.Error()
 			if detail := proxyErrorDetail(err, body); detail != "" {

@@ -59,8 +59,8 @@ func writeFleetJSON(w io.Writer, nodes []nodeStatus) error {
 }
 
 // writeFleetText prints one line per node (node, verdict, causes, worst service), problems
-// first, then a count per verdict. A node unknown because something was not checked names
-// what in its causes column.
+// first, then a count per verdict, then the nodes' notes. A node unknown because something was
+// not checked names what in its causes column.
 func writeFleetText(w io.Writer, nodes []nodeStatus) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tVERDICT\tCAUSES\tWORST SERVICE")
@@ -78,9 +78,49 @@ func writeFleetText(w io.Writer, nodes []nodeStatus) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintf(w, "\n%s: %d critical, %d unknown (%d not read), %d warning, %d healthy\n", plural(len(nodes), "node"),
-		counts[verdict.CriticalFound], counts[verdict.Unknown], unread, counts[verdict.WarningsOnly], counts[verdict.Healthy])
+	if _, err := fmt.Fprintf(w, "\n%s: %d critical, %d unknown (%d not read), %d warning, %d healthy\n", plural(len(nodes), "node"),
+		counts[verdict.CriticalFound], counts[verdict.Unknown], unread, counts[verdict.WarningsOnly], counts[verdict.Healthy]); err != nil {
+		return err
+	}
+	return writeNotes(w, nodes)
+}
+
+// writeNotes prints each note of the nodes' reports once, as `proxyhealth diagnose` does for
+// one node, after the nodes that have it: a fleet's nodes mostly share theirs (kube-proxy's
+// version). Nothing when no node has a note.
+func writeNotes(w io.Writer, nodes []nodeStatus) error {
+	var notes []string
+	having := map[string][]string{}
+	for _, n := range nodes {
+		if n.Report == nil {
+			continue
+		}
+		for _, note := range n.Report.Notes {
+			if _, ok := having[note]; !ok {
+				notes = append(notes, note)
+			}
+			having[note] = append(having[note], orDash(n.Node))
+		}
+	}
+	if len(notes) == 0 {
+		return nil
+	}
+	var b strings.Builder
+	b.WriteString("\nnotes:\n")
+	for _, note := range notes {
+		fmt.Fprintf(&b, "  %s: %s\n", nodeList(having[note]), note)
+	}
+	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// nodeList names the first few nodes: "worker-1, worker-2, worker-3 and 7 more".
+func nodeList(names []string) string {
+	const show = 3
+	if len(names) <= show {
+		return strings.Join(names, ", ")
+	}
+	return strings.Join(names[:show], ", ") + fmt.Sprintf(" and %d more", len(names)-show)
 }
 
 // worstServiceColumn is the worst finding's Service port; on a node where no finding concerns

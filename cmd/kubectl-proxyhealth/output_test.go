@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -42,5 +44,40 @@ worker-2  warning  invalid_not_dropped  -
 `
 	if got := b.String(); !strings.HasPrefix(got, want) {
 		t.Errorf("got:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// The nodes' notes, which `proxyhealth diagnose` prints for one node, follow the table: each
+// once, after the nodes that have it.
+func TestFleetTextNotes(t *testing.T) {
+	outside := "kube-proxy v1.33.2 is outside the versions proxyhealth is tested with (v1.34 to v1.37): stale rules may be misjudged where it picks endpoints differently."
+	unplaced := `kube-proxy reports version "custom", which proxyhealth cannot place.`
+	var pods []corev1.Pod
+	bodies := map[string][]byte{}
+	for i, notes := range [][]string{{outside}, {outside}, nil, {unplaced, outside}, {outside}, {outside}} {
+		node := fmt.Sprintf("worker-%d", i+1)
+		pods = append(pods, pod("proxyhealth-"+node, node, corev1.PodRunning))
+		b, err := json.Marshal(verdict.Report{Node: node, Verdict: verdict.Healthy, Time: since, Findings: []verdict.Finding{},
+			NotChecked: []verdict.NotChecked{}, Notes: notes})
+		if err != nil {
+			t.Fatal(err)
+		}
+		bodies["proxyhealth-"+node] = b
+	}
+	nodes := readAll(context.Background(), pods, func(_ context.Context, p *corev1.Pod) ([]byte, error) { return bodies[p.Name], nil }, 2, time.Second)
+	sortNodes(nodes)
+	var b bytes.Buffer
+	if err := writeFleetText(&b, nodes); err != nil {
+		t.Fatal(err)
+	}
+	want := `
+6 nodes: 0 critical, 0 unknown (0 not read), 0 warning, 6 healthy
+
+notes:
+  worker-1, worker-2, worker-4 and 2 more: ` + outside + `
+  worker-4: ` + unplaced + `
+`
+	if got := b.String(); !strings.HasSuffix(got, want) {
+		t.Errorf("got:\n%s\nwant it to end:\n%s", got, want)
 	}
 }

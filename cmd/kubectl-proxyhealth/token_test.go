@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -18,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/proxyhealth/proxyhealth/internal/kubeauth"
+	"github.com/proxyhealth/proxyhealth/internal/podproxy"
 	"github.com/proxyhealth/proxyhealth/internal/verdict"
 )
 
@@ -28,17 +30,37 @@ type authAPIServer struct {
 	srv *httptest.Server
 	// mayCreateToken: the plugin's user may create the viewer's token.
 	mayCreateToken bool
+	// released ends the TokenRequests that never answer, when the test is over.
+	released chan struct{}
 
-	mu            sync.Mutex
-	tokenRequests []authenticationv1.TokenRequestSpec
-	proxied       int
+	mu sync.Mutex
+	// exportersOpen: the exporters run without --web.kubernetes-auth and need no token.
+	exportersOpen bool
+	// tokenNeverAnswers: the API server takes TokenRequests but answers none.
+	tokenNeverAnswers bool
+	tokenRequests     []authenticationv1.TokenRequestSpec
+	proxied           int
+}
+
+// counts are the TokenRequests and the reads through the pod proxy the server has had.
+func (a *authAPIServer) counts() (tokenRequests, proxied int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.tokenRequests), a.proxied
+}
+
+// set changes how the server answers, between runs.
+func (a *authAPIServer) set(change func(*authAPIServer)) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	change(a)
 }
 
 // testViewerToken is the viewer's token for audience proxyhealth, the one the exporters accept.
 const testViewerToken = "viewer-token-for-proxyhealth"
 
 func newAuthAPIServer(t *testing.T, mayCreateToken bool) *authAPIServer {
-	a := &authAPIServer{mayCreateToken: mayCreateToken}
+	a := &authAPIServer{mayCreateToken: mayCreateToken, released: make(chan struct{})}
 	pods := &corev1.PodList{TypeMeta: metav1.TypeMeta{Kind: "PodList", APIVersion: "v1"}}
 	for _, n := range []string{"worker-1", "worker-2"} {
 		p := pod("proxyhealth-"+n, n, corev1.PodRunning)
@@ -66,7 +88,15 @@ func newAuthAPIServer(t *testing.T, mayCreateToken bool) *authAPIServer {
 			}
 			a.mu.Lock()
 			a.tokenRequests = append(a.tokenRequests, req.Spec)
+			hang := a.tokenNeverAnswers
 			a.mu.Unlock()
+			if hang {
+				select {
+				case <-r.Context().Done():
+				case <-a.released:
+				}
+				return
+			}
 			if !a.mayCreateToken {
 				writeJSON(w, http.StatusForbidden, metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}, Status: metav1.StatusFailure,
 					Reason: metav1.StatusReasonForbidden, Code: http.StatusForbidden,
@@ -80,8 +110,9 @@ func newAuthAPIServer(t *testing.T, mayCreateToken bool) *authAPIServer {
 			strings.HasSuffix(r.URL.Path, ":9869/proxy/status"):
 			a.mu.Lock()
 			a.proxied++
+			open := a.exportersOpen
 			a.mu.Unlock()
-			if r.Header.Get(tokenHeader) != testViewerToken {
+			if !open && r.Header.Get(podproxy.TokenHeader) != testViewerToken {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="proxyhealth"`)
 				http.Error(w, "Unauthorized: a Kubernetes bearer token is required", http.StatusUnauthorized)
 				return
@@ -94,6 +125,8 @@ func newAuthAPIServer(t *testing.T, mayCreateToken bool) *authAPIServer {
 		}
 	}))
 	t.Cleanup(a.srv.Close)
+	// Before the server's close, which waits for its handlers.
+	t.Cleanup(func() { close(a.released) })
 	return a
 }
 
@@ -107,8 +140,8 @@ func (a *authAPIServer) run(t *testing.T, args ...string) (stdout, stderr string
 // The plugin sends a viewer token the pod proxy lets through: one TokenRequest per namespace,
 // for the exporters' audience and ten minutes.
 func TestViewerTokenReachesTheExporters(t *testing.T) {
-	if tokenHeader != kubeauth.TokenHeader {
-		t.Fatalf("the plugin sends %s, the exporter reads %s", tokenHeader, kubeauth.TokenHeader)
+	if podproxy.TokenHeader != kubeauth.TokenHeader {
+		t.Fatalf("the plugin sends %s, the exporter reads %s", podproxy.TokenHeader, kubeauth.TokenHeader)
 	}
 	a := newAuthAPIServer(t, true)
 	out, errOut, code := a.run(t)
@@ -120,6 +153,12 @@ func TestViewerTokenReachesTheExporters(t *testing.T) {
 	}
 	if spec := a.tokenRequests[0]; !slices.Equal(spec.Audiences, []string{"proxyhealth"}) || spec.ExpirationSeconds == nil || *spec.ExpirationSeconds != 600 {
 		t.Errorf("TokenRequest %+v", spec)
+	}
+	// The first node answers 401 and is read again with the token; the next is sent it at once.
+	a.set(func(a *authAPIServer) { a.proxied = 0 })
+	out, errOut, code = a.run(t, "--parallel=1")
+	if _, proxied := a.counts(); code != exitHealthy || proxied != 3 {
+		t.Errorf("--parallel=1: exit %d, %d reads through the proxy, want 0 and 3:\n%s%s", code, proxied, out, errOut)
 	}
 	// A token for an audience the exporters do not accept: the nodes say so.
 	out, errOut, code = a.run(t, "--token-audience=elsewhere")
@@ -144,5 +183,50 @@ func TestViewerTokenRefused(t *testing.T) {
 	out, errOut, code = a.run(t, "--viewer-serviceaccount=")
 	if code != exitCannotRun || strings.Contains(out, "no token of ServiceAccount") || len(a.tokenRequests) != 1 {
 		t.Errorf("--viewer-serviceaccount=: exit %d, %d TokenRequests\n%s%s", code, len(a.tokenRequests), out, errOut)
+	}
+}
+
+// Exporters without --web.kubernetes-auth need no token: the plugin asks for none, and reads
+// each node once.
+func TestNoTokenWithoutAuth(t *testing.T) {
+	a := newAuthAPIServer(t, true)
+	a.set(func(a *authAPIServer) { a.exportersOpen = true })
+	out, errOut, code := a.run(t)
+	if code != exitHealthy || strings.Count(out, "healthy  -") != 2 {
+		t.Fatalf("exit %d, want 0 with both nodes healthy:\n%s%s", code, out, errOut)
+	}
+	if tokenRequests, proxied := a.counts(); tokenRequests != 0 || proxied != 2 {
+		t.Errorf("%d TokenRequests and %d reads through the proxy, want none and 2", tokenRequests, proxied)
+	}
+}
+
+// An API server that never answers the TokenRequest holds the run up no longer than --timeout:
+// the nodes that want a token are unknown, and say why.
+func TestViewerTokenRequestBounded(t *testing.T) {
+	a := newAuthAPIServer(t, true)
+	a.set(func(a *authAPIServer) { a.tokenNeverAnswers = true })
+	type result struct {
+		out, errOut string
+		code        int
+	}
+	done := make(chan result, 1)
+	start := time.Now()
+	go func() {
+		out, errOut, code := a.run(t, "--timeout=300ms")
+		done <- result{out, errOut, code}
+	}()
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the run still waits for the TokenRequest after 10s (--timeout=300ms)")
+	}
+	t.Logf("ended after %v", time.Since(start))
+	want := `error: GET /status through the pod proxy: HTTP 401: Unauthorized: a Kubernetes bearer token is required; no token of ServiceAccount monitoring/proxyhealth-viewer to send (--viewer-serviceaccount): the API server did not answer the TokenRequest within 300ms (--timeout)`
+	if r.code != exitCannotRun || strings.Count(r.out, want) != 2 {
+		t.Errorf("exit %d, want 3 with both nodes naming the unanswered token:\n%s%s", r.code, r.out, r.errOut)
+	}
+	if tokenRequests, _ := a.counts(); tokenRequests != 1 {
+		t.Errorf("%d TokenRequests, want one for the namespace", tokenRequests)
 	}
 }
