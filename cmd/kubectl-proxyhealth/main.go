@@ -110,7 +110,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.scheme, "scheme", "http", "http, or https when the exporters serve TLS (--web.config.file); the API server does not verify their certificates.")
 	fs.StringVar(&o.service, "service", "", "NAMESPACE/NAME: show which nodes have stale rules for this Service, per port.")
 	fs.StringVarP(&o.output, "output", "o", "text", "Output format: text or json.")
-	fs.DurationVar(&o.timeout, "timeout", 15*time.Second, "Limit on reading one exporter's /status.")
+	fs.DurationVar(&o.timeout, "timeout", 15*time.Second, "Limit on reading one exporter's /status, and on listing the exporter pods.")
 	fs.IntVar(&o.parallel, "parallel", 16, "Exporters read at once.")
 	fs.StringVar(&o.viewer, "viewer-serviceaccount", "proxyhealth-viewer", "The ServiceAccount, in each exporter's namespace, whose short-lived token is sent to exporters with --web.kubernetes-auth (in the X-Proxyhealth-Token header; the pod proxy passes no Authorization). Empty: send none.")
 	fs.StringVar(&o.audience, "token-audience", "proxyhealth", "The audience of that token: one the exporters' --web.kubernetes-auth.audience accepts. Empty: the API server's own.")
@@ -174,7 +174,11 @@ func (o *options) run(ctx context.Context, stdout io.Writer) (int, error) {
 		return exitCannotRun, fmt.Errorf("the API client: %w", err)
 	}
 	namespace := o.namespace
-	pods, err := core.Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: o.selector})
+	// Bounded like each read: kubectl's --request-timeout is 0 (none) unless given, and an API
+	// server that never answers must not hang the plugin.
+	listCtx, cancel := context.WithTimeout(ctx, o.timeout)
+	pods, err := core.Pods(namespace).List(listCtx, metav1.ListOptions{LabelSelector: o.selector})
+	cancel()
 	if err != nil {
 		return exitCannotRun, fmt.Errorf("listing the exporter pods (%s): %w", where(namespace, o.selector), err)
 	}

@@ -38,8 +38,10 @@ type authAPIServer struct {
 	exportersOpen bool
 	// tokenNeverAnswers: the API server takes TokenRequests but answers none.
 	tokenNeverAnswers bool
-	tokenRequests     []authenticationv1.TokenRequestSpec
-	proxied           int
+	// listNeverAnswers: the API server takes the list of the exporter pods but never answers.
+	listNeverAnswers bool
+	tokenRequests    []authenticationv1.TokenRequestSpec
+	proxied          int
 }
 
 // counts are the TokenRequests and the reads through the pod proxy the server has had.
@@ -74,6 +76,16 @@ func newAuthAPIServer(t *testing.T, mayCreateToken bool) *authAPIServer {
 	a.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case r.Method == http.MethodGet && r.URL.Path == "/api/v1/namespaces/monitoring/pods":
+			a.mu.Lock()
+			hang := a.listNeverAnswers
+			a.mu.Unlock()
+			if hang {
+				select {
+				case <-r.Context().Done():
+				case <-a.released:
+				}
+				return
+			}
 			writeJSON(w, http.StatusOK, pods)
 		case r.Method == http.MethodPost && r.URL.Path == "/api/v1/namespaces/monitoring/serviceaccounts/proxyhealth-viewer/token":
 			// JSON or protobuf, whichever client-go sent.
@@ -228,5 +240,29 @@ func TestViewerTokenRequestBounded(t *testing.T) {
 	}
 	if tokenRequests, _ := a.counts(); tokenRequests != 1 {
 		t.Errorf("%d TokenRequests, want one for the namespace", tokenRequests)
+	}
+}
+
+// An API server that never answers the list of the exporter pods ends the run within
+// --timeout, exit code 3 with the reason: kubectl's --request-timeout is none by default.
+func TestPodListBounded(t *testing.T) {
+	a := newAuthAPIServer(t, true)
+	a.set(func(a *authAPIServer) { a.listNeverAnswers = true })
+	type result struct {
+		out, errOut string
+		code        int
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, errOut, code := a.run(t, "--timeout=300ms")
+		done <- result{out, errOut, code}
+	}()
+	select {
+	case r := <-done:
+		if r.code != exitCannotRun || !strings.Contains(r.errOut, "listing the exporter pods") {
+			t.Errorf("exit %d, want 3 naming the list:\n%s%s", r.code, r.out, r.errOut)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the run still waits for the pod list after 10s (--timeout=300ms)")
 	}
 }
