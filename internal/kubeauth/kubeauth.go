@@ -53,7 +53,7 @@ const (
 	// DefaultReviewTimeout bounds one review, as in controller-runtime's filter.
 	DefaultReviewTimeout = 10 * time.Second
 	// DefaultKnownTTL is how long a credential once accepted, or a user and path once
-	// reviewed, counts as known: its next review does not queue behind new ones. A
+	// allowed, counts as known: its next review does not queue behind new ones. A
 	// ServiceAccount token lives an hour before the kubelet replaces it.
 	DefaultKnownTTL = time.Hour
 	// DefaultReviewQPS and DefaultReviewBurst bound the reviews sent to the API server: each
@@ -86,7 +86,7 @@ type Config struct {
 	CacheSize int
 	// ReviewTimeout bounds one review, its wait for a turn included.
 	ReviewTimeout time.Duration
-	// KnownTTL is how long a credential once accepted, and a user and path once reviewed,
+	// KnownTTL is how long a credential once accepted, and a user and path once allowed,
 	// are known: reviewed again without queueing behind new ones.
 	KnownTTL time.Duration
 	// ReviewQPS and ReviewBurst bound the rate of reviews sent to the API server.
@@ -384,10 +384,12 @@ func (a *Auth) authorize(ctx context.Context, user authenticationv1.UserInfo, ve
 			return nil, err
 		}
 		d := decision{allowed: allowed, reason: reason}
-		a.known.Add(flightKey, struct{}{}, a.cfg.KnownTTL)
 		if allowed {
 			a.metrics.reviews.WithLabelValues(reviewAccess, resultAllowed).Inc()
 			a.access.Add(key, d, a.cfg.AllowTTL)
+			// Only an allowed access is known: a caller free to invent paths, each denied,
+			// would otherwise make as many known ones as it liked.
+			a.known.Add(flightKey, struct{}{}, a.cfg.KnownTTL)
 		} else {
 			a.metrics.reviews.WithLabelValues(reviewAccess, resultDenied).Inc()
 			a.access.Add(key, d, a.cfg.DenyTTL)

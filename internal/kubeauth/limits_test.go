@@ -230,3 +230,68 @@ func TestQueueOverflowIsThrottledAtOnce(t *testing.T) {
 		t.Errorf("%d TokenReviews, want 5: the refused ones are never sent", tok)
 	}
 }
+
+// madeUpPaths has noRBACToken's user, whose token is valid, ask for n paths no RBAC allows,
+// one after the other: each is denied.
+func madeUpPaths(t *testing.T, f *fixture, n int) {
+	t.Helper()
+	for i := range n {
+		expectStatus(t, f.do(fmt.Sprintf("/made-up-%d", i), "Bearer "+noRBACToken), http.StatusForbidden)
+	}
+}
+
+// A caller with a valid token asking for hundreds of made-up paths, denied each, then asking
+// for them all again once their denials have expired, gets no priority for the second round:
+// a denied access is not known. So it cannot run the review rate into debt, and a new
+// credential (a Prometheus with a freshly rotated token) is served once the flood is over,
+// not refused with 429.
+func TestMadeUpPathsCannotLockOutNewCredentials(t *testing.T) {
+	const paths = 300
+	// A burst that lets the first round through at once; the rate is the default's.
+	f := newFixture(t, Config{ReviewBurst: paths + 10, MaxReviewing: 2, MaxWaiting: 3})
+	madeUpPaths(t, f, paths)
+	f.clock.Step(DefaultDenyTTL + time.Second)
+	var wg sync.WaitGroup
+	for i := range paths {
+		wg.Go(func() {
+			w := f.do(fmt.Sprintf("/made-up-%d", i), "Bearer "+noRBACToken)
+			if w.Code != http.StatusForbidden && w.Code != http.StatusTooManyRequests {
+				t.Errorf("made-up path %d again: %d, want 403 or 429", i, w.Code)
+			}
+		})
+	}
+	wg.Wait()
+	const rotated = "rotated-prometheus-token"
+	f.api.addUser(rotated, authenticationv1.UserInfo{Username: promUser})
+	expectStatus(t, f.do(metricsPath, "Bearer "+rotated), http.StatusOK)
+}
+
+// Made-up paths, denied, push no known caller out: once Prometheus's answers have expired, its
+// scrape is reviewed again at once while the queue is full, and the made-up paths' callers
+// wait in the queue like new ones (here: refused, the queue being full).
+func TestMadeUpPathsCannotPushOutAKnownCaller(t *testing.T) {
+	const paths = 300
+	f := newFixture(t, Config{CacheSize: 100, ReviewBurst: paths + 10, MaxReviewing: 2, MaxWaiting: 3, ReviewTimeout: time.Minute})
+	expectStatus(t, f.do(metricsPath, "Bearer "+promToken), http.StatusOK)
+	madeUpPaths(t, f, paths)
+	f.clock.Step(DefaultAllowTTL + time.Second)
+
+	invented := make(chan struct{})
+	f.api.mu.Lock()
+	f.api.holdUnknown = invented
+	f.api.mu.Unlock()
+	_, _, wait := flood(f, 5)
+	defer wait()
+	for deadline := time.Now().Add(30 * time.Second); f.auth.queue.waiting() < 5; {
+		if time.Now().After(deadline) {
+			close(invented)
+			t.Fatalf("the queue never filled: %d waiting", f.auth.queue.waiting())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	prom := f.do(metricsPath, "Bearer "+promToken)
+	madeUp := f.do("/made-up-0", "Bearer "+noRBACToken)
+	close(invented)
+	expectStatus(t, prom, http.StatusOK)
+	expectStatus(t, madeUp, http.StatusTooManyRequests)
+}
