@@ -80,9 +80,9 @@ type Config struct {
 	// DenyTTL is how long a rejected token and a denied access are remembered: granting
 	// access takes effect within it.
 	DenyTTL time.Duration
-	// CacheSize bounds each cache (accepted tokens, rejected tokens, access decisions), in
-	// entries; the least recently used goes first. Rejected tokens have their own cache, so
-	// that callers inventing tokens cannot push a known caller out.
+	// CacheSize bounds each cache (accepted tokens, rejected tokens, access decisions, known
+	// tokens, known accesses), in entries; the least recently used goes first. Rejected tokens
+	// have their own cache, so that callers inventing tokens cannot push a known caller out.
 	CacheSize int
 	// ReviewTimeout bounds one review, its wait for a turn included.
 	ReviewTimeout time.Duration
@@ -167,10 +167,11 @@ type Auth struct {
 	acceptedTokens, rejectedTokens *cache.LRUExpireCache
 	// Keyed by accessKey: a decision.
 	access *cache.LRUExpireCache
-	// Keyed by the reviews' flight keys: the credentials and accesses reviewed before, whose
-	// next review does not queue behind new ones.
-	known *cache.LRUExpireCache
-	queue *reviewQueue
+	// Keyed by the reviews' flight keys: the tokens accepted and the accesses allowed before,
+	// whose next review does not queue behind new ones. Apart, so that a caller allowed many
+	// paths cannot push a known token out.
+	knownTokens, knownAccesses *cache.LRUExpireCache
+	queue                      *reviewQueue
 	// Concurrent requests with the same token, or the same user and request, wait on one
 	// review.
 	flight singleflight.Group
@@ -201,10 +202,10 @@ func New(cfg Config, reviewer Reviewer, logger *slog.Logger) (*Auth, error) {
 		acceptedTokens: cache.NewLRUExpireCacheWithClock(cfg.CacheSize, cfg.Clock),
 		rejectedTokens: cache.NewLRUExpireCacheWithClock(cfg.CacheSize, cfg.Clock),
 		access:         cache.NewLRUExpireCacheWithClock(cfg.CacheSize, cfg.Clock),
-		// Twice the size: tokens and accesses.
-		known:   cache.NewLRUExpireCacheWithClock(2*cfg.CacheSize, cfg.Clock),
-		queue:   newReviewQueue(cfg.MaxReviewing, cfg.MaxWaiting, cfg.ReviewQPS, cfg.ReviewBurst),
-		metrics: newMetrics(),
+		knownTokens:    cache.NewLRUExpireCacheWithClock(cfg.CacheSize, cfg.Clock),
+		knownAccesses:  cache.NewLRUExpireCacheWithClock(cfg.CacheSize, cfg.Clock),
+		queue:          newReviewQueue(cfg.MaxReviewing, cfg.MaxWaiting, cfg.ReviewQPS, cfg.ReviewBurst),
+		metrics:        newMetrics(),
 	}, nil
 }
 
@@ -331,7 +332,7 @@ func (a *Auth) authenticate(ctx context.Context, token string) (authenticationv1
 		a.metrics.cacheHits.WithLabelValues(reviewToken).Inc()
 		return authenticationv1.UserInfo{}, false, nil
 	}
-	v, err := a.shared(ctx, "token\x00"+string(key[:]), func(ctx context.Context, flightKey string) (any, error) {
+	v, err := a.shared(ctx, "token\x00"+string(key[:]), a.knownTokens, func(ctx context.Context, flightKey string) (any, error) {
 		user, ok, err := a.reviewer.ReviewToken(ctx, token)
 		switch {
 		case err != nil:
@@ -349,7 +350,7 @@ func (a *Auth) authenticate(ctx context.Context, token string) (authenticationv1
 				a.acceptedTokens.Add(key, user, ttl)
 			}
 			if known > 0 {
-				a.known.Add(flightKey, struct{}{}, known)
+				a.knownTokens.Add(flightKey, struct{}{}, known)
 			}
 		default:
 			a.metrics.reviews.WithLabelValues(reviewToken, resultUnauthenticated).Inc()
@@ -377,7 +378,7 @@ func (a *Auth) authorize(ctx context.Context, user authenticationv1.UserInfo, ve
 		a.metrics.cacheHits.WithLabelValues(reviewAccess).Inc()
 		return v.(decision), nil
 	}
-	v, err := a.shared(ctx, "access\x00"+string(key[:]), func(ctx context.Context, flightKey string) (any, error) {
+	v, err := a.shared(ctx, "access\x00"+string(key[:]), a.knownAccesses, func(ctx context.Context, flightKey string) (any, error) {
 		allowed, reason, err := a.reviewer.ReviewAccess(ctx, user, verb, path)
 		if err != nil {
 			a.metrics.reviews.WithLabelValues(reviewAccess, resultError).Inc()
@@ -389,7 +390,7 @@ func (a *Auth) authorize(ctx context.Context, user authenticationv1.UserInfo, ve
 			a.access.Add(key, d, a.cfg.AllowTTL)
 			// Only an allowed access is known: a caller free to invent paths, each denied,
 			// would otherwise make as many known ones as it liked.
-			a.known.Add(flightKey, struct{}{}, a.cfg.KnownTTL)
+			a.knownAccesses.Add(flightKey, struct{}{}, a.cfg.KnownTTL)
 		} else {
 			a.metrics.reviews.WithLabelValues(reviewAccess, resultDenied).Inc()
 			a.access.Add(key, d, a.cfg.DenyTTL)
@@ -403,11 +404,11 @@ func (a *Auth) authorize(ctx context.Context, user authenticationv1.UserInfo, ve
 	return v.(decision), nil
 }
 
-// shared runs review once for every concurrent caller with the same key, at once for a known
-// key and in the queue for a new one. The review has its own deadline, not the first
+// shared runs review once for every concurrent caller with the same key, at once for a key in
+// known and in the queue for a new one. The review has its own deadline, not the first
 // caller's: a scrape that gives up must not fail the others waiting on the same answer. Each
 // caller still stops waiting when its own request ends.
-func (a *Auth) shared(ctx context.Context, key string, review func(ctx context.Context, key string) (any, error)) (any, error) {
+func (a *Auth) shared(ctx context.Context, key string, known *cache.LRUExpireCache, review func(ctx context.Context, key string) (any, error)) (any, error) {
 	ch := a.flight.DoChan(key, func() (any, error) {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.ReviewTimeout)
 		defer cancel()
@@ -417,7 +418,7 @@ func (a *Auth) shared(ctx context.Context, key string, review func(ctx context.C
 			v, err = review(rctx, key)
 			return err
 		}
-		if _, known := a.known.Get(key); known {
+		if _, ok := known.Get(key); ok {
 			return v, a.queue.known(run)
 		}
 		err := a.queue.unknown(rctx, run)

@@ -276,22 +276,62 @@ func TestMadeUpPathsCannotPushOutAKnownCaller(t *testing.T) {
 	madeUpPaths(t, f, paths)
 	f.clock.Step(DefaultAllowTTL + time.Second)
 
+	release := fillQueue(t, f)
+	prom := f.do(metricsPath, "Bearer "+promToken)
+	madeUp := f.do("/made-up-0", "Bearer "+noRBACToken)
+	release()
+	expectStatus(t, prom, http.StatusOK)
+	expectStatus(t, madeUp, http.StatusTooManyRequests)
+}
+
+// fillQueue holds every TokenReview of an unknown token and sends invented tokens until the
+// queue of new credentials is full; the returned release lets them through and waits for
+// their answers.
+func fillQueue(t *testing.T, f *fixture) (release func()) {
+	t.Helper()
 	invented := make(chan struct{})
 	f.api.mu.Lock()
 	f.api.holdUnknown = invented
 	f.api.mu.Unlock()
-	_, _, wait := flood(f, 5)
-	defer wait()
-	for deadline := time.Now().Add(30 * time.Second); f.auth.queue.waiting() < 5; {
+	full := f.auth.cfg.MaxReviewing + f.auth.cfg.MaxWaiting
+	_, _, wait := flood(f, full)
+	release = sync.OnceFunc(func() {
+		close(invented)
+		wait()
+	})
+	t.Cleanup(release)
+	for deadline := time.Now().Add(30 * time.Second); f.auth.queue.waiting() < full; {
 		if time.Now().After(deadline) {
-			close(invented)
 			t.Fatalf("the queue never filled: %d waiting", f.auth.queue.waiting())
 		}
 		time.Sleep(time.Millisecond)
 	}
-	prom := f.do(metricsPath, "Bearer "+promToken)
-	madeUp := f.do("/made-up-0", "Bearer "+noRBACToken)
-	close(invented)
-	expectStatus(t, prom, http.StatusOK)
-	expectStatus(t, madeUp, http.StatusTooManyRequests)
+	return release
+}
+
+// A caller allowed many paths (a wildcard such as /debug/pprof/*) makes as many known
+// accesses, but tokens are known apart from accesses: Prometheus's token stays known, and is
+// reviewed again at once while the queue is full.
+func TestAccessesCannotPushOutAKnownToken(t *testing.T) {
+	const wideToken, wideUser, paths = "wide-token", "system:serviceaccount:ops:debugger", 10
+	f := newFixture(t, Config{CacheSize: 4, MaxReviewing: 2, MaxWaiting: 3, ReviewTimeout: time.Minute})
+	f.api.addUser(wideToken, authenticationv1.UserInfo{Username: wideUser})
+	for i := range paths {
+		f.api.allow(wideUser, "get", fmt.Sprintf("/debug/pprof/%d", i))
+	}
+	expectStatus(t, f.do(metricsPath, "Bearer "+promToken), http.StatusOK)
+	for i := range paths {
+		expectStatus(t, f.do(fmt.Sprintf("/debug/pprof/%d", i), "Bearer "+wideToken), http.StatusOK)
+	}
+	// Prometheus's access, pushed out of the access cache, is reviewed again 10 s on; its token
+	// is still cached.
+	f.clock.Step(10 * time.Second)
+	expectStatus(t, f.do(metricsPath, "Bearer "+promToken), http.StatusOK)
+	expectReviews(t, f, 2, 12)
+	// Its token's acceptance has expired, its access's not yet.
+	f.clock.Step(DefaultAllowTTL - 9*time.Second)
+	release := fillQueue(t, f)
+	w := f.do(metricsPath, "Bearer "+promToken)
+	release()
+	expectStatus(t, w, http.StatusOK)
 }
