@@ -13,10 +13,11 @@
 // ServiceAccount). Either is reviewed the same way.
 //
 // Known callers are not starved by unknown ones: an answer is cached, and when it expires, a
-// credential that was accepted before is reviewed again at once, while a new one (an
-// invented token, say) waits in a bounded queue with bounded concurrency and rate, and past
-// that queue is refused at once with 429. A cached acceptance ends no later than the token's
-// own expiry.
+// token accepted or an access allowed before is reviewed again ahead of new ones, while a new
+// one (an invented token, say) waits in a bounded queue, and past that queue is refused at
+// once with 429. Both kinds take their turns at one bounded rate, and a bounded number of
+// known reviews run at once (past that they queue as new ones), so that neither kind can lock
+// the other out. A cached acceptance ends no later than the token's own expiry.
 //
 // Anything but an allowed answer fails closed: no token or a rejected one is 401, a denied
 // access 403, a review refused by the exporter's own limit 429, and a review the API server
@@ -62,8 +63,8 @@ const (
 	DefaultReviewQPS   = 10
 	DefaultReviewBurst = 20
 	// DefaultMaxReviewing and DefaultMaxWaiting bound the reviews of new credentials running
-	// at once and waiting for their turn: what waits clears within a few seconds at the
-	// review rate.
+	// at once and waiting for their turn (what waits clears within a few seconds at the
+	// review rate); DefaultMaxReviewing, apart, the reviews of known ones running at once.
 	DefaultMaxReviewing = 4
 	DefaultMaxWaiting   = 2 * DefaultReviewBurst
 )
@@ -92,8 +93,9 @@ type Config struct {
 	// ReviewQPS and ReviewBurst bound the rate of reviews sent to the API server.
 	ReviewQPS   float64
 	ReviewBurst int
-	// MaxReviewing bounds the reviews of new credentials sent at once; MaxWaiting, those
-	// waiting for their turn. Past both a request is refused at once with 429.
+	// MaxReviewing bounds the reviews of new credentials sent at once, and apart from them
+	// those of known ones; MaxWaiting, the new ones waiting for their turn. Past both a new
+	// one is refused at once with 429.
 	MaxReviewing, MaxWaiting int
 	// Realm is named in the WWW-Authenticate header of a 401.
 	Realm string
@@ -404,8 +406,8 @@ func (a *Auth) authorize(ctx context.Context, user authenticationv1.UserInfo, ve
 	return v.(decision), nil
 }
 
-// shared runs review once for every concurrent caller with the same key, at once for a key in
-// known and in the queue for a new one. The review has its own deadline, not the first
+// shared runs review once for every concurrent caller with the same key, ahead of the queue for
+// a key in known and in it for a new one. The review has its own deadline, not the first
 // caller's: a scrape that gives up must not fail the others waiting on the same answer. Each
 // caller still stops waiting when its own request ends.
 func (a *Auth) shared(ctx context.Context, key string, known *cache.LRUExpireCache, review func(ctx context.Context, key string) (any, error)) (any, error) {
@@ -418,10 +420,12 @@ func (a *Auth) shared(ctx context.Context, key string, known *cache.LRUExpireCac
 			v, err = review(rctx, key)
 			return err
 		}
+		var err error
 		if _, ok := known.Get(key); ok {
-			return v, a.queue.known(run)
+			err = a.queue.known(rctx, run)
+		} else {
+			err = a.queue.unknown(rctx, run)
 		}
-		err := a.queue.unknown(rctx, run)
 		if !errors.Is(err, errThrottled) && a.queue.waiting() == 0 {
 			a.throttling.Store(false)
 		}

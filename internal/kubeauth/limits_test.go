@@ -1,6 +1,7 @@
 package kubeauth
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -334,4 +335,79 @@ func TestAccessesCannotPushOutAKnownToken(t *testing.T) {
 	w := f.do(metricsPath, "Bearer "+promToken)
 	release()
 	expectStatus(t, w, http.StatusOK)
+}
+
+// concurrencyReviewer counts the most reviews it was asked at once.
+type concurrencyReviewer struct {
+	Reviewer
+	mu            sync.Mutex
+	running, most int
+}
+
+func (r *concurrencyReviewer) begin() func() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.running++
+	r.most = max(r.most, r.running)
+	return func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.running--
+	}
+}
+
+func (r *concurrencyReviewer) ReviewToken(ctx context.Context, token string) (authenticationv1.UserInfo, bool, error) {
+	defer r.begin()()
+	return r.Reviewer.ReviewToken(ctx, token)
+}
+
+func (r *concurrencyReviewer) ReviewAccess(ctx context.Context, u authenticationv1.UserInfo, verb, path string) (bool, string, error) {
+	defer r.begin()()
+	return r.Reviewer.ReviewAccess(ctx, u, verb, path)
+}
+
+// Known reviews are bounded too: a caller allowed hundreds of paths, all of them known once
+// their answers expire, gets at most MaxReviewing of them reviewed at once ahead of the queue,
+// each at the review rate like any other, and the rest queue as new ones. The rate is never
+// run into debt, and a new credential is served once the flood is over.
+func TestKnownReviewsAreBounded(t *testing.T) {
+	const wideToken, wideUser, paths = "wide-token", "system:serviceaccount:ops:debugger", 300
+	f := newFixture(t, Config{ReviewBurst: paths + 10, MaxReviewing: 2, MaxWaiting: 3})
+	reviewer := &concurrencyReviewer{Reviewer: f.auth.reviewer}
+	f.auth.reviewer = reviewer
+	f.api.addUser(wideToken, authenticationv1.UserInfo{Username: wideUser})
+	for i := range paths {
+		f.api.allow(wideUser, "get", fmt.Sprintf("/debug/pprof/%d", i))
+	}
+	for i := range paths {
+		expectStatus(t, f.do(fmt.Sprintf("/debug/pprof/%d", i), "Bearer "+wideToken), http.StatusOK)
+	}
+	f.clock.Step(DefaultAllowTTL + time.Second)
+	expectStatus(t, f.do(metricsPath, "Bearer "+wideToken), http.StatusForbidden) // its token, reviewed again
+	reviewer.mu.Lock()
+	reviewer.most = 0
+	reviewer.mu.Unlock()
+	var wg sync.WaitGroup
+	for i := range paths {
+		wg.Go(func() {
+			w := f.do(fmt.Sprintf("/debug/pprof/%d", i), "Bearer "+wideToken)
+			if w.Code != http.StatusOK && w.Code != http.StatusTooManyRequests {
+				t.Errorf("path %d again: %d, want 200 or 429", i, w.Code)
+			}
+		})
+	}
+	wg.Wait()
+	reviewer.mu.Lock()
+	most := reviewer.most
+	reviewer.mu.Unlock()
+	if most > 2*f.auth.cfg.MaxReviewing {
+		t.Errorf("%d reviews at once, want at most %d known and %d new", most, f.auth.cfg.MaxReviewing, f.auth.cfg.MaxReviewing)
+	}
+	// No more in debt than the reviews that may wait for their turn at once.
+	if tokens := f.auth.queue.limiter.Tokens(); tokens < -float64(2*f.auth.cfg.MaxReviewing) {
+		t.Errorf("the review rate is %.0f reviews in debt", -tokens)
+	}
+	const rotated = "rotated-prometheus-token"
+	f.api.addUser(rotated, authenticationv1.UserInfo{Username: promUser})
+	expectStatus(t, f.do(metricsPath, "Bearer "+rotated), http.StatusOK)
 }
