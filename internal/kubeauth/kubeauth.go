@@ -183,6 +183,9 @@ type Auth struct {
 	// throttling is set while new credentials are refused for want of a place in the queue:
 	// logged once, then nothing until one is admitted to an empty queue.
 	throttling atomic.Bool
+	// sharing counts the callers waiting on a review in flight, each once it has joined it:
+	// what tests wait for before they let a review answer.
+	sharing atomic.Int64
 
 	metrics *metrics
 }
@@ -431,6 +434,8 @@ func (a *Auth) shared(ctx context.Context, key string, known *cache.LRUExpireCac
 		}
 		return v, err
 	})
+	a.sharing.Add(1)
+	defer a.sharing.Add(-1)
 	select {
 	case res := <-ch:
 		return res.Val, res.Err
