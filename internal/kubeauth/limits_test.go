@@ -129,7 +129,8 @@ func flood(f *fixture, n int) (codes []int, took []time.Duration, wait func()) {
 // access were reviewed before, so they are reviewed again at once, ahead of the flood, and its
 // scrape is served while the invented ones wait or are refused.
 func TestKnownCallersAreServedDuringAFlood(t *testing.T) {
-	f := newFixture(t, Config{ReviewTimeout: 3 * time.Second})
+	// The fake API server's hold sets the pace, not the review timeout.
+	f := newFixture(t, Config{ReviewTimeout: time.Minute})
 	expectStatus(t, f.do(metricsPath, "Bearer "+promToken), http.StatusOK)
 	f.clock.Step(DefaultAllowTTL + time.Second)
 	// The invented tokens' reviews are not answered until Prometheus has been served: if its
@@ -141,7 +142,7 @@ func TestKnownCallersAreServedDuringAFlood(t *testing.T) {
 
 	const n = 300
 	codes, _, wait := flood(f, n)
-	for deadline := time.Now().Add(5 * time.Second); f.auth.queue.waiting() < DefaultMaxReviewing+DefaultMaxWaiting; {
+	for deadline := time.Now().Add(30 * time.Second); f.auth.queue.waiting() < DefaultMaxReviewing+DefaultMaxWaiting; {
 		if time.Now().After(deadline) {
 			close(invented)
 			t.Fatalf("the queue never filled: %d waiting", f.auth.queue.waiting())
@@ -181,13 +182,14 @@ func TestKnownCallersAreServedDuringAFlood(t *testing.T) {
 // log says the exporter throttled it, once, without blaming the API server. Those admitted are
 // reviewed once the API server answers.
 func TestQueueOverflowIsThrottledAtOnce(t *testing.T) {
-	f := newFixture(t, Config{MaxReviewing: 2, MaxWaiting: 3})
+	// The fake API server's hold sets the pace, not the review timeout.
+	f := newFixture(t, Config{MaxReviewing: 2, MaxWaiting: 3, ReviewTimeout: time.Minute})
 	hold := make(chan struct{})
 	f.api.mu.Lock()
 	f.api.hold = hold
 	f.api.mu.Unlock()
 	codes, _, wait := flood(f, 5)
-	for deadline := time.Now().Add(5 * time.Second); f.auth.queue.waiting() < 5; {
+	for deadline := time.Now().Add(30 * time.Second); f.auth.queue.waiting() < 5; {
 		if time.Now().After(deadline) {
 			close(hold)
 			t.Fatalf("the queue never filled: %d waiting", f.auth.queue.waiting())
@@ -206,12 +208,16 @@ func TestQueueOverflowIsThrottledAtOnce(t *testing.T) {
 			if !strings.Contains(w.Body.String(), "throttled") || w.Header().Get("Retry-After") != "1" {
 				t.Errorf("429 body %q, Retry-After %q", w.Body.String(), w.Header().Get("Retry-After"))
 			}
-		case <-time.After(2 * time.Second):
+		case <-time.After(30 * time.Second):
 			close(hold)
-			t.Fatal("no answer within 2 s past a full queue")
+			t.Fatal("no answer past a full queue while the API server held every review")
 		}
 	}
-	// Answered while the API server holds every review: refused without waiting for one.
+	// Answered while the API server holds every review (it counts none until released):
+	// refused without waiting for one.
+	if tok, acc := f.api.counts(); tok != 0 || acc != 0 {
+		t.Fatalf("%d TokenReviews and %d SubjectAccessReviews answered while held", tok, acc)
+	}
 	t.Logf("past a full queue, refused in %v", time.Since(began))
 	log := f.log.String()
 	if n := strings.Count(log, "level=WARN"); n != 1 || !strings.Contains(log, "throttled") || strings.Contains(log, "does not answer") {
