@@ -417,3 +417,20 @@ func TestKnownReviewsAreBounded(t *testing.T) {
 	f.api.addUser(rotated, authenticationv1.UserInfo{Username: promUser})
 	expectStatus(t, f.do(metricsPath, "Bearer "+rotated), http.StatusOK)
 }
+
+// A new credential whose turn at the review rate would come after the review timeout is
+// refused at once with 429, not after waiting for the timeout.
+func TestTurnPastTheTimeoutIsThrottledAtOnce(t *testing.T) {
+	// One review, then one every 1,000 s: the second's turn is far past the minute.
+	f := newFixture(t, Config{ReviewQPS: 0.001, ReviewBurst: 1, ReviewTimeout: time.Minute})
+	expectStatus(t, f.do(metricsPath, "Bearer invented-0"), http.StatusUnauthorized)
+	answered := make(chan *httptest.ResponseRecorder, 1)
+	go func() { answered <- f.do(metricsPath, "Bearer invented-1") }()
+	select {
+	case w := <-answered:
+		expectStatus(t, w, http.StatusTooManyRequests)
+	case <-time.After(30 * time.Second):
+		t.Fatal("a turn past the review timeout was waited for")
+	}
+	expectReviews(t, f, 1, 0)
+}

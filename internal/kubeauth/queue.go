@@ -13,13 +13,14 @@ import (
 var errThrottled = errors.New("throttled")
 
 // reviewQueue bounds what reviews cost the API server and the callers. Reviews of new
-// credentials (a token never accepted, a user and path never allowed) queue: at most reviewing at
-// once, at most waiting behind them (past that a review is refused at once). Reviews of known
-// credentials, whose cached answer has expired, go ahead of that queue, at most reviewing of
-// them at once; past that they queue as new ones. Every review waits for its turn at one rate,
-// so the API server gets no more than it in all, and nobody's turn is far off: at most
-// 2*reviewing reviews hold a turn ahead of it, so that a flood of invented tokens delays only
-// other new ones, and a flood of known reviews cannot lock new credentials out.
+// credentials (a token never accepted, a user and path never allowed) queue: at most
+// reviewing at once, at most waiting behind them (past that a review is refused at once).
+// Reviews of known credentials, whose cached answer has expired, go ahead of that queue, at
+// most reviewing of them at once; past that they queue as new ones. Every review waits for
+// its turn at one rate, so the API server gets no more than it in all, and nobody's turn is
+// far off: at most 2*reviewing reviews wait for their turn at once. So a flood of invented
+// tokens delays only other new ones, and a flood of known reviews cannot lock new
+// credentials out.
 type reviewQueue struct {
 	// admitted holds a place for every review of a new credential waiting or running;
 	// reviewing, for each running; knownReviewing, for each review of a known one running.
