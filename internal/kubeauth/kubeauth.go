@@ -13,10 +13,11 @@
 // ServiceAccount). Either is reviewed the same way.
 //
 // Known callers are not starved by unknown ones: an answer is cached, and when it expires, a
-// credential that was accepted before is reviewed again at once, while a new one (an
-// invented token, say) waits in a bounded queue with bounded concurrency and rate, and past
-// that queue is refused at once with 429. A cached acceptance ends no later than the token's
-// own expiry.
+// token accepted or an access allowed before is reviewed again ahead of new ones, while a new
+// one (an invented token, say) waits in a bounded queue, and past that queue is refused at
+// once with 429. Both kinds take their turns at one bounded rate, and a bounded number of
+// known reviews run at once (past that they queue as new ones), so that neither kind can lock
+// the other out. A cached acceptance ends no later than the token's own expiry.
 //
 // Anything but an allowed answer fails closed: no token or a rejected one is 401, a denied
 // access 403, a review refused by the exporter's own limit 429, and a review the API server
@@ -53,7 +54,7 @@ const (
 	// DefaultReviewTimeout bounds one review, as in controller-runtime's filter.
 	DefaultReviewTimeout = 10 * time.Second
 	// DefaultKnownTTL is how long a credential once accepted, or a user and path once
-	// reviewed, counts as known: its next review does not queue behind new ones. A
+	// allowed, counts as known: its next review does not queue behind new ones. A
 	// ServiceAccount token lives an hour before the kubelet replaces it.
 	DefaultKnownTTL = time.Hour
 	// DefaultReviewQPS and DefaultReviewBurst bound the reviews sent to the API server: each
@@ -62,8 +63,8 @@ const (
 	DefaultReviewQPS   = 10
 	DefaultReviewBurst = 20
 	// DefaultMaxReviewing and DefaultMaxWaiting bound the reviews of new credentials running
-	// at once and waiting for their turn: what waits clears within a few seconds at the
-	// review rate.
+	// at once and waiting for their turn (what waits clears within a few seconds at the
+	// review rate); DefaultMaxReviewing, apart, the reviews of known ones running at once.
 	DefaultMaxReviewing = 4
 	DefaultMaxWaiting   = 2 * DefaultReviewBurst
 )
@@ -80,20 +81,21 @@ type Config struct {
 	// DenyTTL is how long a rejected token and a denied access are remembered: granting
 	// access takes effect within it.
 	DenyTTL time.Duration
-	// CacheSize bounds each cache (accepted tokens, rejected tokens, access decisions), in
-	// entries; the least recently used goes first. Rejected tokens have their own cache, so
-	// that callers inventing tokens cannot push a known caller out.
+	// CacheSize bounds each cache (accepted tokens, rejected tokens, access decisions, known
+	// tokens, known accesses), in entries; the least recently used goes first. Rejected tokens
+	// have their own cache, so that callers inventing tokens cannot push a known caller out.
 	CacheSize int
 	// ReviewTimeout bounds one review, its wait for a turn included.
 	ReviewTimeout time.Duration
-	// KnownTTL is how long a credential once accepted, and a user and path once reviewed,
+	// KnownTTL is how long a credential once accepted, and a user and path once allowed,
 	// are known: reviewed again without queueing behind new ones.
 	KnownTTL time.Duration
 	// ReviewQPS and ReviewBurst bound the rate of reviews sent to the API server.
 	ReviewQPS   float64
 	ReviewBurst int
-	// MaxReviewing bounds the reviews of new credentials sent at once; MaxWaiting, those
-	// waiting for their turn. Past both a request is refused at once with 429.
+	// MaxReviewing bounds the reviews of new credentials sent at once, and apart from them
+	// those of known ones; MaxWaiting, the new ones waiting for their turn. Past both a new
+	// one is refused at once with 429.
 	MaxReviewing, MaxWaiting int
 	// Realm is named in the WWW-Authenticate header of a 401.
 	Realm string
@@ -167,10 +169,11 @@ type Auth struct {
 	acceptedTokens, rejectedTokens *cache.LRUExpireCache
 	// Keyed by accessKey: a decision.
 	access *cache.LRUExpireCache
-	// Keyed by the reviews' flight keys: the credentials and accesses reviewed before, whose
-	// next review does not queue behind new ones.
-	known *cache.LRUExpireCache
-	queue *reviewQueue
+	// Keyed by the reviews' flight keys: the tokens accepted and the accesses allowed before,
+	// whose next review does not queue behind new ones. Apart, so that a caller allowed many
+	// paths cannot push a known token out.
+	knownTokens, knownAccesses *cache.LRUExpireCache
+	queue                      *reviewQueue
 	// Concurrent requests with the same token, or the same user and request, wait on one
 	// review.
 	flight singleflight.Group
@@ -180,6 +183,9 @@ type Auth struct {
 	// throttling is set while new credentials are refused for want of a place in the queue:
 	// logged once, then nothing until one is admitted to an empty queue.
 	throttling atomic.Bool
+	// sharing counts the callers waiting on a review in flight, each once it has joined it:
+	// what tests wait for before they let a review answer.
+	sharing atomic.Int64
 
 	metrics *metrics
 }
@@ -201,10 +207,10 @@ func New(cfg Config, reviewer Reviewer, logger *slog.Logger) (*Auth, error) {
 		acceptedTokens: cache.NewLRUExpireCacheWithClock(cfg.CacheSize, cfg.Clock),
 		rejectedTokens: cache.NewLRUExpireCacheWithClock(cfg.CacheSize, cfg.Clock),
 		access:         cache.NewLRUExpireCacheWithClock(cfg.CacheSize, cfg.Clock),
-		// Twice the size: tokens and accesses.
-		known:   cache.NewLRUExpireCacheWithClock(2*cfg.CacheSize, cfg.Clock),
-		queue:   newReviewQueue(cfg.MaxReviewing, cfg.MaxWaiting, cfg.ReviewQPS, cfg.ReviewBurst),
-		metrics: newMetrics(),
+		knownTokens:    cache.NewLRUExpireCacheWithClock(cfg.CacheSize, cfg.Clock),
+		knownAccesses:  cache.NewLRUExpireCacheWithClock(cfg.CacheSize, cfg.Clock),
+		queue:          newReviewQueue(cfg.MaxReviewing, cfg.MaxWaiting, cfg.ReviewQPS, cfg.ReviewBurst),
+		metrics:        newMetrics(),
 	}, nil
 }
 
@@ -331,7 +337,7 @@ func (a *Auth) authenticate(ctx context.Context, token string) (authenticationv1
 		a.metrics.cacheHits.WithLabelValues(reviewToken).Inc()
 		return authenticationv1.UserInfo{}, false, nil
 	}
-	v, err := a.shared(ctx, "token\x00"+string(key[:]), func(ctx context.Context, flightKey string) (any, error) {
+	v, err := a.shared(ctx, "token\x00"+string(key[:]), a.knownTokens, func(ctx context.Context, flightKey string) (any, error) {
 		user, ok, err := a.reviewer.ReviewToken(ctx, token)
 		switch {
 		case err != nil:
@@ -349,7 +355,7 @@ func (a *Auth) authenticate(ctx context.Context, token string) (authenticationv1
 				a.acceptedTokens.Add(key, user, ttl)
 			}
 			if known > 0 {
-				a.known.Add(flightKey, struct{}{}, known)
+				a.knownTokens.Add(flightKey, struct{}{}, known)
 			}
 		default:
 			a.metrics.reviews.WithLabelValues(reviewToken, resultUnauthenticated).Inc()
@@ -377,17 +383,19 @@ func (a *Auth) authorize(ctx context.Context, user authenticationv1.UserInfo, ve
 		a.metrics.cacheHits.WithLabelValues(reviewAccess).Inc()
 		return v.(decision), nil
 	}
-	v, err := a.shared(ctx, "access\x00"+string(key[:]), func(ctx context.Context, flightKey string) (any, error) {
+	v, err := a.shared(ctx, "access\x00"+string(key[:]), a.knownAccesses, func(ctx context.Context, flightKey string) (any, error) {
 		allowed, reason, err := a.reviewer.ReviewAccess(ctx, user, verb, path)
 		if err != nil {
 			a.metrics.reviews.WithLabelValues(reviewAccess, resultError).Inc()
 			return nil, err
 		}
 		d := decision{allowed: allowed, reason: reason}
-		a.known.Add(flightKey, struct{}{}, a.cfg.KnownTTL)
 		if allowed {
 			a.metrics.reviews.WithLabelValues(reviewAccess, resultAllowed).Inc()
 			a.access.Add(key, d, a.cfg.AllowTTL)
+			// Only an allowed access is known: a caller free to invent paths, each denied,
+			// would otherwise make as many known ones as it liked.
+			a.knownAccesses.Add(flightKey, struct{}{}, a.cfg.KnownTTL)
 		} else {
 			a.metrics.reviews.WithLabelValues(reviewAccess, resultDenied).Inc()
 			a.access.Add(key, d, a.cfg.DenyTTL)
@@ -401,11 +409,11 @@ func (a *Auth) authorize(ctx context.Context, user authenticationv1.UserInfo, ve
 	return v.(decision), nil
 }
 
-// shared runs review once for every concurrent caller with the same key, at once for a known
-// key and in the queue for a new one. The review has its own deadline, not the first
+// shared runs review once for every concurrent caller with the same key, ahead of the queue for
+// a key in known and in it for a new one. The review has its own deadline, not the first
 // caller's: a scrape that gives up must not fail the others waiting on the same answer. Each
 // caller still stops waiting when its own request ends.
-func (a *Auth) shared(ctx context.Context, key string, review func(ctx context.Context, key string) (any, error)) (any, error) {
+func (a *Auth) shared(ctx context.Context, key string, known *cache.LRUExpireCache, review func(ctx context.Context, key string) (any, error)) (any, error) {
 	ch := a.flight.DoChan(key, func() (any, error) {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.ReviewTimeout)
 		defer cancel()
@@ -415,15 +423,19 @@ func (a *Auth) shared(ctx context.Context, key string, review func(ctx context.C
 			v, err = review(rctx, key)
 			return err
 		}
-		if _, known := a.known.Get(key); known {
-			return v, a.queue.known(run)
+		var err error
+		if _, ok := known.Get(key); ok {
+			err = a.queue.known(rctx, run)
+		} else {
+			err = a.queue.unknown(rctx, run)
 		}
-		err := a.queue.unknown(rctx, run)
 		if !errors.Is(err, errThrottled) && a.queue.waiting() == 0 {
 			a.throttling.Store(false)
 		}
 		return v, err
 	})
+	a.sharing.Add(1)
+	defer a.sharing.Add(-1)
 	select {
 	case res := <-ch:
 		return res.Val, res.Err

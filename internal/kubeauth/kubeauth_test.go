@@ -311,36 +311,56 @@ func TestReviewTimeout(t *testing.T) {
 	expectStatus(t, f.do(metricsPath, "Bearer "+promToken), http.StatusServiceUnavailable)
 }
 
-// Concurrent requests with one token cost one TokenReview and one SubjectAccessReview.
+// Concurrent requests with one token cost one TokenReview, and with one user and path one
+// SubjectAccessReview: each review is held until every request waits on it.
 func TestConcurrentRequestsShareReviews(t *testing.T) {
-	f := newFixture(t, Config{})
-	hold := make(chan struct{})
-	f.api.mu.Lock()
-	f.api.hold = hold
-	f.api.mu.Unlock()
+	f := newFixture(t, Config{ReviewTimeout: time.Minute})
+	expectStatus(t, f.do(metricsPath, "Bearer "+promToken), http.StatusOK)
+	expectReviews(t, f, 1, 1)
 	const n = 50
-	codes := make(chan int, n)
-	var wg sync.WaitGroup
-	for range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			codes <- f.do(metricsPath, "Bearer "+promToken).Code
-		}()
-	}
-	time.Sleep(50 * time.Millisecond) // most of them are waiting on the first review by now
-	f.api.mu.Lock()
-	f.api.hold = nil
-	f.api.mu.Unlock()
-	close(hold)
-	wg.Wait()
-	close(codes)
-	for c := range codes {
-		if c != http.StatusOK {
-			t.Fatalf("status %d", c)
+	concurrently := func(path, token string) {
+		t.Helper()
+		hold := make(chan struct{})
+		f.api.mu.Lock()
+		f.api.hold = hold
+		f.api.mu.Unlock()
+		released := sync.OnceFunc(func() { close(hold) })
+		defer released()
+		codes := make(chan int, n)
+		var wg sync.WaitGroup
+		for range n {
+			wg.Go(func() { codes <- f.do(path, "Bearer "+token).Code })
+		}
+		for deadline := time.Now().Add(30 * time.Second); f.auth.sharing.Load() < n; {
+			if time.Now().After(deadline) {
+				released()
+				t.Fatalf("%d requests wait on the review, want %d", f.auth.sharing.Load(), n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		f.api.mu.Lock()
+		f.api.hold = nil
+		f.api.mu.Unlock()
+		released()
+		wg.Wait()
+		close(codes)
+		for c := range codes {
+			if c != http.StatusOK {
+				t.Fatalf("status %d", c)
+			}
 		}
 	}
-	expectReviews(t, f, 1, 1)
+	// A new token of a user whose access is cached: only the TokenReview is shared.
+	const rotated = "rotated-prometheus-token"
+	f.api.mu.Lock()
+	f.api.users[rotated] = f.api.users[promToken]
+	f.api.mu.Unlock()
+	concurrently(metricsPath, rotated)
+	expectReviews(t, f, 2, 1)
+	// A path not asked for yet, with the token cached: only the SubjectAccessReview is.
+	f.api.allow(promUser, "get", statusPath)
+	concurrently(statusPath, promToken)
+	expectReviews(t, f, 2, 2)
 }
 
 // The caches are bounded: the least recently used entry goes. Rejected tokens are kept apart,
