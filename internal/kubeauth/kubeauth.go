@@ -40,6 +40,8 @@ import (
 	"golang.org/x/sync/singleflight"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	"k8s.io/apimachinery/pkg/util/cache"
+
+	"github.com/proxyhealth/proxyhealth/internal/podproxy"
 )
 
 // Defaults of Config's zero values.
@@ -71,7 +73,8 @@ const (
 
 // TokenHeader carries a bearer token where the Authorization header cannot: the API server's
 // pod proxy removes Authorization from the requests it forwards. Its value is the token alone.
-const TokenHeader = "X-Proxyhealth-Token"
+// The kubectl plugin sends it (internal/podproxy holds the one name both use).
+const TokenHeader = podproxy.TokenHeader
 
 // Config shapes an Auth. The zero value is the defaults.
 type Config struct {
