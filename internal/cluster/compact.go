@@ -41,9 +41,10 @@ type serviceInfo struct {
 	skip, otherProxy bool
 	internalLocal    bool // internalTrafficPolicy: Local
 	externalLocal    bool // externalTrafficPolicy: Local on an externally accessible type
-	// externalIPs and loadBalancerVIPs are the families the Service has external IPs and
-	// VIP-mode load-balancer IPs of.
-	externalIPs, loadBalancerVIPs familySet
+	// externalIPs are the Service's external IPs and VIP-mode load-balancer ingress IPs of the
+	// families it has a cluster IP of (those kube-proxy programs), without duplicates; each
+	// of its ServicePorts publishes them as ExternalIPs. nil when there are none.
+	externalIPs []netip.Addr
 	// clusterIPs has one address per IP family the Service has, primary first; it is what
 	// each of its ServicePorts publishes as ClusterIPs.
 	clusterIPs []netip.Addr
@@ -54,7 +55,7 @@ type servicePortInfo struct {
 	name     unique.Handle[string]
 	protocol corev1.Protocol // defaulted to TCP
 	port     uint16
-	nodePort bool
+	nodePort uint16 // 0 when the port has none
 }
 
 // sliceInfo is an EndpointSlice reduced to what endpointsByPort reads.

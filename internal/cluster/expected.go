@@ -93,6 +93,8 @@ func appendServicePorts(dst []*ServicePort, svc *serviceInfo, endpointSlices []*
 			InternalLocal: svc.internalLocal,
 			ExternalLocal: svc.externalLocal,
 			ClusterIPs:    svc.clusterIPs, // shared by the Service's ports, never modified
+			NodePort:      p.nodePort,
+			ExternalIPs:   svc.externalIPs, // shared likewise
 		}
 		var only []netip.AddrPort
 		var cluster, local []endpoint
@@ -101,7 +103,7 @@ func appendServicePorts(dst []*ServicePort, svc *serviceInfo, endpointSlices []*
 			policy := trafficPolicy{
 				internalLocal:        svc.internalLocal,
 				externalLocal:        svc.externalLocal,
-				externallyAccessible: p.nodePort || svc.externalIPs.has(family) || svc.loadBalancerVIPs.has(family),
+				externallyAccessible: p.nodePort != 0 || hasFamily(svc.externalIPs, family),
 			}
 			var eps []endpoint
 			if set := endpointsByFamily[i][portKey{p.name, p.protocol}]; set != nil {
@@ -164,27 +166,30 @@ func (s familySet) has(f corev1.IPFamily) bool { return s&familyBit(f) != 0 }
 
 // clusterIPsByFamily is proxyutil.GetClusterIPByFamily applied to each family, in the
 // Service's own family order (primary first); a family whose cluster IP does not parse is
-// left out, as kube-proxy could not program it either. Each family's proxier also knows
-// whether the Service has external IPs or VIP-mode load-balancer ingress IPs of that family
-// (newBaseServiceInfo filters both by family; ExternallyAccessible reads them).
-func clusterIPsByFamily(svc *corev1.Service) (clusterIPs []netip.Addr, externalIPs, loadBalancerVIPs familySet) {
+// left out, as kube-proxy could not program it either. Each family's proxier also takes the
+// Service's external IPs and VIP-mode load-balancer ingress IPs of that family
+// (newBaseServiceInfo filters both by family; ExternallyAccessible reads them): externalIPs
+// lists those of every family with a cluster IP, without duplicates, and is nil when there
+// are none.
+func clusterIPsByFamily(svc *corev1.Service) (clusterIPs, externalIPs []netip.Addr) {
 	add := func(family corev1.IPFamily, ip string) {
 		addr, ok := parseIP(ip)
 		if !ok || familyOf(addr) != family {
 			return
 		}
-		for _, e := range svc.Spec.ExternalIPs {
-			if a, ok := parseIP(e); ok && familyOf(a) == family {
-				externalIPs |= familyBit(family)
+		addExternal := func(ip string) {
+			if a, ok := parseIP(ip); ok && familyOf(a) == family && !slices.Contains(externalIPs, a) {
+				externalIPs = append(externalIPs, a)
 			}
+		}
+		for _, e := range svc.Spec.ExternalIPs {
+			addExternal(e)
 		}
 		for _, ing := range svc.Status.LoadBalancer.Ingress {
 			if ing.IP == "" || (ing.IPMode != nil && *ing.IPMode != corev1.LoadBalancerIPModeVIP) {
 				continue // proxyutil.IsVIPMode: only VIP-mode ingress IPs get rules
 			}
-			if a, ok := parseIP(ing.IP); ok && familyOf(a) == family {
-				loadBalancerVIPs |= familyBit(family)
-			}
+			addExternal(ing.IP)
 		}
 		clusterIPs = append(clusterIPs, addr)
 	}
@@ -193,14 +198,20 @@ func clusterIPsByFamily(svc *corev1.Service) (clusterIPs []netip.Addr, externalI
 		if addr, ok := parseIP(svc.Spec.ClusterIP); ok {
 			add(familyOf(addr), svc.Spec.ClusterIP)
 		}
-		return clusterIPs, externalIPs, loadBalancerVIPs
-	}
-	for i, family := range svc.Spec.IPFamilies {
-		if i < len(svc.Spec.ClusterIPs) {
-			add(family, svc.Spec.ClusterIPs[i])
+	} else {
+		for i, family := range svc.Spec.IPFamilies {
+			if i < len(svc.Spec.ClusterIPs) {
+				add(family, svc.Spec.ClusterIPs[i])
+			}
 		}
 	}
-	return clusterIPs, externalIPs, loadBalancerVIPs
+	// Clipped: every port publishes it, and a reader's append must not write into it.
+	return clusterIPs, slices.Clip(externalIPs)
+}
+
+// hasFamily reports whether addrs has an address of family.
+func hasFamily(addrs []netip.Addr, family corev1.IPFamily) bool {
+	return slices.ContainsFunc(addrs, func(a netip.Addr) bool { return familyOf(a) == family })
 }
 
 // portKey is kube-proxy's ServicePortName without the Service: endpoints belong to the
