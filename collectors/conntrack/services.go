@@ -28,19 +28,69 @@ func (m serviceMap) Lookup(addr netip.Addr, port uint16, proto uint8) (Service, 
 
 func (m serviceMap) Len() int { return len(m) }
 
-// apiServiceMap maps each cluster IP, port and protocol of the API view to its Service.
-func apiServiceMap(snap *cluster.Snapshot) serviceMap {
-	m := make(serviceMap, len(snap.Ports))
+// apiServiceMap maps each Service address of the API view to its Service: its cluster IPs
+// and external IPs (with the port and protocol), and its node port on this node's addresses
+// (nodePortKey). A cluster IP wins over another Service's external IP or node port at the
+// same key, and of two of those the first in the view's order.
+func apiServiceMap(snap *cluster.Snapshot) apiServices {
+	m := apiServices{serviceMap: make(serviceMap, len(snap.Ports))}
+	for _, sp := range snap.Ports {
+		if proto, ok := protocolNumbers[strings.ToLower(sp.Name.Protocol)]; ok {
+			for _, ip := range sp.ClusterIPs {
+				m.serviceMap[serviceKey{ip.Unmap(), sp.Port, proto}] = serviceOf(sp)
+			}
+		}
+	}
+	m.clusterIPs = len(m.serviceMap)
+	// Then the addresses whose key another Service may have taken.
+	addOnce := func(k serviceKey, sp *cluster.ServicePort) {
+		if _, taken := m.serviceMap[k]; !taken {
+			m.serviceMap[k] = serviceOf(sp)
+		}
+	}
 	for _, sp := range snap.Ports {
 		proto, ok := protocolNumbers[strings.ToLower(sp.Name.Protocol)]
 		if !ok {
 			continue
 		}
-		for _, ip := range sp.ClusterIPs {
-			m[serviceKey{ip.Unmap(), sp.Port, proto}] = Service{Namespace: sp.Name.Namespace, Name: sp.Name.Name, Port: sp.Port}
+		for _, ip := range sp.ExternalIPs {
+			addOnce(serviceKey{ip.Unmap(), sp.Port, proto}, sp)
+		}
+		if sp.NodePort != 0 {
+			for _, ip := range sp.ClusterIPs { // the node port is open in the Service's families
+				addOnce(nodePortKey(ip, sp.NodePort, proto), sp)
+			}
 		}
 	}
 	return m
+}
+
+func serviceOf(sp *cluster.ServicePort) Service {
+	return Service{Namespace: sp.Name.Namespace, Name: sp.Name.Name, Port: sp.Port}
+}
+
+// apiServices is the API view's Service map. Len counts its cluster IP keys, the Service
+// ports known, as kube-proxy's rules do.
+type apiServices struct {
+	serviceMap
+	clusterIPs int
+}
+
+func (m apiServices) Len() int { return m.clusterIPs }
+
+// nodePortKey is the key of a node port in a serviceMap: the port on every address of
+// addr's family, written as that family's unspecified address, as a socket bound to all of
+// them is. attributionView.nodePortService looks it up for destinations on this node.
+func nodePortKey(addr netip.Addr, port uint16, proto uint8) serviceKey {
+	return serviceKey{unspecifiedOf(addr), port, proto}
+}
+
+// unspecifiedOf is the unspecified address of addr's family (0.0.0.0 or ::).
+func unspecifiedOf(addr netip.Addr) netip.Addr {
+	if addr.Unmap().Is4() {
+		return netip.IPv4Unspecified()
+	}
+	return netip.IPv6Unspecified()
 }
 
 // apiEndpointMap maps each endpoint of the API view (address, port, protocol) to the first
@@ -52,7 +102,7 @@ func apiEndpointMap(snap *cluster.Snapshot) serviceMap {
 		if !ok {
 			continue
 		}
-		svc := Service{Namespace: sp.Name.Namespace, Name: sp.Name.Name, Port: sp.Port}
+		svc := serviceOf(sp)
 		for _, eps := range [][]netip.AddrPort{sp.ClusterEndpoints, sp.LocalEndpoints} {
 			for _, ep := range eps {
 				k := serviceKey{ep.Addr().Unmap(), ep.Port(), proto}
@@ -65,8 +115,8 @@ func apiEndpointMap(snap *cluster.Snapshot) serviceMap {
 	return m
 }
 
-// sameServices reports whether two snapshots' ports map the same cluster IPs, ports and
-// protocols to the same Services, so that the map built from the first serves the second.
+// sameServices reports whether two snapshots' ports map the same cluster IPs, external IPs,
+// node ports, ports and protocols to the same Services, so that the map built from the first serves the second.
 // Endpoint changes, most of a busy cluster's, leave them so. The view shares the ports a
 // change did not touch between snapshots, and both lists are sorted: a walk comparing
 // pointers settles most ports, and the others are compared by what the map holds.
@@ -79,7 +129,8 @@ func sameServices(a, b []*cluster.ServicePort) bool {
 		if p == q {
 			continue
 		}
-		if p.Name != q.Name || p.Port != q.Port || !slices.Equal(p.ClusterIPs, q.ClusterIPs) {
+		if p.Name != q.Name || p.Port != q.Port || p.NodePort != q.NodePort ||
+			!slices.Equal(p.ClusterIPs, q.ClusterIPs) || !slices.Equal(p.ExternalIPs, q.ExternalIPs) {
 			return false
 		}
 	}
