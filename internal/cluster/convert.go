@@ -57,7 +57,7 @@ func newServiceInfo(svc *corev1.Service) *serviceInfo {
 	if s.skip || otherProxy {
 		return s // nothing else is read: keep the tombstone small
 	}
-	s.clusterIPs, s.externalIPs = clusterIPsByFamily(svc)
+	s.addrs, s.clusterIPCount = serviceAddrs(svc)
 	s.internalLocal = svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
 	s.externalLocal = externallyAccessibleType(svc) && svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
 	s.ports = make([]servicePortInfo, len(svc.Spec.Ports))

@@ -644,6 +644,11 @@ func TestServicePortsNodePortAndExternalIPs(t *testing.T) {
 	if &ports[0].ExternalIPs[0] != &ports[1].ExternalIPs[0] || cap(ports[0].ExternalIPs) != len(wantIPs) {
 		t.Error("the Service's ports do not share one clipped list of external IPs")
 	}
+	// The cluster IPs share the array and end where the external IPs start: an append to
+	// them must not write over the first external IP.
+	if cips := ports[0].ClusterIPs; len(cips) != 2 || cap(cips) != 2 {
+		t.Errorf("ClusterIPs %v, cap %d: want the two, clipped", cips, cap(cips))
+	}
 
 	// A single-stack Service: kube-proxy has no rules for its external IPs of the other family.
 	single := service("single", func(s *corev1.Service) {
