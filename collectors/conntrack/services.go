@@ -69,8 +69,8 @@ func serviceOf(sp *cluster.ServicePort) Service {
 	return Service{Namespace: sp.Name.Namespace, Name: sp.Name.Name, Port: sp.Port}
 }
 
-// apiServices is the API view's Service map. Len counts its cluster IP keys, the Service
-// ports known, as kube-proxy's rules do.
+// apiServices is the API view's Service map. Len counts its cluster IP keys only, the
+// Service ports known, as the map from kube-proxy's rules holds nothing else.
 type apiServices struct {
 	serviceMap
 	clusterIPs int
@@ -116,8 +116,8 @@ func apiEndpointMap(snap *cluster.Snapshot) serviceMap {
 }
 
 // sameServices reports whether two snapshots' ports map the same cluster IPs, external IPs,
-// node ports, ports and protocols to the same Services, so that the map built from the first serves the second.
-// Endpoint changes, most of a busy cluster's, leave them so. The view shares the ports a
+// node ports, ports and protocols to the same Services, so that the map built from the first
+// serves the second. Endpoint changes, most of a busy cluster's, leave them so. The view shares the ports a
 // change did not touch between snapshots, and both lists are sorted: a walk comparing
 // pointers settles most ports, and the others are compared by what the map holds.
 func sameServices(a, b []*cluster.ServicePort) bool {
@@ -150,7 +150,8 @@ type Rules interface {
 // rulesServices maps the cluster IPs kube-proxy dispatches (its KUBE-SERVICES rules, or its
 // nftables service-ips map) to their Services, for attribution without an API. In iptables
 // mode above 1,000 endpoints kube-proxy leaves out the comments that name a Service: the port
-// is then known, its name is not.
+// is then known, its name is not. Node ports and external IPs are not read from the rules
+// (KUBE-NODEPORTS, KUBE-EXT-*, the service-nodeports map): only the API view gives them.
 type rulesServices struct {
 	rules     Rules
 	logger    *slog.Logger
