@@ -360,7 +360,7 @@ type attributionView struct {
 // nodePortService names the Service whose node port addr:port is, when addr is one of this
 // node's addresses. The port is looked up first: most ports are no node port.
 func (v *attributionView) nodePortService(addr netip.Addr, port uint16, proto uint8) (Service, bool) {
-	svc, ok := v.services.Lookup(unspecifiedOf(addr), port, proto)
+	svc, ok := v.services.LookupNodePort(addr, port, proto)
 	if !ok || !v.net.isNodeAddr(addr.Unmap()) {
 		return Service{}, false
 	}

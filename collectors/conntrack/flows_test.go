@@ -302,11 +302,14 @@ func TestAPIServiceMap(t *testing.T) {
 	if got, ok := m.Lookup(netip.MustParseAddr("192.0.2.99"), 53, 17); !ok || got != claims {
 		t.Errorf("Lookup(192.0.2.99:53/udp) = %+v, %v; want %+v", got, ok, claims)
 	}
-	if got, ok := m.Lookup(netip.IPv4Unspecified(), 30053, 17); !ok || got != claims {
+	if got, ok := m.LookupNodePort(netip.MustParseAddr("192.168.0.5"), 30053, 17); !ok || got != claims {
 		t.Errorf("node port 30053/udp: %+v, %v; want %+v", got, ok, claims)
 	}
-	if _, ok := m.Lookup(netip.IPv6Unspecified(), 30053, 17); ok {
+	if _, ok := m.LookupNodePort(netip.MustParseAddr("fd00::5"), 30053, 17); ok {
 		t.Error("an IPv4-only Service's node port is open over IPv6")
+	}
+	if _, ok := m.LookupNodePort(netip.MustParseAddr("192.168.0.5"), 30053, 6); ok {
+		t.Error("a UDP node port is open over TCP")
 	}
 
 	// An endpoint change leaves the map as it is; a changed, added or removed cluster IP,

@@ -28,10 +28,15 @@ func (m serviceMap) Lookup(addr netip.Addr, port uint16, proto uint8) (Service, 
 
 func (m serviceMap) Len() int { return len(m) }
 
+// LookupNodePort finds nothing: kube-proxy's rules are read for cluster IPs only.
+func (m serviceMap) LookupNodePort(netip.Addr, uint16, uint8) (Service, bool) {
+	return Service{}, false
+}
+
 // apiServiceMap maps each Service address of the API view to its Service: its cluster IPs
-// and external IPs (with the port and protocol), and its node port on this node's addresses
-// (nodePortKey). A cluster IP wins over another Service's external IP or node port at the
-// same key, and of two of those the first in the view's order.
+// and external IPs (with the port and protocol), and its node ports. A cluster IP wins over
+// another Service's external IP at the same address, port and protocol, and of two external
+// IPs or node ports the first in the view's order.
 func apiServiceMap(snap *cluster.Snapshot) apiServices {
 	m := apiServices{serviceMap: make(serviceMap, len(snap.Ports))}
 	for _, sp := range snap.Ports {
@@ -42,24 +47,30 @@ func apiServiceMap(snap *cluster.Snapshot) apiServices {
 		}
 	}
 	m.clusterIPs = len(m.serviceMap)
-	// Then the addresses whose key another Service may have taken.
-	addOnce := func(k serviceKey, sp *cluster.ServicePort) {
-		if _, taken := m.serviceMap[k]; !taken {
-			m.serviceMap[k] = serviceOf(sp)
-		}
-	}
+	// Then the external IPs, whose key another Service may have taken.
 	for _, sp := range snap.Ports {
 		proto, ok := protocolNumbers[strings.ToLower(sp.Name.Protocol)]
 		if !ok {
 			continue
 		}
 		for _, ip := range sp.ExternalIPs {
-			addOnce(serviceKey{ip.Unmap(), sp.Port, proto}, sp)
-		}
-		if sp.NodePort != 0 {
-			for _, ip := range sp.ClusterIPs { // the node port is open in the Service's families
-				addOnce(nodePortKey(ip, sp.NodePort, proto), sp)
+			k := serviceKey{ip.Unmap(), sp.Port, proto}
+			if _, taken := m.serviceMap[k]; !taken {
+				m.serviceMap[k] = serviceOf(sp)
 			}
+		}
+		if sp.NodePort == 0 {
+			continue
+		}
+		for _, ip := range sp.ClusterIPs { // the node port is open in the Service's families
+			k := nodePortIndex(ip, sp.NodePort, proto)
+			if _, taken := m.nodePorts[k]; taken {
+				continue
+			}
+			if m.nodePorts == nil {
+				m.nodePorts = make(map[uint32]Service)
+			}
+			m.nodePorts[k] = serviceOf(sp)
 		}
 	}
 	return m
@@ -69,28 +80,31 @@ func serviceOf(sp *cluster.ServicePort) Service {
 	return Service{Namespace: sp.Name.Namespace, Name: sp.Name.Name, Port: sp.Port}
 }
 
-// apiServices is the API view's Service map. Len counts its cluster IP keys only, the
-// Service ports known, as the map from kube-proxy's rules holds nothing else.
+// apiServices is the API view's Service map: cluster IPs and external IPs by address, port
+// and protocol, and node ports by family, number and protocol (nodePortIndex: a 32-bit key,
+// the cheapest lookup, since a packet that matches nothing else ends with this one). Len
+// counts its cluster IP keys only, the Service ports known, as the map from kube-proxy's
+// rules holds nothing else.
 type apiServices struct {
 	serviceMap
+	nodePorts  map[uint32]Service
 	clusterIPs int
 }
 
 func (m apiServices) Len() int { return m.clusterIPs }
 
-// nodePortKey is the key of a node port in a serviceMap: the port on every address of
-// addr's family, written as that family's unspecified address, as a socket bound to all of
-// them is. attributionView.nodePortService looks it up for destinations on this node.
-func nodePortKey(addr netip.Addr, port uint16, proto uint8) serviceKey {
-	return serviceKey{unspecifiedOf(addr), port, proto}
+func (m apiServices) LookupNodePort(addr netip.Addr, port uint16, proto uint8) (Service, bool) {
+	s, ok := m.nodePorts[nodePortIndex(addr, port, proto)]
+	return s, ok
 }
 
-// unspecifiedOf is the unspecified address of addr's family (0.0.0.0 or ::).
-func unspecifiedOf(addr netip.Addr) netip.Addr {
-	if addr.Unmap().Is4() {
-		return netip.IPv4Unspecified()
+// nodePortIndex is the key of a node port of addr's family in apiServices.nodePorts.
+func nodePortIndex(addr netip.Addr, port uint16, proto uint8) uint32 {
+	k := uint32(proto)<<16 | uint32(port)
+	if !addr.Unmap().Is4() {
+		k |= 1 << 24
 	}
-	return netip.IPv6Unspecified()
+	return k
 }
 
 // apiEndpointMap maps each endpoint of the API view (address, port, protocol) to the first
@@ -140,7 +154,10 @@ func sameServices(a, b []*cluster.ServicePort) bool {
 type emptyServiceMap struct{}
 
 func (emptyServiceMap) Lookup(netip.Addr, uint16, uint8) (Service, bool) { return Service{}, false }
-func (emptyServiceMap) Len() int                                         { return 0 }
+func (emptyServiceMap) LookupNodePort(netip.Addr, uint16, uint8) (Service, bool) {
+	return Service{}, false
+}
+func (emptyServiceMap) Len() int { return 0 }
 
 // Rules is the node's netfilter state as the exporter last read it (*hostrules.Source).
 type Rules interface {
