@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -360,10 +361,24 @@ type attributionView struct {
 	net       *localNet
 }
 
+// nodePortService names the Service whose node port addr:port is, when addr is one of this
+// node's addresses. The port is looked up first: most ports are no node port.
+func (v *attributionView) nodePortService(addr netip.Addr, port uint16, proto uint8) (Service, bool) {
+	svc, ok := v.services.LookupNodePort(addr, port, proto)
+	if !ok || !v.net.isNodeAddr(addr.Unmap()) {
+		return Service{}, false
+	}
+	return svc, true
+}
+
 // invalidPacketService names the Service an INVALID packet belongs to, whichever way it went:
-// to or from a Service address (the client's side, before DNAT), or from or to one of its
-// endpoints (the endpoint's side: incident 2's out-of-window packets come from the endpoint,
-// not NATed back). The zero Service when nothing matches.
+// to or from a Service's cluster IP or external IP (the client's side, before DNAT), from or
+// to one of its endpoints (the endpoint's side: incident 2's out-of-window packets come from
+// the endpoint, not NATed back), or to one of its node ports. A node port is looked up last,
+// and only as the destination: it is a port number on the node's own addresses, which the
+// node's own connections and masqueraded replies also use (node ports are allocated outside
+// Linux's ephemeral ports by default, not necessarily). The zero Service when nothing
+// matches.
 func (v *attributionView) invalidPacketService(t *tuple) Service {
 	if svc, ok := v.services.Lookup(t.dst, t.dstPort, t.proto); ok {
 		return svc
@@ -371,20 +386,25 @@ func (v *attributionView) invalidPacketService(t *tuple) Service {
 	if svc, ok := v.services.Lookup(t.src, t.srcPort, t.proto); ok {
 		return svc
 	}
-	if v.endpoints == nil {
-		return Service{}
+	if v.endpoints != nil {
+		if svc, ok := v.endpoints.Lookup(t.src, t.srcPort, t.proto); ok {
+			return svc
+		}
+		if svc, ok := v.endpoints.Lookup(t.dst, t.dstPort, t.proto); ok {
+			return svc
+		}
 	}
-	if svc, ok := v.endpoints.Lookup(t.src, t.srcPort, t.proto); ok {
-		return svc
-	}
-	if svc, ok := v.endpoints.Lookup(t.dst, t.dstPort, t.proto); ok {
-		return svc
-	}
-	return Service{}
+	svc, _ := v.nodePortService(t.dst, t.dstPort, t.proto)
+	return svc
 }
 
+// attribute names the series of an unreplied flow by its original destination: the Service
+// address the client used, node ports included (kube-proxy DNATs those too).
 func (v *attributionView) attribute(orig, reply *tuple) seriesKey {
 	svc, ok := v.services.Lookup(orig.dst, orig.dstPort, orig.proto)
+	if !ok {
+		svc, ok = v.nodePortService(orig.dst, orig.dstPort, orig.proto)
+	}
 	if !ok {
 		return seriesKey{proto: orig.proto, reason: reasonNoService}
 	}

@@ -18,6 +18,9 @@ type Service struct {
 // port and IP protocol number) to a Service.
 type ServiceMap interface {
 	Lookup(addr netip.Addr, port uint16, proto uint8) (Service, bool)
+	// LookupNodePort resolves a node port (its number and IP protocol number) of the IP
+	// family of addr; the caller has checked that addr is one of this node's addresses.
+	LookupNodePort(addr netip.Addr, port uint16, proto uint8) (Service, bool)
 	// Len is the number of Service ports known.
 	Len() int
 }

@@ -282,8 +282,38 @@ func TestAPIServiceMap(t *testing.T) {
 		t.Error("Lookup(10.96.0.10:53/tcp) found the UDP port")
 	}
 
+	// Len counts the Service ports known by cluster IP, not their other addresses; a cluster IP
+	// keeps its Service when another Service lists it as an external IP.
+	withExternal := &cluster.ServicePort{
+		Name:        cluster.ServicePortName{Namespace: "lab", Name: "claims-dns", Protocol: "UDP"},
+		ClusterIPs:  []netip.Addr{netip.MustParseAddr("10.96.0.99")},
+		ExternalIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("192.0.2.99")},
+		Port:        53,
+		NodePort:    30053,
+	}
+	m = apiServiceMap(&cluster.Snapshot{Synced: true, Ports: []*cluster.ServicePort{withExternal, snap.Ports[0]}})
+	if m.Len() != 3 {
+		t.Errorf("Len() = %d, want the 3 cluster IP keys", m.Len())
+	}
+	if got, _ := m.Lookup(netip.MustParseAddr("10.96.0.10"), 53, 17); got != want {
+		t.Errorf("Lookup(10.96.0.10:53/udp) = %+v, want the cluster IP's %+v", got, want)
+	}
+	claims := Service{Namespace: "lab", Name: "claims-dns", Port: 53}
+	if got, ok := m.Lookup(netip.MustParseAddr("192.0.2.99"), 53, 17); !ok || got != claims {
+		t.Errorf("Lookup(192.0.2.99:53/udp) = %+v, %v; want %+v", got, ok, claims)
+	}
+	if got, ok := m.LookupNodePort(netip.MustParseAddr("192.168.0.5"), 30053, 17); !ok || got != claims {
+		t.Errorf("node port 30053/udp: %+v, %v; want %+v", got, ok, claims)
+	}
+	if _, ok := m.LookupNodePort(netip.MustParseAddr("fd00::5"), 30053, 17); ok {
+		t.Error("an IPv4-only Service's node port is open over IPv6")
+	}
+	if _, ok := m.LookupNodePort(netip.MustParseAddr("192.168.0.5"), 30053, 6); ok {
+		t.Error("a UDP node port is open over TCP")
+	}
+
 	// An endpoint change leaves the map as it is; a changed, added or removed cluster IP,
-	// port or name does not.
+	// external IP, node port, port or name does not.
 	other := &cluster.ServicePort{
 		Name:       cluster.ServicePortName{Namespace: "lab", Name: "web", Protocol: "TCP"},
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.52")},
@@ -305,6 +335,10 @@ func TestAPIServiceMap(t *testing.T) {
 		"port":       func(sp *cluster.ServicePort) { sp.Port = 5353 },
 		"name":       func(sp *cluster.ServicePort) { sp.Name.Name = "coredns" },
 		"protocol":   func(sp *cluster.ServicePort) { sp.Name.Protocol = "TCP" },
+		"node port":  func(sp *cluster.ServicePort) { sp.NodePort = 30053 },
+		"external IP": func(sp *cluster.ServicePort) {
+			sp.ExternalIPs = []netip.Addr{netip.MustParseAddr("192.0.2.53")}
+		},
 	} {
 		changedPort := *snap.Ports[0]
 		change(&changedPort)

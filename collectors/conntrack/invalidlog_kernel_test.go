@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/common/promslog"
 	"golang.org/x/sys/unix"
 
+	"github.com/proxyhealth/proxyhealth/internal/cluster"
 	"github.com/proxyhealth/proxyhealth/internal/hostrules"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
@@ -182,6 +183,29 @@ func rawTCPSender(t *testing.T, src netip.AddrPort) func(dst netip.AddrPort, seg
 	}
 }
 
+// settableView is an API view a test publishes snapshots to, announcing each (cluster.Notifier).
+type settableView struct {
+	snap    atomic.Pointer[cluster.Snapshot]
+	changed chan struct{}
+}
+
+func newSettableView() *settableView {
+	v := &settableView{changed: make(chan struct{}, 1)}
+	v.snap.Store(&cluster.Snapshot{})
+	return v
+}
+
+func (v *settableView) Snapshot() *cluster.Snapshot { return v.snap.Load() }
+func (v *settableView) Changed() <-chan struct{}    { return v.changed }
+
+func (v *settableView) set(snap *cluster.Snapshot) {
+	v.snap.Store(snap)
+	select {
+	case v.changed <- struct{}{}:
+	default: // one is pending already
+	}
+}
+
 func readProcSettings(t *testing.T) string {
 	t.Helper()
 	return readSettings(t, "/proc")
@@ -208,9 +232,12 @@ sysctl -qw net.ipv4.ip_forward=1`)
 	sh(t, "modprobe nfnetlink_log 2>/dev/null || true; sysctl -qw net.netfilter.nf_conntrack_log_invalid=0")
 	before := readProcSettings(t)
 
+	// The API view syncs later in the test, with two more Services that kube-proxy's rules
+	// here do not name: only the API view gives node ports and external IPs.
+	view := newSettableView()
 	cfg := Config{UnrepliedAfter: time.Second, MaxTrackedFlows: 100, MaxServiceSeries: 10, SocketBufferBytes: 1 << 20,
 		ServiceRefreshInterval: time.Hour, ResyncMinInterval: time.Hour, ProcPath: "/proc",
-		Rules: &rulesAt{webServiceState}, InvalidReasons: true}
+		Rules: &rulesAt{webServiceState}, View: view, InvalidReasons: true}
 	c, err := New(cfg, promslog.NewNopLogger())
 	if err != nil {
 		t.Fatal(err)
@@ -254,6 +281,42 @@ sysctl -qw net.ipv4.ip_forward=1`)
 		`proxyhealth_conntrack_invalid_reason_packets_total{reason="tcp_flags",service_name="web",service_namespace="default"} 1`,
 		`proxyhealth_conntrack_invalid_reason_packets_total{reason="checksum",service_name="web",service_namespace="default"} 2`,
 		`proxyhealth_conntrack_invalid_reason_packets_total{reason="tcp_flags",service_name="web6",service_namespace="default"} 1`,
+	} {
+		waitForScrape(t, c, want)
+	}
+
+	// From the API view: default/nodeport's node port 30080 on the node's address the client
+	// reaches (ph-n's 10.0.1.1), and default/external's external IP 192.0.2.10 (routed to
+	// the node, as a cloud's or a router's route sends it). A SYN+FIN to another port of the
+	// node names no Service.
+	node := netip.MustParseAddr("10.0.1.1")
+	view.set(&cluster.Snapshot{Synced: true, Generation: 1, Ports: []*cluster.ServicePort{{
+		Name:       cluster.ServicePortName{Namespace: "default", Name: "external", Port: "http", Protocol: "TCP"},
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.40")}, ExternalIPs: []netip.Addr{netip.MustParseAddr("192.0.2.10")},
+		Port: 80,
+	}, {
+		Name:       cluster.ServicePortName{Namespace: "default", Name: "nodeport", Port: "http", Protocol: "TCP"},
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.30")}, NodePort: 30080,
+		Port: 80,
+	}}})
+	nodePort := netip.AddrPortFrom(node, 30080)
+	otherPort := netip.AddrPortFrom(node, 30081)
+	externalIP := netip.MustParseAddrPort("192.0.2.10:80")
+	waitFor(t, "the API view's Service map", func() bool {
+		_, ok := c.view.Load().services.Lookup(externalIP.Addr(), externalIP.Port(), ruleset.ProtoTCP)
+		return ok
+	})
+	inNetns(t, client, func() {
+		send4 := rawTCPSender(t, client4)
+		send4(nodePort, tcpSegment(client4, nodePort, tcpSYN|tcpFIN, 1, 0, false))
+		send4(externalIP, tcpSegment(client4, externalIP, tcpSYN|tcpFIN, 1, 0, false))
+		send4(externalIP, tcpSegment(client4, externalIP, tcpSYN|tcpFIN, 1, 0, false))
+		send4(otherPort, tcpSegment(client4, otherPort, tcpSYN|tcpFIN, 1, 0, false))
+	})
+	for _, want := range []string{
+		`proxyhealth_conntrack_invalid_reason_packets_total{reason="tcp_flags",service_name="nodeport",service_namespace="default"} 1`,
+		`proxyhealth_conntrack_invalid_reason_packets_total{reason="tcp_flags",service_name="external",service_namespace="default"} 2`,
+		`proxyhealth_conntrack_invalid_reason_packets_total{reason="tcp_flags",service_name="",service_namespace=""} 1`,
 	} {
 		waitForScrape(t, c, want)
 	}

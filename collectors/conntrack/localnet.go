@@ -17,6 +17,20 @@ import (
 type localNet struct {
 	bridges []netip.Prefix
 	local   []netip.Prefix
+	// addrs are the addresses of this node's interfaces, every one (kube-ipvs0 may hold
+	// thousands): those a node port is open on.
+	addrs map[netip.Addr]struct{}
+}
+
+// isNodeAddr reports whether a is one of this node's addresses, as kube-proxy's node port
+// rules match them (`fib daddr type local` in nftables mode, `-m addrtype --dst-type LOCAL`
+// in iptables mode); loopback included, which iptables mode serves for IPv4.
+func (n *localNet) isNodeAddr(a netip.Addr) bool {
+	if a.IsLoopback() {
+		return true
+	}
+	_, ok := n.addrs[a]
+	return ok
 }
 
 // classify returns the reason for an unreplied flow from client to endpoint.
@@ -55,6 +69,10 @@ func newLocalNet(ifaces []iface, routes []route) *localNet {
 	for _, ifc := range ifaces {
 		loopback[ifc.name] = ifc.loopback
 		for _, a := range ifc.addrs {
+			if n.addrs == nil {
+				n.addrs = make(map[netip.Addr]struct{})
+			}
+			n.addrs[a.Addr().Unmap()] = struct{}{}
 			if a.Addr().IsLoopback() || a.Addr().IsLinkLocalUnicast() {
 				continue
 			}

@@ -28,19 +28,83 @@ func (m serviceMap) Lookup(addr netip.Addr, port uint16, proto uint8) (Service, 
 
 func (m serviceMap) Len() int { return len(m) }
 
-// apiServiceMap maps each cluster IP, port and protocol of the API view to its Service.
-func apiServiceMap(snap *cluster.Snapshot) serviceMap {
-	m := make(serviceMap, len(snap.Ports))
+// LookupNodePort finds nothing: kube-proxy's rules are read for cluster IPs only.
+func (m serviceMap) LookupNodePort(netip.Addr, uint16, uint8) (Service, bool) {
+	return Service{}, false
+}
+
+// apiServiceMap maps each Service address of the API view to its Service: its cluster IPs
+// and external IPs (with the port and protocol), and its node ports. A cluster IP wins over
+// another Service's external IP at the same address, port and protocol, and of two external
+// IPs or node ports the first in the view's order.
+func apiServiceMap(snap *cluster.Snapshot) apiServices {
+	m := apiServices{serviceMap: make(serviceMap, len(snap.Ports))}
+	for _, sp := range snap.Ports {
+		if proto, ok := protocolNumbers[strings.ToLower(sp.Name.Protocol)]; ok {
+			for _, ip := range sp.ClusterIPs {
+				m.serviceMap[serviceKey{ip.Unmap(), sp.Port, proto}] = serviceOf(sp)
+			}
+		}
+	}
+	m.clusterIPs = len(m.serviceMap)
+	// Then the external IPs, whose key another Service may have taken.
 	for _, sp := range snap.Ports {
 		proto, ok := protocolNumbers[strings.ToLower(sp.Name.Protocol)]
 		if !ok {
 			continue
 		}
-		for _, ip := range sp.ClusterIPs {
-			m[serviceKey{ip.Unmap(), sp.Port, proto}] = Service{Namespace: sp.Name.Namespace, Name: sp.Name.Name, Port: sp.Port}
+		for _, ip := range sp.ExternalIPs {
+			k := serviceKey{ip.Unmap(), sp.Port, proto}
+			if _, taken := m.serviceMap[k]; !taken {
+				m.serviceMap[k] = serviceOf(sp)
+			}
+		}
+		if sp.NodePort == 0 {
+			continue
+		}
+		for _, ip := range sp.ClusterIPs { // the node port is open in the Service's families
+			k := nodePortIndex(ip, sp.NodePort, proto)
+			if _, taken := m.nodePorts[k]; taken {
+				continue
+			}
+			if m.nodePorts == nil {
+				m.nodePorts = make(map[uint32]Service)
+			}
+			m.nodePorts[k] = serviceOf(sp)
 		}
 	}
 	return m
+}
+
+func serviceOf(sp *cluster.ServicePort) Service {
+	return Service{Namespace: sp.Name.Namespace, Name: sp.Name.Name, Port: sp.Port}
+}
+
+// apiServices is the API view's Service map: cluster IPs and external IPs by address, port
+// and protocol, and node ports by family, number and protocol (nodePortIndex: a 32-bit key,
+// the cheapest lookup, since a packet that matches nothing else ends with this one). Len
+// counts its cluster IP keys only, the Service ports known, as the map from kube-proxy's
+// rules holds nothing else.
+type apiServices struct {
+	serviceMap
+	nodePorts  map[uint32]Service
+	clusterIPs int
+}
+
+func (m apiServices) Len() int { return m.clusterIPs }
+
+func (m apiServices) LookupNodePort(addr netip.Addr, port uint16, proto uint8) (Service, bool) {
+	s, ok := m.nodePorts[nodePortIndex(addr, port, proto)]
+	return s, ok
+}
+
+// nodePortIndex is the key of a node port of addr's family in apiServices.nodePorts.
+func nodePortIndex(addr netip.Addr, port uint16, proto uint8) uint32 {
+	k := uint32(proto)<<16 | uint32(port)
+	if !addr.Unmap().Is4() {
+		k |= 1 << 24
+	}
+	return k
 }
 
 // apiEndpointMap maps each endpoint of the API view (address, port, protocol) to the first
@@ -52,7 +116,7 @@ func apiEndpointMap(snap *cluster.Snapshot) serviceMap {
 		if !ok {
 			continue
 		}
-		svc := Service{Namespace: sp.Name.Namespace, Name: sp.Name.Name, Port: sp.Port}
+		svc := serviceOf(sp)
 		for _, eps := range [][]netip.AddrPort{sp.ClusterEndpoints, sp.LocalEndpoints} {
 			for _, ep := range eps {
 				k := serviceKey{ep.Addr().Unmap(), ep.Port(), proto}
@@ -65,9 +129,9 @@ func apiEndpointMap(snap *cluster.Snapshot) serviceMap {
 	return m
 }
 
-// sameServices reports whether two snapshots' ports map the same cluster IPs, ports and
-// protocols to the same Services, so that the map built from the first serves the second.
-// Endpoint changes, most of a busy cluster's, leave them so. The view shares the ports a
+// sameServices reports whether two snapshots' ports map the same cluster IPs, external IPs,
+// node ports, ports and protocols to the same Services, so that the map built from the first
+// serves the second. Endpoint changes, most of a busy cluster's, leave them so. The view shares the ports a
 // change did not touch between snapshots, and both lists are sorted: a walk comparing
 // pointers settles most ports, and the others are compared by what the map holds.
 func sameServices(a, b []*cluster.ServicePort) bool {
@@ -79,7 +143,8 @@ func sameServices(a, b []*cluster.ServicePort) bool {
 		if p == q {
 			continue
 		}
-		if p.Name != q.Name || p.Port != q.Port || !slices.Equal(p.ClusterIPs, q.ClusterIPs) {
+		if p.Name != q.Name || p.Port != q.Port || p.NodePort != q.NodePort ||
+			!slices.Equal(p.ClusterIPs, q.ClusterIPs) || !slices.Equal(p.ExternalIPs, q.ExternalIPs) {
 			return false
 		}
 	}
@@ -89,7 +154,10 @@ func sameServices(a, b []*cluster.ServicePort) bool {
 type emptyServiceMap struct{}
 
 func (emptyServiceMap) Lookup(netip.Addr, uint16, uint8) (Service, bool) { return Service{}, false }
-func (emptyServiceMap) Len() int                                         { return 0 }
+func (emptyServiceMap) LookupNodePort(netip.Addr, uint16, uint8) (Service, bool) {
+	return Service{}, false
+}
+func (emptyServiceMap) Len() int { return 0 }
 
 // Rules is the node's netfilter state as the exporter last read it (*hostrules.Source).
 type Rules interface {
@@ -99,7 +167,8 @@ type Rules interface {
 // rulesServices maps the cluster IPs kube-proxy dispatches (its KUBE-SERVICES rules, or its
 // nftables service-ips map) to their Services, for attribution without an API. In iptables
 // mode above 1,000 endpoints kube-proxy leaves out the comments that name a Service: the port
-// is then known, its name is not.
+// is then known, its name is not. Node ports and external IPs are not read from the rules
+// (KUBE-NODEPORTS, KUBE-EXT-*, the service-nodeports map): only the API view gives them.
 type rulesServices struct {
 	rules     Rules
 	logger    *slog.Logger

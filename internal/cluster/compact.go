@@ -41,20 +41,35 @@ type serviceInfo struct {
 	skip, otherProxy bool
 	internalLocal    bool // internalTrafficPolicy: Local
 	externalLocal    bool // externalTrafficPolicy: Local on an externally accessible type
-	// externalIPs and loadBalancerVIPs are the families the Service has external IPs and
-	// VIP-mode load-balancer IPs of.
-	externalIPs, loadBalancerVIPs familySet
-	// clusterIPs has one address per IP family the Service has, primary first; it is what
-	// each of its ServicePorts publishes as ClusterIPs.
-	clusterIPs []netip.Addr
-	ports      []servicePortInfo
+	// addrs are the Service's cluster IPs, one per IP family it has, primary first, then its
+	// external IPs and VIP-mode load-balancer ingress IPs of those families (the ones
+	// kube-proxy programs), without duplicates: one array, whose first clusterIPCount are
+	// cluster IPs (the count sits with the bools, in their padding). Each of its
+	// ServicePorts publishes the two parts as ClusterIPs and ExternalIPs.
+	clusterIPCount uint8
+	addrs          []netip.Addr
+	ports          []servicePortInfo
+}
+
+// clusterIPs returns the Service's cluster IPs, clipped so that no append writes into the
+// external IPs after them.
+func (s *serviceInfo) clusterIPs() []netip.Addr {
+	return s.addrs[:s.clusterIPCount:s.clusterIPCount]
+}
+
+// externalIPs returns the Service's external and load-balancer IPs; nil when it has none.
+func (s *serviceInfo) externalIPs() []netip.Addr {
+	if len(s.addrs) == int(s.clusterIPCount) {
+		return nil
+	}
+	return s.addrs[s.clusterIPCount:]
 }
 
 type servicePortInfo struct {
 	name     unique.Handle[string]
 	protocol corev1.Protocol // defaulted to TCP
 	port     uint16
-	nodePort bool
+	nodePort uint16 // 0 when the port has none
 }
 
 // sliceInfo is an EndpointSlice reduced to what endpointsByPort reads.

@@ -57,7 +57,7 @@ func newServiceInfo(svc *corev1.Service) *serviceInfo {
 	if s.skip || otherProxy {
 		return s // nothing else is read: keep the tombstone small
 	}
-	s.clusterIPs, s.externalIPs, s.loadBalancerVIPs = clusterIPsByFamily(svc)
+	s.addrs, s.clusterIPCount = serviceAddrs(svc)
 	s.internalLocal = svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
 	s.externalLocal = externallyAccessibleType(svc) && svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
 	s.ports = make([]servicePortInfo, len(svc.Spec.Ports))
@@ -66,7 +66,7 @@ func newServiceInfo(svc *corev1.Service) *serviceInfo {
 			name:     unique.Make(p.Name),
 			protocol: internProtocol(cmp.Or(p.Protocol, corev1.ProtocolTCP)),
 			port:     uint16(p.Port),
-			nodePort: p.NodePort != 0,
+			nodePort: uint16(p.NodePort),
 		}
 	}
 	return s

@@ -72,12 +72,13 @@ func servicePorts(svc *serviceInfo, endpointSlices []*sliceInfo, node thisNode) 
 // EndpointSlices of its address type; topology hints and the terminating fallback are
 // therefore decided per family, and the families' results are listed together here.
 func appendServicePorts(dst []*ServicePort, svc *serviceInfo, endpointSlices []*sliceInfo, node thisNode) []*ServicePort {
-	if svc.skip || len(svc.clusterIPs) == 0 {
+	clusterIPs, externalIPs := svc.clusterIPs(), svc.externalIPs()
+	if svc.skip || len(clusterIPs) == 0 {
 		return dst
 	}
-	families := len(svc.clusterIPs)
+	families := len(clusterIPs)
 	endpointsByFamily := make([]map[portKey]*portSet, families)
-	for i, ip := range svc.clusterIPs {
+	for i, ip := range clusterIPs {
 		endpointsByFamily[i] = endpointsByPort(svc, endpointSlices, familyOf(ip), node.preferLocalCopy())
 	}
 	namespace := svc.key.namespace.Value()
@@ -92,16 +93,18 @@ func appendServicePorts(dst []*ServicePort, svc *serviceInfo, endpointSlices []*
 			Port:          p.port,
 			InternalLocal: svc.internalLocal,
 			ExternalLocal: svc.externalLocal,
-			ClusterIPs:    svc.clusterIPs, // shared by the Service's ports, never modified
+			ClusterIPs:    clusterIPs, // shared by the Service's ports, never modified
+			NodePort:      p.nodePort,
+			ExternalIPs:   externalIPs, // shared likewise
 		}
 		var only []netip.AddrPort
 		var cluster, local []endpoint
-		for i, ip := range svc.clusterIPs {
+		for i, ip := range clusterIPs {
 			family := familyOf(ip)
 			policy := trafficPolicy{
 				internalLocal:        svc.internalLocal,
 				externalLocal:        svc.externalLocal,
-				externallyAccessible: p.nodePort || svc.externalIPs.has(family) || svc.loadBalancerVIPs.has(family),
+				externallyAccessible: p.nodePort != 0 || hasFamily(externalIPs, family),
 			}
 			var eps []endpoint
 			if set := endpointsByFamily[i][portKey{p.name, p.protocol}]; set != nil {
@@ -162,45 +165,58 @@ func familyBit(f corev1.IPFamily) familySet {
 
 func (s familySet) has(f corev1.IPFamily) bool { return s&familyBit(f) != 0 }
 
-// clusterIPsByFamily is proxyutil.GetClusterIPByFamily applied to each family, in the
-// Service's own family order (primary first); a family whose cluster IP does not parse is
-// left out, as kube-proxy could not program it either. Each family's proxier also knows
-// whether the Service has external IPs or VIP-mode load-balancer ingress IPs of that family
-// (newBaseServiceInfo filters both by family; ExternallyAccessible reads them).
-func clusterIPsByFamily(svc *corev1.Service) (clusterIPs []netip.Addr, externalIPs, loadBalancerVIPs familySet) {
+// serviceAddrs returns the Service's cluster IPs, then its external IPs, in one array, and
+// how many are cluster IPs. The cluster IPs are proxyutil.GetClusterIPByFamily applied to each
+// family, in the Service's own family order (primary first); a family whose cluster IP does not
+// parse is left out, as kube-proxy could not program it either. Each family's proxier also
+// takes the Service's external IPs and VIP-mode load-balancer ingress IPs of that family
+// (newBaseServiceInfo filters both by family; ExternallyAccessible reads them): those follow,
+// family by family, without duplicates.
+func serviceAddrs(svc *corev1.Service) (addrs []netip.Addr, clusterIPs uint8) {
+	var external []netip.Addr
 	add := func(family corev1.IPFamily, ip string) {
 		addr, ok := parseIP(ip)
 		if !ok || familyOf(addr) != family {
 			return
 		}
-		for _, e := range svc.Spec.ExternalIPs {
-			if a, ok := parseIP(e); ok && familyOf(a) == family {
-				externalIPs |= familyBit(family)
+		addExternal := func(ip string) {
+			if a, ok := parseIP(ip); ok && familyOf(a) == family && !slices.Contains(external, a) {
+				external = append(external, a)
 			}
+		}
+		for _, e := range svc.Spec.ExternalIPs {
+			addExternal(e)
 		}
 		for _, ing := range svc.Status.LoadBalancer.Ingress {
 			if ing.IP == "" || (ing.IPMode != nil && *ing.IPMode != corev1.LoadBalancerIPModeVIP) {
 				continue // proxyutil.IsVIPMode: only VIP-mode ingress IPs get rules
 			}
-			if a, ok := parseIP(ing.IP); ok && familyOf(a) == family {
-				loadBalancerVIPs |= familyBit(family)
-			}
+			addExternal(ing.IP)
 		}
-		clusterIPs = append(clusterIPs, addr)
+		addrs = append(addrs, addr)
+		clusterIPs++
 	}
 	if len(svc.Spec.IPFamilies) == 0 {
 		// Before dual-stack fields were set (version skew): the single ClusterIP's family.
 		if addr, ok := parseIP(svc.Spec.ClusterIP); ok {
 			add(familyOf(addr), svc.Spec.ClusterIP)
 		}
-		return clusterIPs, externalIPs, loadBalancerVIPs
-	}
-	for i, family := range svc.Spec.IPFamilies {
-		if i < len(svc.Spec.ClusterIPs) {
-			add(family, svc.Spec.ClusterIPs[i])
+	} else {
+		for i, family := range svc.Spec.IPFamilies {
+			if i < len(svc.Spec.ClusterIPs) {
+				add(family, svc.Spec.ClusterIPs[i])
+			}
 		}
 	}
-	return clusterIPs, externalIPs, loadBalancerVIPs
+	if len(external) == 0 {
+		return addrs, clusterIPs // the usual Service: no array but the cluster IPs'
+	}
+	return slices.Concat(addrs, external), clusterIPs
+}
+
+// hasFamily reports whether addrs has an address of family.
+func hasFamily(addrs []netip.Addr, family corev1.IPFamily) bool {
+	return slices.ContainsFunc(addrs, func(a netip.Addr) bool { return familyOf(a) == family })
 }
 
 // portKey is kube-proxy's ServicePortName without the Service: endpoints belong to the

@@ -610,3 +610,59 @@ func TestServicePortsCutOffCases(t *testing.T) {
 		}
 	}
 }
+
+// A port publishes its node port, and the Service's external IPs and VIP-mode load-balancer
+// ingress IPs of its families, once each: the addresses kube-proxy also sends to the port.
+func TestServicePortsNodePortAndExternalIPs(t *testing.T) {
+	lb := service("lb", dualStack, func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeLoadBalancer
+		s.Spec.Ports = []corev1.ServicePort{
+			{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, NodePort: 30080},
+			{Name: "https", Protocol: corev1.ProtocolTCP, Port: 443, NodePort: 30443},
+		}
+		s.Spec.ExternalIPs = []string{"192.0.2.9", "2001:db8::9", "192.0.2.9", "198.51.100.1", "not-an-ip"}
+		s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{
+			{IP: "192.0.2.1"},
+			{IP: "192.0.2.2", IPMode: ptr.To(corev1.LoadBalancerIPModeProxy)}, // no rules in proxy mode
+			{IP: "192.0.2.9", IPMode: ptr.To(corev1.LoadBalancerIPModeVIP)},
+			{Hostname: "lb.example"},
+		}
+	})
+	ports := ServicePorts(lb, nil, "node-a", "")
+	if len(ports) != 2 {
+		t.Fatalf("ServicePorts = %s, want two ports", dump(ports))
+	}
+	wantIPs := []netip.Addr{
+		netip.MustParseAddr("192.0.2.9"), netip.MustParseAddr("198.51.100.1"), netip.MustParseAddr("192.0.2.1"),
+		netip.MustParseAddr("2001:db8::9"),
+	}
+	for i, wantNodePort := range []uint16{30080, 30443} {
+		if p := ports[i]; p.NodePort != wantNodePort || !slices.Equal(p.ExternalIPs, wantIPs) {
+			t.Errorf("port %s: NodePort %d, ExternalIPs %v; want %d, %v", p.Name, p.NodePort, p.ExternalIPs, wantNodePort, wantIPs)
+		}
+	}
+	if &ports[0].ExternalIPs[0] != &ports[1].ExternalIPs[0] || cap(ports[0].ExternalIPs) != len(wantIPs) {
+		t.Error("the Service's ports do not share one clipped list of external IPs")
+	}
+	// The cluster IPs share the array and end where the external IPs start: an append to
+	// them must not write over the first external IP.
+	if cips := ports[0].ClusterIPs; len(cips) != 2 || cap(cips) != 2 {
+		t.Errorf("ClusterIPs %v, cap %d: want the two, clipped", cips, cap(cips))
+	}
+
+	// A single-stack Service: kube-proxy has no rules for its external IPs of the other family.
+	single := service("single", func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeNodePort
+		s.Spec.Ports[0].NodePort = 31000
+		s.Spec.ExternalIPs = []string{"2001:db8::9", "192.0.2.9"}
+	})
+	p := ServicePorts(single, nil, "node-a", "")[0]
+	if p.NodePort != 31000 || !slices.Equal(p.ExternalIPs, []netip.Addr{netip.MustParseAddr("192.0.2.9")}) {
+		t.Errorf("single-stack: NodePort %d, ExternalIPs %v; want 31000, [192.0.2.9]", p.NodePort, p.ExternalIPs)
+	}
+
+	// A plain ClusterIP Service has neither.
+	if p := ServicePorts(service("plain"), nil, "node-a", "")[0]; p.NodePort != 0 || p.ExternalIPs != nil {
+		t.Errorf("ClusterIP Service: NodePort %d, ExternalIPs %v; want 0, nil", p.NodePort, p.ExternalIPs)
+	}
+}

@@ -140,7 +140,7 @@ func (s *state) thisNode() (zone string, found bool) {
 func (s *state) kept(obj any) bool {
 	switch o := obj.(type) {
 	case *serviceInfo:
-		return !o.skip && !o.otherProxy && len(o.clusterIPs) > 0
+		return !o.skip && !o.otherProxy && o.clusterIPCount > 0
 	case *sliceInfo:
 		return o.service != "" && !o.headless // endpointSliceCacheKeys needs the label
 	case *nodeInfo:

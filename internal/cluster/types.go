@@ -36,7 +36,13 @@ func (n ServicePortName) String() string {
 type ServicePort struct {
 	Name       ServicePortName
 	ClusterIPs []netip.Addr // one per IP family the Service has
-	Port       uint16       // the Service's port number
+	// ExternalIPs are the Service's external IPs and VIP-mode load-balancer ingress IPs, of
+	// the families it has a cluster IP of: the addresses kube-proxy also sends to this port
+	// (at Port, as a cluster IP). Shared by the Service's ports, never modified; nil when
+	// there are none.
+	ExternalIPs []netip.Addr
+	Port        uint16 // the Service's port number
+	NodePort    uint16 // the port's node port; 0 when it has none
 	// InternalLocal is internalTrafficPolicy: Local (kube-proxy's KUBE-SVL chain, or the
 	// local- chain in nftables mode, takes ClusterIP traffic).
 	InternalLocal bool
