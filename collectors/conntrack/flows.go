@@ -1,6 +1,7 @@
 package conntrack
 
 import (
+	"iter"
 	"net/netip"
 	"sort"
 	"strconv"
@@ -23,6 +24,8 @@ type ServiceMap interface {
 	LookupNodePort(addr netip.Addr, port uint16, proto uint8) (Service, bool)
 	// Len is the number of Service ports known.
 	Len() int
+	// Services yields each entry's Service (a Service once per key it is known by).
+	Services() iter.Seq[Service]
 }
 
 // reason says where an unreplied flow's DNAT target was, which names the likely cause.

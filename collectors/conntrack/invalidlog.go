@@ -350,14 +350,11 @@ func viewServices(v *attributionView) (present map[serviceName]struct{}, known b
 	}
 	present = make(map[serviceName]struct{})
 	for _, m := range []ServiceMap{v.services, v.endpoints} {
-		switch m := m.(type) {
-		case nil, emptyServiceMap:
-		case serviceMap:
-			for _, svc := range m {
-				present[serviceName{svc.Namespace, svc.Name}] = struct{}{}
-			}
-		default:
-			return nil, false
+		if m == nil {
+			continue
+		}
+		for svc := range m.Services() {
+			present[serviceName{svc.Namespace, svc.Name}] = struct{}{}
 		}
 	}
 	return present, true

@@ -183,29 +183,6 @@ func rawTCPSender(t *testing.T, src netip.AddrPort) func(dst netip.AddrPort, seg
 	}
 }
 
-// settableView is an API view a test publishes snapshots to, announcing each (cluster.Notifier).
-type settableView struct {
-	snap    atomic.Pointer[cluster.Snapshot]
-	changed chan struct{}
-}
-
-func newSettableView() *settableView {
-	v := &settableView{changed: make(chan struct{}, 1)}
-	v.snap.Store(&cluster.Snapshot{})
-	return v
-}
-
-func (v *settableView) Snapshot() *cluster.Snapshot { return v.snap.Load() }
-func (v *settableView) Changed() <-chan struct{}    { return v.changed }
-
-func (v *settableView) set(snap *cluster.Snapshot) {
-	v.snap.Store(snap)
-	select {
-	case v.changed <- struct{}{}:
-	default: // one is pending already
-	}
-}
-
 func readProcSettings(t *testing.T) string {
 	t.Helper()
 	return readSettings(t, "/proc")
@@ -234,7 +211,8 @@ sysctl -qw net.ipv4.ip_forward=1`)
 
 	// The API view syncs later in the test, with two more Services that kube-proxy's rules
 	// here do not name: only the API view gives node ports and external IPs.
-	view := newSettableView()
+	// The API view is published part way (notifyingView tells of it, as cluster.Cluster does).
+	view := &notifyingView{snap: &cluster.Snapshot{}}
 	cfg := Config{UnrepliedAfter: time.Second, MaxTrackedFlows: 100, MaxServiceSeries: 10, SocketBufferBytes: 1 << 20,
 		ServiceRefreshInterval: time.Hour, ResyncMinInterval: time.Hour, ProcPath: "/proc",
 		Rules: &rulesAt{webServiceState}, View: view, InvalidReasons: true}
@@ -290,7 +268,7 @@ sysctl -qw net.ipv4.ip_forward=1`)
 	// the node, as a cloud's or a router's route sends it). A SYN+FIN to another port of the
 	// node names no Service.
 	node := netip.MustParseAddr("10.0.1.1")
-	view.set(&cluster.Snapshot{Synced: true, Generation: 1, Ports: []*cluster.ServicePort{{
+	view.publish(&cluster.Snapshot{Synced: true, Generation: 1, Ports: []*cluster.ServicePort{{
 		Name:       cluster.ServicePortName{Namespace: "default", Name: "external", Port: "http", Protocol: "TCP"},
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.40")}, ExternalIPs: []netip.Addr{netip.MustParseAddr("192.0.2.10")},
 		Port: 80,

@@ -2,6 +2,7 @@ package conntrack
 
 import (
 	"fmt"
+	"iter"
 	"log/slog"
 	"net/netip"
 	"slices"
@@ -27,6 +28,16 @@ func (m serviceMap) Lookup(addr netip.Addr, port uint16, proto uint8) (Service, 
 }
 
 func (m serviceMap) Len() int { return len(m) }
+
+func (m serviceMap) Services() iter.Seq[Service] {
+	return func(yield func(Service) bool) {
+		for _, svc := range m {
+			if !yield(svc) {
+				return
+			}
+		}
+	}
+}
 
 // LookupNodePort finds nothing: kube-proxy's rules are read for cluster IPs only.
 func (m serviceMap) LookupNodePort(netip.Addr, uint16, uint8) (Service, bool) {
@@ -158,6 +169,8 @@ func (emptyServiceMap) LookupNodePort(netip.Addr, uint16, uint8) (Service, bool)
 	return Service{}, false
 }
 func (emptyServiceMap) Len() int { return 0 }
+
+func (emptyServiceMap) Services() iter.Seq[Service] { return func(func(Service) bool) {} }
 
 // Rules is the node's netfilter state as the exporter last read it (*hostrules.Source).
 type Rules interface {
