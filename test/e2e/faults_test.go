@@ -93,6 +93,20 @@ func (e *Exporter) state(t *testing.T) procState {
 	return st
 }
 
+// settledState is the exporter's state at its quietest over two seconds (the fewest goroutines
+// and fds of five looks): one look can fall while a poll's request is in flight, or a scrape
+// is being served, and count their goroutines; what piles up across polls stays in the least.
+func (e *Exporter) settledState(t *testing.T) procState {
+	t.Helper()
+	least := e.state(t)
+	for range 4 {
+		time.Sleep(500 * time.Millisecond)
+		st := e.state(t)
+		least.goroutines, least.fds = min(least.goroutines, st.goroutines), min(least.fds, st.fds)
+	}
+	return least
+}
+
 // timedScrape scrapes and fails when the answer took longer than a scrape timeout.
 func (e *Exporter) timedScrape(t *testing.T) Scrape {
 	t.Helper()
@@ -356,12 +370,12 @@ func testKubeProxyHang(t *testing.T, e *Exporter, kp *fakeKubeProxy, base procSt
 	before := e.logCount(t, notAnswering)
 	kp.mode.Store("hang")
 	e.WaitValue(t, 10*time.Second, "proxyhealth_kubeproxy_up", nil, 0)
-	first := e.state(t)
+	first := e.settledState(t)
 	time.Sleep(6 * time.Second) // two more polls, each 2 x --kubeproxy.timeout + 1 s at most
 	s := e.timedScrape(t)
 	checkValue(t, s, "proxyhealth_kubeproxy_up", nil, 0)
 	checkValue(t, s, success, map[string]string{"collector": "kubeproxy"}, 1)
-	later := e.state(t)
+	later := e.settledState(t)
 	if later.goroutines > first.goroutines+3 || later.fds > first.fds+3 {
 		t.Errorf("across polls of a kube-proxy that never answers, goroutines went %g -> %g and fds %d -> %d",
 			first.goroutines, later.goroutines, first.fds, later.fds)
