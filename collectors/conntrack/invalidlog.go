@@ -36,15 +36,6 @@ type invalidKey struct {
 	namespace, name string
 }
 
-// invalidSeries is one series' count, and its count at the last prune pass.
-type invalidSeries struct{ packets, atLastPass uint64 }
-
-// invalidSeriesIdle is how long a series of a Service that left the attribution view must
-// not move before it is dropped, freeing its place under --conntrack.max-service-series. Far
-// longer than a scrape interval, so its last value has been scraped, and a Service that the
-// view misses only briefly keeps its series.
-const invalidSeriesIdle = 10 * time.Minute
-
 // invalidLog is the collector's --conntrack.invalid-reasons part: it points conntrack's
 // INVALID log at NFLOG group 0, reads it, and counts packets by reason and Service. It
 // changes the node's settings only while it reads, and puts them back when it stops (restore).
@@ -62,7 +53,7 @@ type invalidLog struct {
 	saved    []savedSetting // what the settings were before we set them; nil while not set
 	sock     eventSource
 	err      error // why the part is not running; nil while it is
-	counts   map[invalidKey]*invalidSeries
+	counts   map[invalidKey]*prunedSeries
 	lastPass time.Time // the last prune pass
 	unlisted [invalidReasonCount]uint64
 	lost     uint64 // packets the kernel logged that never reached us (sequence gaps)
@@ -83,7 +74,7 @@ func newInvalidLog(cfg *Config, logger *slog.Logger, view func() *attributionVie
 		open:      func(n int) (eventSource, error) { return openInvalidLog(n) },
 		view:      view,
 		now:       now,
-		counts:    make(map[invalidKey]*invalidSeries),
+		counts:    make(map[invalidKey]*prunedSeries),
 		err:       ErrInvalidLogNotStarted,
 	}
 }
@@ -274,12 +265,12 @@ func (l *invalidLog) count(p *loggedPacket, k invalidKey) {
 		l.nextSeq, l.seqKnown = p.seq+1, true
 	}
 	if s, listed := l.counts[k]; listed {
-		s.packets++
+		s.count++
 		return
 	}
 	if k.name == "" && k.namespace == "" || len(l.counts) < l.maxSeries {
 		// Packets of no Service carry no service labels: one series per reason, outside the cap.
-		l.counts[k] = &invalidSeries{packets: 1}
+		l.counts[k] = &prunedSeries{count: 1}
 		return
 	}
 	l.unlisted[k.reason]++
@@ -300,62 +291,14 @@ func (l *invalidLog) snapshot() invalidSnapshot {
 	defer l.mu.Unlock()
 	s := invalidSnapshot{counts: make(map[invalidKey]uint64, len(l.counts)), unlisted: l.unlisted, lost: l.lost, err: l.err}
 	for k, v := range l.counts {
-		s.counts[k] = v.packets
+		s.counts[k] = v.count
 	}
 	return s
 }
 
-// prune drops, at most once per invalidSeriesIdle, the series of Services that are no longer
-// in the attribution view and have not moved since the last pass: a deleted Service would
-// otherwise hold its place under the cap until restart, and every new one would go unlisted.
-// It runs as a scrape reads, so a dropped series' last value was scraped at the pass before.
-// Packets of no Service keep their series.
+// prune drops the series of Services gone from the view for a while (pruneServiceSeries).
 func (l *invalidLog) prune() {
-	now := l.now()
-	l.mu.Lock()
-	due := now.Sub(l.lastPass) >= invalidSeriesIdle
-	l.mu.Unlock()
-	if !due || l.view == nil {
-		return
-	}
-	// Read outside the lock: the map may be large, and the reader counts meanwhile.
-	present, known := viewServices(l.view())
-	if !known {
-		return
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.lastPass = now
-	for k, s := range l.counts {
-		if k.namespace == "" && k.name == "" {
-			continue
-		}
-		if _, ok := present[serviceName{k.namespace, k.name}]; !ok && s.packets == s.atLastPass {
-			delete(l.counts, k)
-			continue
-		}
-		s.atLastPass = s.packets
-	}
-}
-
-// serviceName is a Service as the INVALID series label it.
-type serviceName struct{ namespace, name string }
-
-// viewServices returns the Services v attributes packets to, by address or endpoint. known is
-// false when that cannot be told: no view, a map of a kind it cannot list, or no Services at
-// all (more likely a source not read yet than a node without Services); nothing is pruned then.
-func viewServices(v *attributionView) (present map[serviceName]struct{}, known bool) {
-	if v == nil || v.services == nil || v.services.Len() == 0 {
-		return nil, false
-	}
-	present = make(map[serviceName]struct{})
-	for _, m := range []ServiceMap{v.services, v.endpoints} {
-		if m == nil {
-			continue
-		}
-		for svc := range m.Services() {
-			present[serviceName{svc.Namespace, svc.Name}] = struct{}{}
-		}
-	}
-	return present, true
+	pruneServiceSeries(&l.mu, &l.lastPass, l.now(), l.view, l.counts, func(k invalidKey) serviceName {
+		return serviceName{k.namespace, k.name}
+	})
 }

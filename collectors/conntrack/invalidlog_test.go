@@ -215,7 +215,7 @@ func TestInvalidLogCap(t *testing.T) {
 }
 
 // A deleted Service's series is dropped once it has been out of the view and unmoved for
-// invalidSeriesIdle, and its place under the cap goes to a new Service; a Service still in the
+// serviceSeriesIdle, and its place under the cap goes to a new Service; a Service still in the
 // view keeps its series however idle.
 func TestInvalidLogFreesSeriesOfDeletedServices(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
@@ -238,13 +238,13 @@ func TestInvalidLogFreesSeriesOfDeletedServices(t *testing.T) {
 		t.Fatalf("before a pass: counts %v, unlisted %v; want lab/new unlisted, lab/old kept", s.counts, s.unlisted)
 	}
 	// Not dropped while it moved since the last pass.
-	now = now.Add(invalidSeriesIdle)
+	now = now.Add(serviceSeriesIdle)
 	if s := l.snapshot(); s.counts[old] != 2 {
 		t.Fatalf("lab/old dropped although it moved since the last pass: %v", s.counts)
 	}
-	now = now.Add(invalidSeriesIdle - time.Second)
+	now = now.Add(serviceSeriesIdle - time.Second)
 	if s := l.snapshot(); s.counts[old] != 2 {
-		t.Fatalf("a pass before invalidSeriesIdle passed: %v", s.counts)
+		t.Fatalf("a pass before serviceSeriesIdle passed: %v", s.counts)
 	}
 	now = now.Add(time.Second)
 	s = l.snapshot()
@@ -269,7 +269,7 @@ func TestInvalidLogKeepsSeriesWhileViewEmpty(t *testing.T) {
 	l.count(&p, web)
 	for range 3 {
 		l.snapshot()
-		now = now.Add(invalidSeriesIdle)
+		now = now.Add(serviceSeriesIdle)
 	}
 	if s := l.snapshot(); s.counts[web] != 1 {
 		t.Errorf("dropped with an empty view: %v", s.counts)
