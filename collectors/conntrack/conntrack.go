@@ -603,7 +603,9 @@ func (c *Collector) Update(ch chan<- prometheus.Metric) error {
 
 	view := c.view.Load()
 	ch <- prometheus.MustNewConstMetric(servicesKnownDesc, prometheus.GaugeValue, float64(view.services.Len()))
-	snap := c.tracker.snapshot(c.now().Add(-c.cfg.UnrepliedAfter).UnixNano(), view)
+	now := c.now()
+	c.tracker.prune(now, view)
+	snap := c.tracker.snapshot(now.Add(-c.cfg.UnrepliedAfter).UnixNano(), view)
 	ch <- prometheus.MustNewConstMetric(trackedDesc, prometheus.GaugeValue, float64(snap.tracked))
 	ch <- prometheus.MustNewConstMetric(untrackedDesc, prometheus.CounterValue, float64(snap.untracked))
 	for _, s := range snap.unreplied {

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"time"
 )
 
 // Service is the Kubernetes Service port a flow was sent to. Port is the Service's port
@@ -93,8 +94,9 @@ type flowTracker struct {
 	flows     map[uint32]trackedFlow
 	silent    int // how many of flows are silent
 	untracked uint64
-	unreplied map[seriesKey]uint64
+	unreplied map[seriesKey]*prunedSeries
 	unlisted  map[overflowKey]uint64
+	lastPass  time.Time // the last pass of prune
 }
 
 func newFlowTracker(maxTracked, maxSeries int) *flowTracker {
@@ -102,7 +104,7 @@ func newFlowTracker(maxTracked, maxSeries int) *flowTracker {
 		maxTracked: maxTracked,
 		maxSeries:  maxSeries,
 		flows:      make(map[uint32]trackedFlow),
-		unreplied:  make(map[seriesKey]uint64),
+		unreplied:  make(map[seriesKey]*prunedSeries),
 		unlisted:   make(map[overflowKey]uint64),
 	}
 }
@@ -167,9 +169,13 @@ func (t *flowTracker) deleteLocked(id uint32) {
 }
 
 func (t *flowTracker) countUnrepliedLocked(k seriesKey) {
-	if _, listed := t.unreplied[k]; listed || k.reason == reasonNoService || len(t.unreplied) < t.maxSeries {
+	if s, listed := t.unreplied[k]; listed {
+		s.count++
+		return
+	}
+	if k.reason == reasonNoService || len(t.unreplied) < t.maxSeries {
 		// no_service flows carry no service labels: one series per protocol, outside the cap.
-		t.unreplied[k]++
+		t.unreplied[k] = &prunedSeries{count: 1}
 		return
 	}
 	t.unlisted[overflowKey{k.proto, k.reason}]++
@@ -236,6 +242,14 @@ type overflowCount struct {
 	value uint64
 }
 
+// prune drops the unreplied series of Services gone from the view for a while
+// (pruneServiceSeries); a scrape runs it before it reads the snapshot. The open-flow gauge
+// needs no pruning: it is grouped afresh from the flows tracked now at every snapshot.
+func (t *flowTracker) prune(now time.Time, view *attributionView) {
+	pruneServiceSeries(&t.mu, &t.lastPass, now, func() *attributionView { return view }, t.unreplied,
+		func(k seriesKey) serviceName { return serviceName{k.svc.Namespace, k.svc.Name} })
+}
+
 // snapshot is what a scrape reads.
 type snapshot struct {
 	tracked      int
@@ -252,7 +266,7 @@ func (t *flowTracker) snapshot(openBefore int64, attr attribution) snapshot {
 	t.mu.Lock()
 	s := snapshot{tracked: len(t.flows), untracked: t.untracked}
 	for k, v := range t.unreplied {
-		s.unreplied = append(s.unreplied, seriesCount{k, v})
+		s.unreplied = append(s.unreplied, seriesCount{k, v.count})
 	}
 	for k, v := range t.unlisted {
 		s.unlisted = append(s.unlisted, overflowCount{k, v})

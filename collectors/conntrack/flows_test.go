@@ -129,6 +129,107 @@ func TestTrackerBoundsMemory(t *testing.T) {
 	}
 }
 
+// The unreplied series of a Service deleted from the view are dropped once they have not moved
+// for serviceSeriesIdle, and their place under the cap goes to a new Service; a Service still
+// in the view, and flows of no Service, keep theirs.
+func TestTrackerFreesSeriesOfDeletedServices(t *testing.T) {
+	web := webService
+	old := Service{Namespace: "lab", Name: "old", Port: 81}
+	added := Service{Namespace: "lab", Name: "new", Port: 82}
+	viewOf := func(svcs ...Service) *attributionView {
+		v := labView()
+		m := serviceMap{}
+		for _, svc := range svcs {
+			m[serviceKey{vip, svc.Port, 6}] = svc
+		}
+		v.services = m
+		return v
+	}
+	// The cap holds lab/web, lab/old and the no_service series: len counts them all.
+	tr := newFlowTracker(10, 3)
+	id := uint32(0)
+	// endUnreplied ends a new flow to port, unreplied, attributed by view.
+	endUnreplied := func(port uint16, view *attributionView) {
+		id++
+		orig, reply := dnatTuples(uint16(id))
+		orig.dstPort = port
+		tr.handle(event(eventDestroy, id, statusDstNAT, orig, reply), 0, view)
+	}
+	counts := func(s snapshot) map[seriesKey]uint64 {
+		m := make(map[seriesKey]uint64)
+		for _, c := range s.unreplied {
+			m[c.key] = c.value
+		}
+		return m
+	}
+	unlisted := func(s snapshot) uint64 {
+		var n uint64
+		for _, c := range s.unlisted {
+			n += c.value
+		}
+		return n
+	}
+	webKey, oldKey, addedKey := seriesKey{web, 6, reasonSameBridge}, seriesKey{old, 6, reasonSameBridge}, seriesKey{added, 6, reasonSameBridge}
+	noServiceKey := seriesKey{Service{}, 6, reasonNoService}
+
+	now := time.Unix(1_700_000_000, 0)
+	before := viewOf(web, old)
+	endUnreplied(80, before)
+	endUnreplied(81, before)
+	endUnreplied(9, before) // no Service
+	tr.prune(now, before)
+	tr.snapshot(0, before)
+
+	// lab/old is deleted and lab/new created; a flow of lab/old that ended just before the
+	// view changed moves its series once more.
+	after := viewOf(web, added)
+	endUnreplied(81, before)
+	endUnreplied(82, after)
+	tr.prune(now, after)
+	s := tr.snapshot(0, after)
+	if c := counts(s); unlisted(s) != 1 || c[oldKey] != 2 {
+		t.Fatalf("before a pass: counts %v, unlisted %d; want lab/new unlisted, lab/old kept", c, unlisted(s))
+	}
+	// Not dropped while it moved since the last pass.
+	now = now.Add(serviceSeriesIdle)
+	tr.prune(now, after)
+	if c := counts(tr.snapshot(0, after)); c[oldKey] != 2 {
+		t.Fatalf("lab/old dropped although it moved since the last pass: %v", c)
+	}
+	now = now.Add(serviceSeriesIdle - time.Second)
+	tr.prune(now, after)
+	if c := counts(tr.snapshot(0, after)); c[oldKey] != 2 {
+		t.Fatalf("a pass before serviceSeriesIdle passed: %v", c)
+	}
+	now = now.Add(time.Second)
+	tr.prune(now, after)
+	c := counts(tr.snapshot(0, after))
+	if _, listed := c[oldKey]; listed || c[webKey] != 1 || c[noServiceKey] != 1 {
+		t.Fatalf("after the deleted Service was idle: %v; want lab/old dropped, lab/web and no_service kept", c)
+	}
+	endUnreplied(82, after)
+	if s := tr.snapshot(0, after); counts(s)[addedKey] != 1 || unlisted(s) != 1 {
+		t.Errorf("the new Service did not take the freed place: counts %v, unlisted %d", counts(s), unlisted(s))
+	}
+}
+
+// With no Services in the view nothing is dropped.
+func TestTrackerKeepsSeriesWhileViewEmpty(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	tr := newFlowTracker(10, 2)
+	orig, reply := dnatTuples(1)
+	tr.handle(event(eventDestroy, 1, statusDstNAT, orig, reply), 0, labView())
+	empty := labView()
+	empty.services = serviceMap{}
+	for range 3 {
+		tr.prune(now, empty)
+		now = now.Add(serviceSeriesIdle)
+	}
+	if s := tr.snapshot(0, empty); len(s.unreplied) != 1 || s.unreplied[0].value != 1 {
+		t.Errorf("dropped with an empty view: %+v", s.unreplied)
+	}
+}
+
 func TestTrackerResync(t *testing.T) {
 	tr := newFlowTracker(10, 10)
 	view := labView()
