@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -183,6 +184,20 @@ func rawTCPSender(t *testing.T, src netip.AddrPort) func(dst netip.AddrPort, seg
 	}
 }
 
+// runInBackground runs run until the returned stop is called, or the test ends; stop waits
+// for run to return (the reader puts the node's settings back before it does), and may be
+// called more than once.
+func runInBackground(t *testing.T, run func(context.Context)) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { run(ctx); close(done) }()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return stop
+}
+
 func readProcSettings(t *testing.T) string {
 	t.Helper()
 	return readSettings(t, "/proc")
@@ -220,18 +235,7 @@ sysctl -qw net.ipv4.ip_forward=1`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { c.Run(ctx); close(done) }()
-	stopped := false
-	stop := func() {
-		if !stopped {
-			stopped = true
-			cancel()
-			<-done
-		}
-	}
-	t.Cleanup(stop)
+	stop := runInBackground(t, c.Run)
 	waitFor(t, "the INVALID log to be read", func() bool {
 		return c.invalid.snapshot().err == nil && c.view.Load().endpoints.Len() == 2
 	})
@@ -324,10 +328,7 @@ func TestKernelInvalidReasonsGroupTaken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { c.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	runInBackground(t, c.Run)
 	waitFor(t, "the taken group to be reported", func() bool { return errors.Is(c.invalid.snapshot().err, errGroupTaken) })
 	if got := readProcSettings(t); got != before {
 		t.Errorf("settings changed although the group is taken: %s, was %s", got, before)
@@ -437,18 +438,7 @@ iptables -w -A OUTPUT -m conntrack --ctstate INVALID -j ACCEPT`)
 		}
 		return sock, nil
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { l.run(ctx); close(done) }()
-	stopped := false
-	stop := func() {
-		if !stopped {
-			stopped = true
-			cancel()
-			<-done
-		}
-	}
-	t.Cleanup(stop)
+	stop := runInBackground(t, l.run)
 	waitFor(t, "the group to be bound again", func() bool {
 		return opened.Load() == 2 && l.snapshot().err == nil
 	})

@@ -1,7 +1,6 @@
 package conntrack
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"net/netip"
@@ -132,10 +131,7 @@ sysctl -qw net.netfilter.nf_conntrack_udp_timeout=3`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { c.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	runInBackground(t, c.Run)
 
 	waitFor(t, "the listener to seed from the table", func() bool { return c.resyncs.Load() >= 1 && c.view.Load().services.Len() == 2 })
 	early := `protocol="udp",reason="local_endpoint",service_name="early",service_namespace="kube-system",service_port="54"`
