@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"path/filepath"
 	"strconv"
 	"time"
 
@@ -81,7 +82,7 @@ func (h *hostRules) addFlags(app *kingpin.Application) {
 		Default("5m").DurationVar(&h.cfg.ResyncInterval)
 	app.Flag("netfilter.max-dump-bytes", "Largest nf_tables netlink reply read (bytes); a larger one is abandoned and its read reported as failed. kube-proxy's nat table at 10,000 Services x 10 endpoints dumps to about 190 MiB.").
 		Default(strconv.FormatInt(nftnl.DefaultMaxDumpBytes, 10)).Int64Var(&h.cfg.MaxDumpBytes)
-	app.Flag("netfilter.legacy-max-table-bytes", "Largest iptables-legacy table read (bytes, as the kernel gives its size); a larger one is not read and its read reported as failed. The table is held whole while read: kube-proxy's nat table at 10,000 Services x 10 endpoints is about 183 MiB. 0: what the container's memory limit leaves after the exporter's own memory (without a limit, 384 MiB).").
+	app.Flag("netfilter.legacy-max-table-bytes", "Largest iptables-legacy table read (bytes, as the kernel gives its size); a larger one is not read and its read reported as failed. The table is held whole while read: kube-proxy's nat table at 10,000 Services x 10 endpoints is about 183 MiB. 0: what the container's memory limit (or the node's memory, when smaller) leaves after the exporter's own memory, at most 384 MiB.").
 		Default("0").Int64Var(&h.cfg.LegacyMaxTableBytes)
 	h.cfg.Debounce = 100 * time.Millisecond
 }
@@ -92,9 +93,11 @@ func (h *hostRules) addFlags(app *kingpin.Application) {
 const ownMemoryBytes = 64 << 20
 
 // legacyMaxTableBytes is the legacy table read limit: the flag's value when given, else what
-// the process's cgroup memory limit leaves after ownMemoryBytes (iptlegacy.MaxTableBytesWithin),
+// the memory the process may hold leaves after ownMemoryBytes (iptlegacy.MaxTableBytesWithin),
 // so that a table too large for the container fails its read instead of getting the container
-// killed. It logs the limit and where it came from.
+// killed. That memory is the cgroup's limit or the node's memory, whichever is smaller: a
+// limit above the node's memory limits nothing. The result is never above the fixed default.
+// It logs the limit and where it came from.
 func (h *hostRules) legacyMaxTableBytes() int64 {
 	if h.cfg.LegacyMaxTableBytes > 0 {
 		h.logger.Info("iptables-legacy table read limit", "bytes", h.cfg.LegacyMaxTableBytes, "from", "--netfilter.legacy-max-table-bytes")
@@ -110,19 +113,31 @@ func (h *hostRules) legacyMaxTableBytes() int64 {
 			"bytes", iptlegacy.DefaultMaxTableBytes, "err", err)
 		return iptlegacy.DefaultMaxTableBytes
 	}
-	n := iptlegacy.MaxTableBytesWithin(mem.Bytes, ownMemoryBytes)
-	if mem.Bytes == 0 {
+	// meminfo beside self: /proc/meminfo, the node's (a container's /proc shows the host's).
+	nodeBytes, err := memlimit.MemTotal(filepath.Join(filepath.Dir(procSelf), "meminfo"))
+	if err != nil {
+		h.logger.Warn("cannot read the node's memory; the iptables-legacy table read limit follows the memory limit alone", "err", err)
+	}
+	limit, source := mem.Bytes, mem.Source
+	if nodeBytes > 0 && (limit == 0 || nodeBytes < limit) {
+		limit, source = nodeBytes, "the node's MemTotal"
+	}
+	n := iptlegacy.MaxTableBytesWithin(limit, ownMemoryBytes)
+	if limit == 0 {
 		h.logger.Info("iptables-legacy table read limit", "bytes", n, "from", "no memory limit: the fixed default")
 		return n
 	}
 	level := slog.LevelInfo
-	if mem.Bytes <= ownMemoryBytes {
+	if limit <= ownMemoryBytes {
 		// No legacy table can be read: said at the level of the failures to come.
 		level = slog.LevelWarn
 	}
-	h.logger.Log(context.Background(), level, "iptables-legacy table read limit", "bytes", n,
-		"from", fmt.Sprintf("memory limit %d bytes (%s) less the exporter's own %d, over %.2f bytes a table byte read",
-			mem.Bytes, mem.Source, int64(ownMemoryBytes), iptlegacy.ReadPeakPerTableByte))
+	from := fmt.Sprintf("memory limit %d bytes (%s) less the exporter's own %d, over %.2f bytes a table byte read",
+		limit, source, int64(ownMemoryBytes), iptlegacy.ReadPeakPerTableByte)
+	if n == iptlegacy.DefaultMaxTableBytes {
+		from = fmt.Sprintf("the fixed default, below what memory limit %d bytes (%s) leaves", limit, source)
+	}
+	h.logger.Log(context.Background(), level, "iptables-legacy table read limit", "bytes", n, "from", from)
 	return n
 }
 

@@ -20,15 +20,19 @@ import (
 )
 
 // fakeProcSelf is a /proc/self whose process is in a cgroup v2 of memory.max limit ("max":
-// none).
-func fakeProcSelf(t *testing.T, limit string) string {
+// none), on a node of memTotal ("" for a /proc without meminfo).
+func fakeProcSelf(t *testing.T, limit, memTotal string) string {
 	t.Helper()
 	root := t.TempDir()
-	for name, content := range map[string]string{
+	files := map[string]string{
 		"self/cgroup":    "0::/\n",
 		"self/mountinfo": "29 22 0:26 / " + filepath.Join(root, "cg") + " rw - cgroup2 cgroup2 rw\n",
 		"cg/memory.max":  limit + "\n",
-	} {
+	}
+	if memTotal != "" {
+		files["meminfo"] = "MemTotal:       " + memTotal + "\nMemFree:         1203884 kB\n"
+	}
+	for name, content := range files {
 		if err := os.MkdirAll(filepath.Join(root, filepath.Dir(name)), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -40,22 +44,32 @@ func fakeProcSelf(t *testing.T, limit string) string {
 }
 
 // The netfilter read limit flags are the netfilter reader's Config: a value given is handed on
-// as it is. Without one, the legacy table limit is what the container's memory limit leaves
-// after the exporter's own memory (a table the limit lets through must not get the container
-// OOM-killed), and the fixed default without a memory limit; the log says which.
+// as it is. Without one, the legacy table limit is what the container's memory limit, or the
+// node's memory when smaller, leaves after the exporter's own memory (a table the limit lets
+// through must not get the container OOM-killed), and never more than the fixed default; the
+// log says which.
 func TestNetfilterLimitFlags(t *testing.T) {
+	const node = "24605316 kB" // this machine's 24 GiB
 	for _, tc := range []struct {
 		name        string
 		args        []string
 		memoryMax   string
+		memTotal    string
 		dump, table int64
 		logged      string
 	}{
-		{"defaults without a memory limit", nil, "max", nftnl.DefaultMaxDumpBytes, iptlegacy.DefaultMaxTableBytes, "no memory limit"},
+		{"defaults without a memory limit", nil, "max", node, nftnl.DefaultMaxDumpBytes, iptlegacy.DefaultMaxTableBytes, "the fixed default, below what memory limit 25195843584 bytes (the node's MemTotal)"},
 		// (384 MiB - 64 MiB) / 1.1
-		{"defaults under the chart's memory limit", nil, "402653184", nftnl.DefaultMaxDumpBytes, 305040290, "memory limit 402653184 bytes"},
-		{"a memory limit below the exporter's own", nil, "33554432", nftnl.DefaultMaxDumpBytes, 1, "level=WARN"},
-		{"given", []string{"--netfilter.max-dump-bytes=4096", "--netfilter.legacy-max-table-bytes=8192"}, "402653184", 4096, 8192,
+		{"defaults under the chart's memory limit", nil, "402653184", node, nftnl.DefaultMaxDumpBytes, 305040290, "memory limit 402653184 bytes"},
+		{"a memory limit below the exporter's own", nil, "33554432", node, nftnl.DefaultMaxDumpBytes, 1, "level=WARN"},
+		// A huge but finite limit (1 TiB) does not lift the limit past the fixed default.
+		{"a memory limit of 1 TiB", nil, "1099511627776", node, nftnl.DefaultMaxDumpBytes, iptlegacy.DefaultMaxTableBytes, "the fixed default"},
+		{"a memory limit of 1 GiB", nil, "1073741824", node, nftnl.DefaultMaxDumpBytes, iptlegacy.DefaultMaxTableBytes, "the fixed default"},
+		// A node of 256 MiB: (256 MiB - 64 MiB) / 1.1, whatever the cgroup's limit.
+		{"a node smaller than the memory limit", nil, "1099511627776", "262144 kB", nftnl.DefaultMaxDumpBytes, 183024174, "the node's MemTotal"},
+		{"a node smaller than the fixed default, no memory limit", nil, "max", "262144 kB", nftnl.DefaultMaxDumpBytes, 183024174, "the node's MemTotal"},
+		{"no meminfo", nil, "402653184", "", nftnl.DefaultMaxDumpBytes, 305040290, "cannot read the node's memory"},
+		{"given", []string{"--netfilter.max-dump-bytes=4096", "--netfilter.legacy-max-table-bytes=8192"}, "402653184", node, 4096, 8192,
 			"from=--netfilter.legacy-max-table-bytes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -63,7 +77,7 @@ func TestNetfilterLimitFlags(t *testing.T) {
 			host := addCollectorFlags(app, addPathFlags(app)).host
 			var logs bytes.Buffer
 			host.logger = slog.New(slog.NewTextHandler(&logs, nil))
-			host.procSelf = fakeProcSelf(t, tc.memoryMax)
+			host.procSelf = fakeProcSelf(t, tc.memoryMax, tc.memTotal)
 			if _, err := app.Parse(tc.args); err != nil {
 				t.Fatal(err)
 			}
@@ -74,7 +88,7 @@ func TestNetfilterLimitFlags(t *testing.T) {
 				t.Errorf("hostrules.Config limits: dump %d, legacy table %d; want %d, %d",
 					host.cfg.MaxDumpBytes, host.cfg.LegacyMaxTableBytes, tc.dump, tc.table)
 			}
-			if got := strings.Count(logs.String(), "iptables-legacy table read limit"); got != 1 || !strings.Contains(logs.String(), tc.logged) {
+			if got := strings.Count(logs.String(), `msg="iptables-legacy table read limit"`); got != 1 || !strings.Contains(logs.String(), tc.logged) {
 				t.Errorf("log: %d lines of the limit, want 1 saying %q:\n%s", got, tc.logged, logs.String())
 			}
 		})

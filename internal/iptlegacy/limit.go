@@ -18,13 +18,14 @@ const ReadPeakPerTableByte = 1.1
 
 // MaxTableBytesWithin is the largest table a process can read within a memory limit of
 // memLimit bytes when floor of them are its own without the read: what is left, divided by
-// ReadPeakPerTableByte. A memLimit of 0 (none) gives DefaultMaxTableBytes; a limit that leaves
-// nothing gives 1, which no table fits.
+// ReadPeakPerTableByte, and never more than DefaultMaxTableBytes (a generous limit, or one
+// above the node's memory, must not let a read hold gigabytes). A memLimit of 0 (none) gives
+// DefaultMaxTableBytes; a limit that leaves nothing gives 1, which no table fits.
 func MaxTableBytesWithin(memLimit, floor int64) int64 {
 	if memLimit <= 0 {
 		return DefaultMaxTableBytes
 	}
-	return max(int64(float64(memLimit-floor)/ReadPeakPerTableByte), 1)
+	return min(max(int64(float64(memLimit-floor)/ReadPeakPerTableByte), 1), DefaultMaxTableBytes)
 }
 
 // ErrTableTooLarge is returned (wrapped) when a table's info gives a blob larger than the

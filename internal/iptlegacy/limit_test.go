@@ -75,3 +75,19 @@ func TestKernelTableLimit(t *testing.T) {
 		}
 	})
 }
+
+// However much memory a limit gives, a read is never allowed more than the fixed default: a
+// huge but finite cgroup limit (1 TiB) must not let a table of a terabyte be read whole.
+func TestMaxTableBytesWithinNeverAboveTheDefault(t *testing.T) {
+	for _, tc := range []struct{ limit, want int64 }{
+		{0, DefaultMaxTableBytes},
+		{1 << 40, DefaultMaxTableBytes},
+		{1<<62 - 1, DefaultMaxTableBytes},
+		{384 << 20, 305040290}, // (384 MiB - 64 MiB) / 1.1
+		{32 << 20, 1},
+	} {
+		if got := MaxTableBytesWithin(tc.limit, 64<<20); got != tc.want {
+			t.Errorf("MaxTableBytesWithin(%d, 64 MiB) = %d, want %d", tc.limit, got, tc.want)
+		}
+	}
+}
