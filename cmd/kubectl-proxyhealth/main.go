@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/prometheus/common/version"
 	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
@@ -30,7 +31,9 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
 
 	"github.com/proxyhealth/proxyhealth/internal/buildinfo"
 	"github.com/proxyhealth/proxyhealth/internal/podproxy"
@@ -63,6 +66,8 @@ type options struct {
 	output   string
 	timeout  time.Duration
 	parallel int
+	// maxStatusBytes bounds each exporter's answer read through the pod proxy.
+	maxStatusBytes int64
 	// viewer and audience: the ServiceAccount whose token is sent to the exporters ("" for
 	// none), and the token's audience.
 	viewer, audience string
@@ -87,7 +92,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitHealthy
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "kubectl-proxyhealth: %v\n", err)
+		fmt.Fprintf(stderr, "kubectl-proxyhealth: %s\n", printable(err.Error()))
 		return exitCannotRun
 	}
 	if opts.version {
@@ -96,7 +101,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	code, err := opts.run(ctx, stdout)
 	if err != nil {
-		fmt.Fprintf(stderr, "kubectl-proxyhealth: %v\n", err)
+		fmt.Fprintf(stderr, "kubectl-proxyhealth: %s\n", printable(err.Error()))
 	}
 	return code
 }
@@ -112,6 +117,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVarP(&o.output, "output", "o", "text", "Output format: text or json.")
 	fs.DurationVar(&o.timeout, "timeout", 15*time.Second, "Limit on reading one exporter's /status, and on listing the exporter pods.")
 	fs.IntVar(&o.parallel, "parallel", 16, "Exporters read at once.")
+	fs.Int64Var(&o.maxStatusBytes, "max-status-bytes", defaultMaxStatusBytes, "Largest answer read from one exporter (bytes); a larger one is not read, and the node is reported unknown with the reason.")
 	fs.StringVar(&o.viewer, "viewer-serviceaccount", "proxyhealth-viewer", "The ServiceAccount, in each exporter's namespace, whose short-lived token is sent to exporters with --web.kubernetes-auth (in the X-Proxyhealth-Token header; the pod proxy passes no Authorization). Empty: send none.")
 	fs.StringVar(&o.audience, "token-audience", "proxyhealth", "The audience of that token: one the exporters' --web.kubernetes-auth.audience accepts. Empty: the API server's own.")
 	fs.BoolVar(&o.version, "version", false, "Print the version and exit.")
@@ -141,6 +147,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("--timeout must be positive")
 	case o.parallel <= 0:
 		return nil, errors.New("--parallel must be positive")
+	case o.maxStatusBytes <= 0:
+		return nil, errors.New("--max-status-bytes must be positive")
 	}
 	if _, err := labels.Parse(o.selector); err != nil {
 		return nil, fmt.Errorf("--selector %q: %w", o.selector, err)
@@ -185,7 +193,15 @@ func (o *options) run(ctx context.Context, stdout io.Writer) (int, error) {
 	if len(pods.Items) == 0 {
 		return exitCannotRun, fmt.Errorf("no exporter pods found (%s); set --namespace or --selector", where(namespace, o.selector))
 	}
-	nodes := readAll(ctx, pods.Items, o.proxyReader(core, newViewerTokens(core, o.viewer, o.audience, o.timeout)), o.parallel, o.timeout)
+	// The exporters' answers are read through a client of their own whose responses are cut
+	// at --max-status-bytes; the pod list and the TokenRequests are the API server's.
+	proxyCfg := rest.CopyConfig(cfg)
+	proxyCfg.Wrap(boundBodies(o.maxStatusBytes))
+	proxyCore, err := corev1client.NewForConfig(proxyCfg)
+	if err != nil {
+		return exitCannotRun, fmt.Errorf("the API client: %w", err)
+	}
+	nodes := readAll(ctx, pods.Items, o.proxyReader(proxyCore, newViewerTokens(core, o.viewer, o.audience, o.timeout)), o.parallel, o.timeout)
 	sortNodes(nodes)
 
 	if o.service != "" {
@@ -236,6 +252,8 @@ func (o *options) proxyReader(core corev1client.CoreV1Interface, tokens *viewerT
 		if o.scheme == "https" {
 			scheme = "https"
 		}
+		// client-go logs a body it could not read whole; the error returned says it.
+		ctx = klog.NewContext(ctx, logr.Discard())
 		get := func(token string) ([]byte, error) {
 			// As Pods().ProxyGet, with the header.
 			req := core.RESTClient().Get().Namespace(pod.Namespace).Resource("pods").SubResource("proxy").
@@ -253,6 +271,9 @@ func (o *options) proxyReader(core corev1client.CoreV1Interface, tokens *viewerT
 			if token != "" {
 				body, err = get(token)
 			}
+		}
+		if tooLarge := (*answerTooLargeError)(nil); errors.As(err, &tooLarge) {
+			return nil, fmt.Errorf("GET /status through the pod proxy: %w", tooLarge)
 		}
 		if err != nil {
 			msg := err.Error()

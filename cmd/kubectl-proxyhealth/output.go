@@ -7,6 +7,9 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"unicode"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/proxyhealth/proxyhealth/internal/verdict"
 )
@@ -39,8 +42,30 @@ func writeJSON(w io.Writer, v any) error {
 	if err != nil {
 		return err
 	}
-	_, err = w.Write(append(b, '\n'))
+	_, err = w.Write(append(escapeJSON(b), '\n'))
 	return err
+}
+
+// escapeJSON writes as \uXXXX escapes the non-printable runes encoding/json leaves as they are
+// (DEL, C1 controls, format characters such as U+202E): the same JSON, safe on a terminal.
+// Outside its strings, JSON from encoding/json holds only printable ASCII and newlines.
+func escapeJSON(b []byte) []byte {
+	if isPrintable(strings.ReplaceAll(string(b), "\n", "")) {
+		return b
+	}
+	out := make([]byte, 0, len(b)+64)
+	for _, r := range string(b) {
+		if r == '\n' || unicode.IsPrint(r) {
+			out = utf8.AppendRune(out, r)
+			continue
+		}
+		if r1, r2 := utf16.EncodeRune(r); r1 != utf8.RuneError {
+			out = fmt.Appendf(out, `\u%04x\u%04x`, r1, r2)
+			continue
+		}
+		out = fmt.Appendf(out, `\u%04x`, r)
+	}
+	return out
 }
 
 func writeFleetJSON(w io.Writer, nodes []nodeStatus) error {
@@ -70,10 +95,10 @@ func writeFleetText(w io.Writer, nodes []nodeStatus) error {
 		counts[n.verdict()]++
 		if n.Report == nil {
 			unread++
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", orDash(n.Node), n.verdict(), "-", "error: "+oneLine(n.Err)+" ("+n.Pod+")")
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", orDash(n.Node), n.verdict(), "-", "error: "+oneLine(n.Err)+" ("+printable(n.Pod)+")")
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", orDash(n.Node), n.Report.Verdict, orDash(causesColumn(n.Report)), worstServiceColumn(n.Report))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", orDash(n.Node), printable(string(n.Report.Verdict)), orDash(causesColumn(n.Report)), worstServiceColumn(n.Report))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -108,7 +133,7 @@ func writeNotes(w io.Writer, nodes []nodeStatus) error {
 	var b strings.Builder
 	b.WriteString("\nnotes:\n")
 	for _, note := range notes {
-		fmt.Fprintf(&b, "  %s: %s\n", nodeList(having[note]), note)
+		fmt.Fprintf(&b, "  %s: %s\n", nodeList(having[note]), printable(note))
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
@@ -129,7 +154,7 @@ func nodeList(names []string) string {
 // invalid_new)".
 func worstServiceColumn(r *verdict.Report) string {
 	if s := worstService(r); s != nil {
-		return s.String()
+		return printable(s.String())
 	}
 	for _, f := range r.Findings {
 		if f.Cause != verdict.InvalidNotDropped {
@@ -158,7 +183,7 @@ func worstServiceColumn(r *verdict.Report) string {
 			}
 		}
 		if top != "" {
-			return fmt.Sprintf("%s: %d INVALID (%s)", top, total[top], strings.Join(reasons[top], ", "))
+			return printable(fmt.Sprintf("%s: %d INVALID (%s)", top, total[top], strings.Join(reasons[top], ", ")))
 		}
 	}
 	return "-"
@@ -167,7 +192,7 @@ func worstServiceColumn(r *verdict.Report) string {
 // causesColumn is the findings' causes, then what could not be checked:
 // "invalid_not_dropped,not checked: stale_rules".
 func causesColumn(r *verdict.Report) string {
-	col := strings.Join(causes(r), ",")
+	col := printable(strings.Join(causes(r), ","))
 	unchecked := r.UncheckedCauses()
 	if len(unchecked) == 0 {
 		return col
@@ -179,7 +204,7 @@ func causesColumn(r *verdict.Report) string {
 	if col != "" {
 		col += ","
 	}
-	return col + "not checked: " + strings.Join(names, ",")
+	return col + "not checked: " + printable(strings.Join(names, ","))
 }
 
 // writeServiceText prints which nodes have stale rules for the Service, per port, then the
@@ -193,11 +218,11 @@ func writeServiceText(w io.Writer, service string, nodes []serviceNode) error {
 		case len(n.StaleRules) > 0:
 			stale++
 			for _, s := range n.StaleRules {
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\n", n.Node, s.Service, s.Programmed, s.Expected,
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\n", orDash(n.Node), printable(s.Service.String()), s.Programmed, s.Expected,
 					addrs(s.MissingCount, s.Missing), addrs(s.StaleCount, s.Stale), s.Since.UTC().Format("2006-01-02T15:04:05Z"))
 			}
 		case n.Err != "":
-			fmt.Fprintf(tw, "%s\t%s\n", orDash(n.Node), "unknown: "+oneLine(n.Err)+" ("+n.Pod+")")
+			fmt.Fprintf(tw, "%s\t%s\n", orDash(n.Node), "unknown: "+oneLine(n.Err)+" ("+printable(n.Pod)+")")
 		case n.NotChecked != "":
 			fmt.Fprintf(tw, "%s\t%s\n", orDash(n.Node), "not checked: "+oneLine(n.NotChecked))
 		default:
@@ -208,7 +233,7 @@ func writeServiceText(w io.Writer, service string, nodes []serviceNode) error {
 		return err
 	}
 	_, err := fmt.Fprintf(w, "\n%s: stale rules on %s, in step on %s, %d unknown\n",
-		service, plural(stale, "node"), plural(fine, "node"), len(nodes)-stale-fine)
+		printable(service), plural(stale, "node"), plural(fine, "node"), len(nodes)-stale-fine)
 	return err
 }
 
@@ -219,7 +244,7 @@ func addrs(count int, list []string) string {
 	}
 	const show = 3
 	shown := list[:min(len(list), show)]
-	s := strconv.Itoa(count) + " (" + strings.Join(shown, ", ")
+	s := strconv.Itoa(count) + " (" + printable(strings.Join(shown, ", "))
 	if count > len(shown) {
 		s += ", ..."
 	}
@@ -233,18 +258,20 @@ func plural(n int, one string) string {
 	return strconv.Itoa(n) + " " + one + "s"
 }
 
+// orDash is s as printable, or "-" for nothing.
 func orDash(s string) string {
 	if s == "" {
 		return "-"
 	}
-	return s
+	return printable(s)
 }
 
-// oneLine keeps an error on its table row: an API server's error may carry the response body.
+// oneLine keeps an error on its table row, printable: an API server's error may carry the
+// response body.
 func oneLine(s string) string {
-	s = strings.Join(strings.Fields(s), " ")
+	s = printable(strings.Join(strings.Fields(s), " "))
 	if len(s) > 300 {
-		s = s[:297] + "..."
+		s = strings.ToValidUTF8(s[:297], "") + "..."
 	}
 	return s
 }

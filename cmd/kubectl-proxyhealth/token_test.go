@@ -40,8 +40,11 @@ type authAPIServer struct {
 	tokenNeverAnswers bool
 	// listNeverAnswers: the API server takes the list of the exporter pods but never answers.
 	listNeverAnswers bool
-	tokenRequests    []authenticationv1.TokenRequestSpec
-	proxied          int
+	// answer, when set, is what the exporter of node answers to /status in place of a
+	// healthy verdict.
+	answer        func(node string) []byte
+	tokenRequests []authenticationv1.TokenRequestSpec
+	proxied       int
 }
 
 // counts are the TokenRequests and the reads through the pod proxy the server has had.
@@ -130,7 +133,14 @@ func newAuthAPIServer(t *testing.T, mayCreateToken bool) *authAPIServer {
 				return
 			}
 			node := strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/api/v1/namespaces/monitoring/pods/proxyhealth-"), ":9869/proxy/status")
+			a.mu.Lock()
+			answer := a.answer
+			a.mu.Unlock()
 			w.Header().Set("Content-Type", "application/json")
+			if answer != nil {
+				_, _ = w.Write(answer(node))
+				return
+			}
 			_, _ = w.Write(statusBody(t, node, verdict.Healthy))
 		default:
 			http.NotFound(w, r)
