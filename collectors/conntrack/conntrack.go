@@ -534,6 +534,7 @@ var (
 	invalidReasonDesc     = phcollectors.NewDesc("conntrack", "invalid_reason_packets_total", "With --conntrack.invalid-reasons: packets conntrack marked INVALID and logged, from its log on NFLOG group 0, by the kernel's reason (tcp_flags, checksum, invalid_new, icmp_type, seq_over_window, seq_under_window, ack_over_window, ack_under_window, ignored, other) and the Service whose address or endpoint the packet carried (empty when none). Not every INVALID packet is logged and some logged ones (ignored) are not counted INVALID: proxyhealth_conntrack_invalid_packets_total stays the total.", "reason", "service_namespace", "service_name")
 	invalidUnlistedDesc   = phcollectors.NewDesc("conntrack", "invalid_reason_packets_unlisted_total", "With --conntrack.invalid-reasons: logged INVALID packets of Services left out of proxyhealth_conntrack_invalid_reason_packets_total by --conntrack.max-service-series, by reason.", "reason")
 	invalidLostDesc       = phcollectors.NewDesc("conntrack", "invalid_reason_packets_lost_total", "With --conntrack.invalid-reasons: logged INVALID packets that never reached the exporter (gaps in the log's sequence numbers: the socket's buffer was full) or could not be decoded.")
+	invalidForeignDesc    = phcollectors.NewDesc("conntrack", "invalid_log_foreign_messages_total", "With --conntrack.invalid-reasons: messages read from NFLOG group 0 that are not conntrack's INVALID log (no nf_ct_proto_N prefix: an NFLOG rule without --nflog-group, a conntrack helper's drop), counted here and in no INVALID series.")
 	servicesKnownDesc     = phcollectors.NewDesc("conntrack", "service_ports_known", "Service addresses (cluster IP, port, protocol) the exporter can attribute flows to, from its API view or, without a synced one, from kube-proxy's KUBE-SERVICES rules; 0 means every flow is no_service.")
 )
 
@@ -542,7 +543,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{entriesDesc, entriesLimitDesc, eventsDesc, eventsLostDesc, receiveErrorsDesc,
 		resyncsDesc, untrackedDesc, trackedDesc, unrepliedDesc, openUnrepliedDesc, unrepliedUnlistedDesc,
 		openUnlistedDesc, servicesKnownDesc, tcpBeLiberalDesc, eventsSettingDesc, invalidReasonDesc, invalidUnlistedDesc,
-		invalidLostDesc} {
+		invalidLostDesc, invalidForeignDesc} {
 		ch <- d
 	}
 	for _, d := range cpuStatDescs {
@@ -635,6 +636,7 @@ func (c *Collector) updateInvalid(ch chan<- prometheus.Metric) error {
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(invalidLostDesc, prometheus.CounterValue, float64(s.lost))
+	ch <- prometheus.MustNewConstMetric(invalidForeignDesc, prometheus.CounterValue, float64(s.foreign))
 	return s.err
 }
 

@@ -57,6 +57,9 @@ type invalidLog struct {
 	lastPass time.Time // the last prune pass
 	unlisted [invalidReasonCount]uint64
 	lost     uint64 // packets the kernel logged that never reached us (sequence gaps)
+	// foreign counts the group's messages that are not conntrack's INVALID log
+	// (conntrackInvalidText): counted apart, never as INVALID packets.
+	foreign  uint64
 	nextSeq  uint32
 	seqKnown bool
 }
@@ -241,7 +244,11 @@ func (l *invalidLog) consumeFrom(sock eventSource) error {
 			}
 			return nil
 		}
-		r := normaliseInvalidReasonBytes(p.prefix)
+		r, ok := invalidLogReason(p.prefix)
+		if !ok {
+			l.countForeign(&p)
+			return nil
+		}
 		var svc Service
 		if err := decodePacketTuple(p.payload, &tp); err == nil {
 			svc = l.view().invalidPacketService(&tp)
@@ -254,16 +261,7 @@ func (l *invalidLog) consumeFrom(sock eventSource) error {
 func (l *invalidLog) count(p *loggedPacket, k invalidKey) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if p.hasSeq {
-		// The kernel numbers the packets it logs; a gap is packets dropped for our socket
-		// (its buffer was full) or lost before that.
-		if l.seqKnown && p.seq != l.nextSeq {
-			if gap := p.seq - l.nextSeq; gap < 1<<31 {
-				l.lost += uint64(gap)
-			}
-		}
-		l.nextSeq, l.seqKnown = p.seq+1, true
-	}
+	l.followSeqLocked(p)
 	if s, listed := l.counts[k]; listed {
 		s.count++
 		return
@@ -276,11 +274,35 @@ func (l *invalidLog) count(p *loggedPacket, k invalidKey) {
 	l.unlisted[k.reason]++
 }
 
+// countForeign counts a message of the group that is not conntrack's INVALID log.
+func (l *invalidLog) countForeign(p *loggedPacket) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.followSeqLocked(p)
+	l.foreign++
+}
+
+// followSeqLocked follows the group's sequence numbers: the kernel numbers the messages it
+// sends to the group, whoever logged them, and a gap is messages dropped for our socket (its
+// buffer was full) or lost before that.
+func (l *invalidLog) followSeqLocked(p *loggedPacket) {
+	if !p.hasSeq {
+		return
+	}
+	if l.seqKnown && p.seq != l.nextSeq {
+		if gap := p.seq - l.nextSeq; gap < 1<<31 {
+			l.lost += uint64(gap)
+		}
+	}
+	l.nextSeq, l.seqKnown = p.seq+1, true
+}
+
 // invalidSnapshot is what a scrape reads.
 type invalidSnapshot struct {
 	counts   map[invalidKey]uint64
 	unlisted [invalidReasonCount]uint64
 	lost     uint64
+	foreign  uint64
 	err      error
 }
 
@@ -289,7 +311,7 @@ func (l *invalidLog) snapshot() invalidSnapshot {
 	l.prune()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	s := invalidSnapshot{counts: make(map[invalidKey]uint64, len(l.counts)), unlisted: l.unlisted, lost: l.lost, err: l.err}
+	s := invalidSnapshot{counts: make(map[invalidKey]uint64, len(l.counts)), unlisted: l.unlisted, lost: l.lost, foreign: l.foreign, err: l.err}
 	for k, v := range l.counts {
 		s.counts[k] = v.count
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -204,7 +205,7 @@ func readProcSettings(t *testing.T) string {
 }
 
 func TestKernelInvalidReasons(t *testing.T) {
-	requireOwnNetns(t, "ip", "iptables-restore", "ip6tables-restore", "iptables-nft", "unshare", "nsenter")
+	requireOwnNetns(t, "ip", "iptables", "iptables-restore", "ip6tables-restore", "iptables-nft", "unshare", "nsenter")
 	sh(t, `ip link set lo up
 ip addr replace 10.0.0.1/32 dev lo
 ip addr replace fd00::1/128 dev lo nodad
@@ -302,9 +303,35 @@ sysctl -qw net.ipv4.ip_forward=1`)
 	} {
 		waitForScrape(t, c, want)
 	}
+
+	// Another user of NFLOG group 0: rules without --nflog-group, whose prefixes read like
+	// conntrack's reasons. Their messages are counted apart, in no INVALID series.
+	sh(t, `iptables -A INPUT -p udp --dport 9999 -j NFLOG --nflog-prefix "DROP bad checksum"
+iptables -A INPUT -p udp --dport 9998 -j NFLOG --nflog-prefix "fw: ignored host"`)
+	inNetns(t, client, func() {
+		for _, port := range []string{"9999", "9998"} {
+			conn, err := net.Dial("udp", net.JoinHostPort(node.String(), port))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := conn.Write([]byte("x")); err != nil {
+				t.Fatal(err)
+			}
+			conn.Close()
+		}
+	})
+	waitForScrape(t, c, "proxyhealth_conntrack_invalid_log_foreign_messages_total 2")
 	out := scrape(t, c)
-	if !strings.Contains(out, "proxyhealth_conntrack_invalid_reason_packets_lost_total 0") {
-		t.Errorf("packets lost:\n%s", out)
+	for _, want := range []string{
+		"proxyhealth_conntrack_invalid_reason_packets_lost_total 0",
+		`proxyhealth_conntrack_invalid_reason_packets_total{reason="checksum",service_name="web",service_namespace="default"} 2`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("scrape lacks %s:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, `reason="ignored"`) || strings.Count(out, `reason="checksum"`) != 1 {
+		t.Errorf("a foreign message was counted as conntrack's:\n%s", out)
 	}
 	stop()
 	if got := readProcSettings(t); got != before {

@@ -88,6 +88,12 @@ func TestInvalidLogCountsByReasonAndService(t *testing.T) {
 		// A bad checksum towards the endpoint (after DNAT, as over a bridge).
 		logMessage(2, "nf_ct_proto_6: bad checksum ", ipv4Packet(5, 6, "10.0.0.2", "10.0.0.1", 0, ports(1, 8080)), 6),
 		logMessage(10, "nf_ct_proto_58: invalid icmpv6 type ", ipv6Packet(58, "fd00::2", "fd00::1", []byte{200, 0}), 7),
+		// Another NFLOG user of group 0, on the same sequence: not conntrack's, so counted
+		// apart however its text reads, and no gap.
+		logMessage(2, "DROP bad checksum", ipv4Packet(5, 6, "10.0.0.2", "10.96.0.20", 0, synFin), 8),
+		logMessage(2, "fw: ignored host", ipv4Packet(5, 6, "10.0.0.2", "10.0.0.1", 0, ports(1, 8080)), 9),
+		logMessage(2, "nf_ct_ftp: dropping packet: bad checksum ", ipv4Packet(5, 6, "10.0.0.2", "10.0.0.1", 0, ports(1, 8080)), 10),
+		logMessage(2, "nf_ct_proto_6: invalid tcp flag combination ", ipv4Packet(5, 6, "10.0.0.2", "10.96.0.20", 0, synFin), 11),
 	}
 	var mu sync.Mutex
 	var log []string
@@ -109,23 +115,27 @@ func TestInvalidLogCountsByReasonAndService(t *testing.T) {
 	go func() { c.invalid.run(ctx); close(done) }()
 	waitFor(t, "the log's packets to be counted", func() bool {
 		s := c.invalid.snapshot()
-		return s.err == nil && s.lost == 3 && len(s.counts) == 5
+		return s.err == nil && s.foreign == 3 && s.counts[invalidKey{invalidTCPFlags, "default", "web"}] == 2
 	})
 	if got := readSettings(t, procfs); got != "255 nfnetlink_log nfnetlink_log" {
 		t.Errorf("settings while reading: %s", got)
 	}
 	out := scrape(t, c)
 	for _, want := range []string{
-		`proxyhealth_conntrack_invalid_reason_packets_total{reason="tcp_flags",service_name="web",service_namespace="default"} 1`,
+		`proxyhealth_conntrack_invalid_reason_packets_total{reason="tcp_flags",service_name="web",service_namespace="default"} 2`,
 		`proxyhealth_conntrack_invalid_reason_packets_total{reason="seq_over_window",service_name="web",service_namespace="default"} 1`,
 		`proxyhealth_conntrack_invalid_reason_packets_total{reason="checksum",service_name="",service_namespace=""} 1`,
 		`proxyhealth_conntrack_invalid_reason_packets_total{reason="checksum",service_name="web",service_namespace="default"} 1`,
 		`proxyhealth_conntrack_invalid_reason_packets_total{reason="icmp_type",service_name="",service_namespace=""} 1`,
 		`proxyhealth_conntrack_invalid_reason_packets_lost_total 3`,
+		`proxyhealth_conntrack_invalid_log_foreign_messages_total 3`,
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("scrape lacks %s:\n%s", want, out)
 		}
+	}
+	if got := strings.Count(out, "\nproxyhealth_conntrack_invalid_reason_packets_total{"); got != 5 {
+		t.Errorf("%d INVALID series, want 5 (the foreign messages in none):\n%s", got, out)
 	}
 	cancel()
 	<-done

@@ -5,7 +5,7 @@ import (
 )
 
 // invalidReason is why conntrack marked a packet INVALID, normalised from the prefix of its
-// log message (nf_l4proto_log_invalid: "nf_ct_proto_<protocol>: <text>"). The set is closed, so
+// log message (nf_l4proto_log_invalid: "nf_ct_proto_<protocol>: <text> "). The set is closed, so
 // the reason label stays bounded whatever the kernel writes; sequence numbers and other
 // variable parts are dropped.
 type invalidReason uint8
@@ -52,21 +52,47 @@ var invalidReasonPatterns = []struct {
 	{[]string{"ignored"}, invalidIgnored},
 }
 
-// normaliseInvalidReason maps a conntrack INVALID log prefix to its reason.
-func normaliseInvalidReason(prefix string) invalidReason {
-	return normaliseInvalidReasonBytes([]byte(prefix))
-}
-
-// normaliseInvalidReasonBytes is normaliseInvalidReason on the prefix as the log message
-// carries it, without allocating: it runs once per logged packet.
-func normaliseInvalidReasonBytes(prefix []byte) invalidReason {
-	text := prefix
-	if rest, ok := bytes.CutPrefix(text, []byte("nf_ct_")); ok {
-		// "nf_ct_proto_6: text", or another conntrack module's "nf_ct_<name>: text".
-		if _, after, found := bytes.Cut(rest, []byte(": ")); found {
-			text = after
+// conntrackInvalidText is the text of conntrack's INVALID log prefix, and whether prefix is
+// one. The kernel writes it as "nf_ct_proto_%d: %pV " (nf_l4proto_log_invalid in
+// net/netfilter/nf_conntrack_proto.c, the same since 4.14 through 6.1, 6.12 and later):
+// the protocol number in decimal (a u8: 0-255, no leading zero), a colon and a space, the
+// text, a space; nf_log cuts the whole at 127 bytes. Anything else that reaches NFLOG group 0
+// is not conntrack's INVALID log: an NFLOG rule without --nflog-group ("DROP bad checksum"),
+// or a conntrack helper's "nf_ct_ftp: dropping packet: ..." (a helper's drop, not an INVALID
+// packet).
+func conntrackInvalidText(prefix []byte) (text []byte, ok bool) {
+	rest, ok := bytes.CutPrefix(prefix, []byte("nf_ct_proto_"))
+	if !ok {
+		return nil, false
+	}
+	proto := 0
+	digits := 0
+	for digits < len(rest) && '0' <= rest[digits] && rest[digits] <= '9' {
+		proto = proto*10 + int(rest[digits]-'0')
+		digits++
+		if digits > 3 {
+			return nil, false
 		}
 	}
+	if digits == 0 || proto > 255 || (digits > 1 && rest[0] == '0') {
+		return nil, false
+	}
+	return bytes.CutPrefix(rest[digits:], []byte(": "))
+}
+
+// invalidLogReason is the reason of one message's prefix in NFLOG group 0; ok is false when
+// it is not conntrack's INVALID log (conntrackInvalidText).
+func invalidLogReason(prefix []byte) (r invalidReason, ok bool) {
+	text, ok := conntrackInvalidText(prefix)
+	if !ok {
+		return invalidOther, false
+	}
+	return invalidTextReason(text), true
+}
+
+// invalidTextReason maps the text of conntrack's INVALID log, after "nf_ct_proto_N: ", to its
+// reason, without allocating: it runs once per logged packet.
+func invalidTextReason(text []byte) invalidReason {
 	// The kernel's texts are far shorter; a longer one is judged by its start.
 	var lower [160]byte
 	n := copy(lower[:], bytes.TrimSpace(text))

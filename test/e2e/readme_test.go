@@ -60,8 +60,9 @@ func testScrapeMatchesReadme(t *testing.T, s Scrape) {
 		"proxyhealth_kubernetes_auth_reviews_total":    true,
 		"proxyhealth_kubernetes_auth_cache_hits_total": true,
 		// Only with --conntrack.invalid-reasons: TestExporterInvalidReasons checks them.
-		"proxyhealth_conntrack_invalid_reason_packets_total":      true,
-		"proxyhealth_conntrack_invalid_reason_packets_lost_total": true,
+		"proxyhealth_conntrack_invalid_reason_packets_total":       true,
+		"proxyhealth_conntrack_invalid_reason_packets_lost_total":  true,
+		"proxyhealth_conntrack_invalid_log_foreign_messages_total": true,
 		// Served with --node-conditions only (TestVerdictStaleRules).
 		"proxyhealth_node_condition_patches_total":      true,
 		"proxyhealth_node_condition_last_patch_success": true,
