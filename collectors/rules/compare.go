@@ -23,16 +23,20 @@ type PortEndpoints struct {
 	// without cause, missing when a chain that should hold it lacks it. Sorted, each once;
 	// nil when the rules were not read.
 	Stale, Missing []netip.AddrPort
-	// Chains are the port's chains found in the rules.
+	// Chains are the port's chains (or IPVS virtual servers) found in the rules.
 	Chains []string
-	// ByChain is each of the port's chains the API wants or the rules hold, cluster first.
+	// ByChain is each of the port's chains (or virtual servers) the API wants or the rules
+	// hold, cluster first.
 	ByChain []ChainEndpoints
 }
 
-// ChainEndpoints is one of a service port's chains side by side.
+// ChainEndpoints is one of a service port's chains (or IPVS virtual servers) side by side.
 type ChainEndpoints struct {
-	Chain Chains // ClusterChain or LocalChain
-	// Name is the chain's name in kube-proxy's mode; empty when the rules were not read.
+	// Chain is which of the port's lists it holds: ClusterChain, or LocalChain where a Local
+	// traffic policy applies.
+	Chain Chains
+	// Name is the chain's name in kube-proxy's mode, or the virtual server
+	// ("10.96.0.10:53/UDP"); empty when the rules were not read.
 	Name string
 	// Expected are the endpoints the chain should hold, Programmed those it holds (nil when
 	// the rules have no such chain, or were not read), Stale and Missing the differences.
@@ -45,7 +49,7 @@ type ChainEndpoints struct {
 // Service. It compares as the drift check does, without a grace period.
 func ServiceEndpoints(snap *cluster.Snapshot, st *hostrules.State, namespace, name string) []PortEndpoints {
 	var byFamily map[bool]programmedRules
-	if st != nil && (st.Mode == hostrules.ModeIPTables || st.Mode == hostrules.ModeNFTables) {
+	if st != nil && comparable(st) {
 		byFamily = programmedByFamily(st)
 	}
 	var out []PortEndpoints
@@ -59,44 +63,55 @@ func ServiceEndpoints(snap *cluster.Snapshot, st *hostrules.State, namespace, na
 }
 
 // portEndpoints is ServiceEndpoints for one port, with the rules of each family (none when
-// byFamily is nil).
+// byFamily is nil). ByChain has one entry per holder, a chain's two families together: the
+// cluster and local chains, or each virtual server.
 func portEndpoints(sp *cluster.ServicePort, byFamily map[bool]programmedRules) PortEndpoints {
 	pe := PortEndpoints{Name: sp.Name, Port: sp.Port, ClusterIPs: slices.Clone(sp.ClusterIPs)}
 	pe.Expected = distinctSorted(append(slices.Clone(sp.ClusterEndpoints), sp.LocalEndpoints...))
-	want := [2][]netip.AddrPort{sp.ClusterEndpoints, sp.LocalEndpoints} // by portChains
-	var byChain [2]ChainEndpoints
-	for ch, chain := range portChains {
-		byChain[ch] = ChainEndpoints{Chain: chain, Expected: distinctSorted(slices.Clone(want[ch]))}
+	var byHolder []ChainEndpoints
+	at := func(list Chains, name string) *ChainEndpoints {
+		for i := range byHolder {
+			if byHolder[i].Name == name && byHolder[i].Chain == list {
+				return &byHolder[i]
+			}
+		}
+		byHolder = append(byHolder, ChainEndpoints{Chain: list, Name: name})
+		return &byHolder[len(byHolder)-1]
 	}
 	compared := false
+	st := &portState{name: sp.Name}
+	var hs []holder
 	for _, ipv6 := range []bool{false, true} {
 		r := byFamily[ipv6]
 		if r == nil {
 			continue
 		}
-		names := [2]string{}
-		names[0], names[1] = chainsFor(sp.Name, r.nftables())
-		for ch, c := range names {
-			bc := &byChain[ch]
-			bc.Name = c
-			eps, _ := r.chain(c)
-			if eps != nil {
-				if !slices.Contains(pe.Chains, c) {
-					pe.Chains = append(pe.Chains, c)
+		hs = r.holders(hs[:0], st, sp, ipv6)
+		for _, h := range hs {
+			bc := at(h.list, h.name)
+			bc.Expected = append(bc.Expected, h.want...)
+			if h.eps != nil {
+				if !slices.Contains(pe.Chains, h.name) {
+					pe.Chains = append(pe.Chains, h.name)
 				}
-				pe.Programmed = append(pe.Programmed, eps...)
-				bc.Programmed = append(bc.Programmed, eps...)
+				pe.Programmed = append(pe.Programmed, h.eps...)
+				bc.Programmed = append(bc.Programmed, h.eps...)
 			}
 			if !hasFamily(sp.ClusterIPs, ipv6) {
 				continue // a family the port does not have is not compared, as in the check
 			}
 			compared = true
-			stale, missing := diffEndpoints(eps, want[ch], ipv6)
+			stale, missing := diffEndpoints(h.eps, h.want, ipv6)
 			bc.Stale = append(bc.Stale, stale...)
 			bc.Missing = append(bc.Missing, missing...)
 			pe.Stale = append(pe.Stale, stale...)
 			pe.Missing = append(pe.Missing, missing...)
 		}
+	}
+	if byHolder == nil {
+		// The rules were not read: the port's two lists as the API gives them, unnamed.
+		byHolder = []ChainEndpoints{{Chain: ClusterChain, Expected: slices.Clone(sp.ClusterEndpoints)},
+			{Chain: LocalChain, Expected: slices.Clone(sp.LocalEndpoints)}}
 	}
 	if pe.Programmed != nil {
 		pe.Programmed = distinctSorted(pe.Programmed)
@@ -105,7 +120,10 @@ func portEndpoints(sp *cluster.ServicePort, byFamily map[bool]programmedRules) P
 		pe.Stale = distinctSorted(orEmpty(pe.Stale))
 		pe.Missing = distinctSorted(orEmpty(pe.Missing))
 	}
-	for _, bc := range byChain {
+	// Cluster first, each list's holders in the order the rules gave them.
+	slices.SortStableFunc(byHolder, func(a, b ChainEndpoints) int { return int(a.Chain) - int(b.Chain) })
+	for _, bc := range byHolder {
+		bc.Expected = distinctSorted(bc.Expected)
 		if len(bc.Expected) == 0 && bc.Programmed == nil {
 			continue // a chain kube-proxy should not write and did not
 		}

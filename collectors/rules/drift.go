@@ -179,6 +179,8 @@ type driftCheck struct {
 	drifts map[cluster.ServicePortName]*portDrift
 	tables [2]programmedRules // by familyIndex
 	ids    [2]any             // the tables' rulesIdentity
+	// held are, by family, the holders of the port being compared (lookup), reused.
+	held [2][]holder
 	// Per family, the chains in the rules that an API service port accounts for: the others
 	// are orphans.
 	accounted [2]int
@@ -240,35 +242,31 @@ func (c *driftCheck) comparePort(sp *cluster.ServicePort) {
 		c.accounted[1] += int(acc[1])
 		return
 	}
-	held, portAccounted := c.lookup(st, first, compared)
+	portAccounted := c.lookup(st, sp, first, compared)
 	differs := false
-	// What was compared per family (the cluster and local chains' endpoints; the API's
-	// cluster and local endpoints), counted only for a port found drifting.
-	var compProgrammed, compExpected [2][2][]netip.AddrPort
-	want := [2][]netip.AddrPort{sp.ClusterEndpoints, sp.LocalEndpoints} // by portChains
+	// What was compared per family (the endpoints its holders hold, and should hold), counted
+	// only for a port found drifting.
+	var compProgrammed, compExpected [2][][]netip.AddrPort
 	for fam := range c.tables {
 		if !compared[fam] {
 			continue
 		}
-		compProgrammed[fam], compExpected[fam] = held[fam], want
-		// Each chain against what it should hold: the cluster chain the endpoints all
-		// traffic may use, the local chain this node's. A chain kube-proxy does not write
-		// (no usable endpoints of its kind) is held as empty, and should be: one that should
-		// hold endpoints and is absent has them all missing. An endpoint in both lists (a
-		// local endpoint of a NodePort with externalTrafficPolicy: Local) is compared in
-		// both chains, and counted once (settle).
+		// Each holder against what it should hold: the cluster chain the endpoints all
+		// traffic may use, the local chain this node's (or each virtual server its list). An
+		// endpoint in both lists (a local endpoint of a NodePort with externalTrafficPolicy:
+		// Local) is compared in both, and counted once (settle).
 		ipv6 := fam == 1
-		for ch, chain := range portChains {
-			if slices.Equal(held[fam][ch], want[ch]) {
+		for _, h := range c.held[fam] {
+			if slices.Equal(h.eps, h.want) {
 				continue // the same endpoints: nothing differs (the usual case, told cheaply)
 			}
-			stale, missing := diffEndpoints(held[fam][ch], want[ch], ipv6)
+			stale, missing := diffEndpoints(h.eps, h.want, ipv6)
 			differs = differs || len(stale)+len(missing) > 0
 			for _, ep := range stale {
-				c.note(diffKey{sp.Name, ipv6, ep, true, chain}, sp.Port)
+				c.note(diffKey{sp.Name, ipv6, ep, true, h.list}, sp.Port)
 			}
 			for _, ep := range missing {
-				c.note(diffKey{sp.Name, ipv6, ep, false, chain}, sp.Port)
+				c.note(diffKey{sp.Name, ipv6, ep, false, h.list}, sp.Port)
 			}
 		}
 	}
@@ -279,6 +277,15 @@ func (c *driftCheck) comparePort(sp *cluster.ServicePort) {
 		}
 	}
 	if d := c.drifts[sp.Name]; d != nil {
+		for fam := range c.tables {
+			if !compared[fam] {
+				continue
+			}
+			for _, h := range c.held[fam] {
+				compProgrammed[fam] = append(compProgrammed[fam], h.eps)
+				compExpected[fam] = append(compExpected[fam], h.want)
+			}
+		}
 		d.programmed, d.expected = 0, 0
 		for fam := range c.tables {
 			ipv6 := fam == 1
@@ -288,49 +295,28 @@ func (c *driftCheck) comparePort(sp *cluster.ServicePort) {
 	}
 }
 
-// lookup finds the port's chains in the rules: per family compared, the endpoints of its
-// cluster and local chains (nil for a chain the rules do not have). At the check's first meeting
-// with the port it counts the chains of the port in each family's rules as accounted for.
-func (c *driftCheck) lookup(st *portState, first bool, compared [2]bool) (held [2][2][]netip.AddrPort, portAccounted [2]uint8) {
-	// The port's chains in the mode of each family compared: on a node, one mode, and so
-	// two names. A chain of that name in any family's rules is the port's.
-	var names [4]string
-	n := 0
+// lookup finds the port's holders in each family's rules (c.held), and at the check's first
+// meeting with the port counts those the rules have as accounted for. A family not compared
+// (the port has no cluster IP of it) is looked in for the accounting only: kube-proxy's chain
+// names are the same in both families.
+func (c *driftCheck) lookup(st *portState, sp *cluster.ServicePort, first bool, compared [2]bool) (portAccounted [2]uint8) {
 	for fam, r := range c.tables {
-		if !compared[fam] {
+		c.held[fam] = c.held[fam][:0]
+		if r == nil || !first && !compared[fam] {
 			continue
 		}
-		cl, lo := st.chainsFor(r.nftables())
-		for _, name := range [2]string{cl, lo} {
-			if !slices.Contains(names[:n], name) {
-				names[n] = name
-				n++
-			}
-		}
-	}
-	for fam, r := range c.tables {
-		if r == nil {
+		c.held[fam] = r.holders(c.held[fam], st, sp, fam == 1)
+		if !first {
 			continue
 		}
-		var clusterChain, localChain string
-		if compared[fam] {
-			clusterChain, localChain = st.chainsFor(r.nftables())
-		}
-		for _, name := range names[:n] {
-			eps, ok := r.chain(name)
-			if ok && first {
+		for _, h := range c.held[fam] {
+			if h.present {
 				c.accounted[fam]++
 				portAccounted[fam]++
 			}
-			switch name {
-			case clusterChain:
-				held[fam][0] = eps
-			case localChain:
-				held[fam][1] = eps
-			}
 		}
 	}
-	return held, portAccounted
+	return portAccounted
 }
 
 // finish completes the check's result: orphans, and the drifting ports in order.
@@ -338,7 +324,7 @@ func (c *driftCheck) finish() {
 	res := c.res
 	for fam, r := range c.tables {
 		if r != nil {
-			res.orphans += r.chainCount() - c.accounted[fam]
+			res.orphans += max(r.holderCount()-c.accounted[fam], 0)
 		}
 	}
 	for _, d := range c.drifts {
@@ -400,8 +386,12 @@ func familyIndex(ipv6 bool) int {
 }
 
 // countDistinct counts the distinct endpoints of one family in lists.
-func countDistinct(lists [2][]netip.AddrPort, ipv6 bool) int {
-	seen := make(map[netip.AddrPort]struct{}, len(lists[0])+len(lists[1]))
+func countDistinct(lists [][]netip.AddrPort, ipv6 bool) int {
+	n := 0
+	for _, eps := range lists {
+		n += len(eps)
+	}
+	seen := make(map[netip.AddrPort]struct{}, n)
 	for _, eps := range lists {
 		for _, ep := range eps {
 			if ep.Addr().Unmap().Is6() == ipv6 {

@@ -23,7 +23,7 @@ func aps(ss ...string) []netip.AddrPort {
 
 // A drifting port keeps the addresses it counted, and how many endpoints each side had.
 func TestDriftKeepsAddresses(t *testing.T) {
-	rules := map[bool]programmedRules{false: loadRules(t, "kube-proxy-nat.txt")}
+	rules := map[bool]programmedRules{false: byChains{loadRules(t, "kube-proxy-nat.txt")}}
 	e := newDriftEngine(0)
 	// Programmed: 10.244.1.5, 10.244.2.6, 10.244.3.7. The API dropped 10.244.3.7 and added two.
 	snap := snapshot(dnsPort("10.244.1.5:53", "10.244.2.6:53", "10.244.4.2:53", "10.244.4.1:53"), kubernetesPort())
@@ -42,7 +42,7 @@ func TestDriftKeepsAddresses(t *testing.T) {
 
 // At most maxDriftAddresses addresses per kind are kept; the counts stay whole.
 func TestDriftAddressesAreBounded(t *testing.T) {
-	rules := map[bool]programmedRules{false: loadRules(t, "kube-proxy-nat.txt")}
+	rules := map[bool]programmedRules{false: byChains{loadRules(t, "kube-proxy-nat.txt")}}
 	e := newDriftEngine(0)
 	eps := []string{"10.244.1.5:53", "10.244.2.6:53", "10.244.3.7:53"}
 	for i := 30; i > 0; i-- { // in descending order: the kept ones must be the lowest
@@ -68,7 +68,7 @@ func TestDriftAddressesAreBounded(t *testing.T) {
 func TestDriftCountsBothFamilies(t *testing.T) {
 	v4 := loadRules(t, "kube-proxy-nat.txt")
 	v6 := fakeProgrammed{chains: map[string][]netip.AddrPort{clusterChain(dns): aps("[fd00::5]:53", "[fd00::6]:53")}}
-	rules := map[bool]programmedRules{false: v4, true: v6}
+	rules := map[bool]programmedRules{false: byChains{v4}, true: byChains{v6}}
 	e := newDriftEngine(0)
 	sp := dnsPort("10.244.1.5:53", "10.244.2.6:53", "10.244.3.7:53", "[fd00::5]:53")
 	sp.ClusterIPs = append(sp.ClusterIPs, netip.MustParseAddr("fd00:96::a"))

@@ -64,7 +64,7 @@ func TestRealNFTablesOutputHasNoDrift(t *testing.T) {
 	if len(snap.Ports) != 10 {
 		t.Fatalf("%d service ports in the capture, want 10", len(snap.Ports))
 	}
-	res := newDriftEngine(0).check(snap, map[bool]programmedRules{false: rules}, time.Unix(1, 0))
+	res := newDriftEngine(0).check(snap, map[bool]programmedRules{false: byChains{rules}}, time.Unix(1, 0))
 	if len(res.drifting) != 0 || res.orphans != 0 || res.checked != len(snap.Ports) {
 		t.Errorf("checked %d of %d, drifting %+v, orphans %d: want no drift", res.checked, len(snap.Ports), res.drifting, res.orphans)
 	}
@@ -121,7 +121,7 @@ func TestRealNFTablesOutputStale(t *testing.T) {
 	sticky.LocalEndpoints = nil
 
 	e := newDriftEngine(time.Minute)
-	rr := map[bool]programmedRules{false: rules}
+	rr := map[bool]programmedRules{false: byChains{rules}}
 	if res := e.check(snap, rr, time.Unix(0, 0)); len(res.drifting) != 0 {
 		t.Fatalf("inside the grace period: %+v", res.drifting)
 	}
@@ -254,7 +254,7 @@ func FuzzNFTRules(f *testing.F) {
 					}
 				}
 			}
-			newDriftEngine(0).check(snapFor(r), map[bool]programmedRules{family == "ip6": r}, time.Unix(1, 0))
+			newDriftEngine(0).check(snapFor(r), map[bool]programmedRules{family == "ip6": byChains{r}}, time.Unix(1, 0))
 		}
 	})
 }

@@ -177,7 +177,7 @@ func TestDriftEngineAcrossChangingViews(t *testing.T) {
 				snap.Ports = append(snap.Ports, views[s])
 			}
 		}
-		byFamily := map[bool]programmedRules{false: fakeProgrammed{rules[0]}, true: fakeProgrammed{rules[1]}}
+		byFamily := map[bool]programmedRules{false: byChains{fakeProgrammed{rules[0]}}, true: byChains{fakeProgrammed{rules[1]}}}
 		if round%7 == 0 {
 			delete(byFamily, true)
 		}
@@ -239,7 +239,7 @@ func TestDriftEngineFollowsModeChange(t *testing.T) {
 			cl, _ := chainsFor(sp.Name, nftables)
 			chains[cl] = sp.ClusterEndpoints
 		}
-		rules := map[bool]programmedRules{false: programmed{table: &ruleset.ProxyTable{Chains: chains}, nft: nftables}}
+		rules := map[bool]programmedRules{false: byChains{programmed{table: &ruleset.ProxyTable{Chains: chains}, nft: nftables}}}
 		res := e.check(snap, rules, time.Unix(int64(100+i), 0))
 		if res.checked != 2 || len(res.drifting) != 0 || res.orphans != 0 {
 			t.Errorf("check %d (nftables %v): checked %d, drifting %+v, orphans %d; want 2, none, 0", i, nftables, res.checked, res.drifting, res.orphans)

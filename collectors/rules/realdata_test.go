@@ -65,7 +65,7 @@ func TestRealKubeProxyOutputHasNoDrift(t *testing.T) {
 	if len(snap.Ports) < 8 {
 		t.Fatalf("only %d service ports in the capture", len(snap.Ports))
 	}
-	res := newDriftEngine(0).check(snap, map[bool]programmedRules{false: rules}, time.Unix(1, 0))
+	res := newDriftEngine(0).check(snap, map[bool]programmedRules{false: byChains{rules}}, time.Unix(1, 0))
 	if len(res.drifting) != 0 || res.orphans != 0 || res.checked != len(snap.Ports) {
 		t.Errorf("checked %d of %d, drifting %+v, orphans %d: want no drift", res.checked, len(snap.Ports), res.drifting, res.orphans)
 	}
@@ -103,8 +103,8 @@ func TestRealKubeProxyOutputStale(t *testing.T) {
 	backend.ClusterEndpoints = append(slices.Clone(backend.ClusterEndpoints[1:]),
 		netip.MustParseAddrPort("10.244.3.200:8080"), netip.MustParseAddrPort("10.244.3.201:8080"))
 	e := newDriftEngine(time.Minute)
-	e.check(snap, map[bool]programmedRules{false: rules}, time.Unix(0, 0))
-	res := e.check(snap, map[bool]programmedRules{false: rules}, time.Unix(61, 0))
+	e.check(snap, map[bool]programmedRules{false: byChains{rules}}, time.Unix(0, 0))
+	res := e.check(snap, map[bool]programmedRules{false: byChains{rules}}, time.Unix(61, 0))
 	if len(res.drifting) != 1 || res.drifting[0].stale != 1 || res.drifting[0].missing != 2 || res.drifting[0].name.Name != "backend" {
 		t.Errorf("drifting %+v, want backend with 1 stale (%s) and 2 missing", res.drifting, gone)
 	}

@@ -15,7 +15,7 @@ func TestDriftReusesUnchangedPorts(t *testing.T) {
 	programmedEPs := loadRules(t, "kube-proxy-nat.txt").chains
 	dnsChain, _ := chainsFor(dns, false)
 	table := &ruleset.ProxyTable{Chains: maps.Clone(programmedEPs)}
-	rules := map[bool]programmedRules{false: programmed{table: table}}
+	rules := map[bool]programmedRules{false: byChains{programmed{table: table}}}
 	eps := []string{"10.244.1.5:53", "10.244.2.6:53", "10.244.3.7:53"} // as programmed
 	if !slices.Equal(table.Chains[dnsChain], aps(eps...)) {
 		t.Fatalf("%s is %v in the fixture, want %v", dnsChain, table.Chains[dnsChain], eps)
@@ -48,11 +48,11 @@ func TestDriftReusesUnchangedPorts(t *testing.T) {
 	// New rules: compared again, against them.
 	changed := &ruleset.ProxyTable{Chains: maps.Clone(programmedEPs)}
 	changed.Chains[dnsChain] = aps("10.244.9.9:53")
-	changedRules := map[bool]programmedRules{false: programmed{table: changed}}
+	changedRules := map[bool]programmedRules{false: byChains{programmed{table: changed}}}
 	if res := e.check(snapshot(dnsEntry, k8s), changedRules, t0.Add(4*time.Second)); len(res.drifting) != 1 {
 		t.Errorf("new rules: drifting %+v, want kube-dns", res.drifting)
 	}
-	original := map[bool]programmedRules{false: programmed{table: &ruleset.ProxyTable{Chains: maps.Clone(programmedEPs)}}}
+	original := map[bool]programmedRules{false: byChains{programmed{table: &ruleset.ProxyTable{Chains: maps.Clone(programmedEPs)}}}}
 	if res := e.check(snapshot(dnsEntry, k8s), original, t0.Add(5*time.Second)); len(res.drifting) != 0 || res.orphans != first.orphans {
 		t.Errorf("rules as at first: %+v, want nothing drifting and %d orphans", res, first.orphans)
 	}

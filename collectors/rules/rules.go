@@ -186,9 +186,15 @@ func (c *Collector) check() (time.Time, bool) {
 	}
 	var res checkResult
 	switch {
-	case st.ProxyErr != nil && len(st.Proxy) == 0:
+	case st.ProxyErr != nil && len(st.Proxy) == 0 && st.IPVS == nil:
 		res = checkResult{at: start, err: fmt.Errorf("read kube-proxy's rules: %w", st.ProxyErr)}
-	case st.Mode == hostrules.ModeIPTables || st.Mode == hostrules.ModeNFTables:
+		if st.Mode == hostrules.ModeIPVS {
+			// The mode is known (kube-ipvs0) though IPVS cannot be read (no ip_vs, or no
+			// CAP_NET_ADMIN): said, with the error. The grace periods start anew once it can.
+			res.mode = st.Mode
+			c.engine.check(&cluster.Snapshot{}, nil, start)
+		}
+	case comparable(st):
 		var behind time.Time
 		if lr, ok := c.cfg.Rules.(LaggingRules); ok {
 			behind = lr.Behind()
@@ -227,6 +233,8 @@ func (c *Collector) check() (time.Time, bool) {
 func (c *Collector) noteMode(st *hostrules.State) {
 	var note string
 	switch st.Mode {
+	case hostrules.ModeIPVS:
+		note = "kube-proxy is in IPVS mode (kube-ipvs0 exists): checking drift of its virtual servers"
 	case hostrules.ModeIPTables, hostrules.ModeNFTables:
 		families := "IPv4"
 		switch {
@@ -236,8 +244,6 @@ func (c *Collector) noteMode(st *hostrules.State) {
 			families = "IPv6"
 		}
 		note = fmt.Sprintf("kube-proxy is in %s mode (%s, %s): checking drift", st.Mode, st.Backend, families)
-	case hostrules.ModeIPVS:
-		note = "kube-proxy is in IPVS mode (kube-ipvs0 exists): its rules cannot be compared here, the drift check is off"
 	default:
 		note = "no kube-proxy rules on this node (no KUBE-SERVICES chain, no kube-proxy nftables table): a kube-proxy replacement or no kube-proxy; the drift check is idle"
 	}
@@ -275,13 +281,13 @@ var (
 		"kube-proxy's mode on this node, found from its rules: 1 for the mode in use (iptables, nftables, ipvs, or none when there are no kube-proxy rules).", "mode")
 	servicesCheckedDesc = phcollectors.NewDesc("rules", "services_checked", "Service ports whose programmed endpoints were compared with the API in the last check (0 while the exporter's API view is not fresh).")
 	servicesDriftedDesc = phcollectors.NewDesc("rules", "services_drifted", "Service ports with endpoints that have differed between kube-proxy's rules and the API for longer than --rules.grace-period.")
-	endpointsStaleDesc  = phcollectors.NewDesc("rules", "endpoints_stale", "Endpoints that one of a service port's chains in kube-proxy's rules holds though the API does not give them to that chain, past the grace period; each counts once per service port, over all service ports.")
-	endpointsMissDesc   = phcollectors.NewDesc("rules", "endpoints_missing", "Endpoints that the API gives to one of a service port's chains though that chain in kube-proxy's rules does not hold them (one held by the cluster chain but not by the local chain is missing), past the grace period; each counts once per service port, over all service ports.")
+	endpointsStaleDesc  = phcollectors.NewDesc("rules", "endpoints_stale", "Endpoints that one of a service port's chains (or IPVS virtual servers) in kube-proxy's rules holds though the API does not give them to it, past the grace period; each counts once per service port, over all service ports. A real server kube-proxy keeps at weight 0 while its connections drain is not stale.")
+	endpointsMissDesc   = phcollectors.NewDesc("rules", "endpoints_missing", "Endpoints that the API gives to one of a service port's chains (or IPVS virtual servers) though it does not hold them in kube-proxy's rules (one held by the cluster chain but not by the local chain is missing), past the grace period; each counts once per service port, over all service ports.")
 	serviceDriftDesc    = phcollectors.NewDesc("", "service_drift_endpoints",
 		"Endpoints of one drifting service port that are stale (held by one of its chains in the rules, not given to that chain by the API) or missing (given to one of its chains by the API, not held by that chain in the rules) past the grace period, each counted once per kind. Only drifting service ports have series, at most --rules.max-service-series.", "service_namespace", "service_name", "service_port", "protocol", "kind")
 	driftUnlistedDesc = phcollectors.NewDesc("rules", "drift_unlisted", "Drifting service ports left out of proxyhealth_service_drift_endpoints by --rules.max-service-series.")
 	driftAgeDesc      = phcollectors.NewDesc("rules", "drift_age_seconds", "How long the oldest current drift has lasted (0 when none).")
-	orphanChainsDesc  = phcollectors.NewDesc("rules", "orphan_chains", "kube-proxy service port chains (iptables KUBE-SVC-*, KUBE-SVL-*; nftables service-*, local-* with rules) that no Service port in the API accounts for: rules left for deleted Services.")
+	orphanChainsDesc  = phcollectors.NewDesc("rules", "orphan_chains", "kube-proxy service port chains (iptables KUBE-SVC-*, KUBE-SVL-*; nftables service-*, local-* with rules), or IPVS virtual servers, that no Service port in the API accounts for: rules left for deleted Services.")
 	checkDurationDesc = phcollectors.NewDesc("rules", "check_duration_seconds", "How long the last drift check took (reading the rules and comparing).")
 	lastCheckDesc     = phcollectors.NewDesc("rules", "last_check_timestamp_seconds", "When the last drift check ran.")
 	checkErrorsDesc   = phcollectors.NewDesc("rules", "check_errors_total", "Drift checks that failed to read kube-proxy's rules or the API view.")

@@ -84,7 +84,7 @@ func kubernetesPort() *cluster.ServicePort {
 }
 
 func TestDriftNeedsTheGracePeriod(t *testing.T) {
-	rules := map[bool]programmedRules{false: loadRules(t, "kube-proxy-nat.txt")}
+	rules := map[bool]programmedRules{false: byChains{loadRules(t, "kube-proxy-nat.txt")}}
 	e := newDriftEngine(time.Minute)
 	t0 := time.Unix(2000, 0)
 	// The API dropped 10.244.3.7 and added two endpoints: 1 stale, 2 missing.
@@ -116,7 +116,7 @@ func TestDriftNeedsTheGracePeriod(t *testing.T) {
 // During steady churn a difference exists at every check, but each endpoint's difference is
 // short-lived: that is kube-proxy's sync lag, not drift.
 func TestChurnIsNotDrift(t *testing.T) {
-	rules := map[bool]programmedRules{false: loadRules(t, "kube-proxy-nat.txt")}
+	rules := map[bool]programmedRules{false: byChains{loadRules(t, "kube-proxy-nat.txt")}}
 	e := newDriftEngine(30 * time.Second)
 	t0 := time.Unix(2000, 0)
 	for i := 0; i < 20; i++ {
@@ -130,7 +130,7 @@ func TestChurnIsNotDrift(t *testing.T) {
 }
 
 func TestStaleViewReportsNoDrift(t *testing.T) {
-	rules := map[bool]programmedRules{false: loadRules(t, "kube-proxy-nat.txt")}
+	rules := map[bool]programmedRules{false: byChains{loadRules(t, "kube-proxy-nat.txt")}}
 	e := newDriftEngine(0)
 	snap := snapshot(dnsPort("10.244.1.5:53"), kubernetesPort())
 	if res := e.check(snap, rules, time.Unix(1, 0)); len(res.drifting) != 1 {
@@ -147,7 +147,7 @@ func TestStaleViewReportsNoDrift(t *testing.T) {
 }
 
 func TestDriftPerFamily(t *testing.T) {
-	rules := map[bool]programmedRules{false: loadRules(t, "kube-proxy-nat.txt")} // no IPv6 rules read
+	rules := map[bool]programmedRules{false: byChains{loadRules(t, "kube-proxy-nat.txt")}} // no IPv6 rules read
 	e := newDriftEngine(0)
 	sp := dnsPort("10.244.1.5:53", "10.244.2.6:53", "10.244.3.7:53", "[fd00::5]:53")
 	sp.ClusterIPs = append(sp.ClusterIPs, netip.MustParseAddr("fd00:96::a"))
@@ -228,7 +228,7 @@ proxyhealth_service_drift_endpoints{kind="stale",protocol="udp",service_name="ku
 // it lasts: the view may simply not have received the change (the exporter's own connection
 // died), which is no sign of a stale kube-proxy.
 func TestDriftCountsOnlyWhileTheViewIsConfirmed(t *testing.T) {
-	rules := map[bool]programmedRules{false: loadRules(t, "kube-proxy-nat.txt")}
+	rules := map[bool]programmedRules{false: byChains{loadRules(t, "kube-proxy-nat.txt")}}
 	e := newDriftEngine(3 * time.Second)
 	t0 := time.Unix(2000, 0)
 	snap := snapshot(dnsPort("10.244.1.5:53", "10.244.2.6:53"), kubernetesPort()) // 10.244.3.7 stale

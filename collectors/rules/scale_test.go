@@ -51,7 +51,7 @@ func TestGeneratedClusterHasNoDrift(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res := newDriftEngine(0).check(snap, map[bool]programmedRules{false: rules}, time.Unix(1, 0))
+	res := newDriftEngine(0).check(snap, map[bool]programmedRules{false: byChains{rules}}, time.Unix(1, 0))
 	if res.checked != 50 || len(res.drifting) != 0 || res.orphans != 0 {
 		t.Errorf("checked %d drifting %d orphans %d, want 50, 0, 0", res.checked, len(res.drifting), res.orphans)
 	}
@@ -74,7 +74,7 @@ func BenchmarkParseAndCompare(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		res := e.check(snap, map[bool]programmedRules{false: rules}, time.Unix(1, 0))
+		res := e.check(snap, map[bool]programmedRules{false: byChains{rules}}, time.Unix(1, 0))
 		if res.checked != services {
 			b.Fatalf("checked %d", res.checked)
 		}
@@ -115,7 +115,7 @@ func FuzzProgrammedRules(f *testing.F) {
 		}
 		// Whatever the input, the result is usable by the drift engine.
 		newDriftEngine(0).check(&cluster.Snapshot{Fresh: true, Ports: []*cluster.ServicePort{dnsPort("10.244.1.5:53")}},
-			map[bool]programmedRules{false: r}, time.Unix(1, 0))
+			map[bool]programmedRules{false: byChains{r}}, time.Unix(1, 0))
 	})
 }
 

@@ -28,12 +28,15 @@ type ServicePort struct {
 	// Expected are the endpoints the API wants kube-proxy to program on this node,
 	// Programmed those its rules hold; Missing and Stale the differences now (a difference
 	// counts as stale rules only when it lasts, see findings).
-	Expected       []string                 `json:"expected"`
-	Programmed     []string                 `json:"programmed"`
-	Missing        []string                 `json:"missing"`
-	Stale          []string                 `json:"stale"`
-	Chains         []string                 `json:"chains"`
-	ByChain        []ChainSide              `json:"by_chain,omitempty"`
+	Expected   []string    `json:"expected"`
+	Programmed []string    `json:"programmed"`
+	Missing    []string    `json:"missing"`
+	Stale      []string    `json:"stale"`
+	Chains     []string    `json:"chains"`
+	ByChain    []ChainSide `json:"by_chain,omitempty"`
+	// VirtualServers is set in kube-proxy's IPVS mode: Chains and ByChain are then its
+	// virtual servers, each holding the cluster or the local list.
+	VirtualServers bool                     `json:"virtual_servers,omitempty"`
 	UnrepliedFlows []verdict.UnrepliedCount `json:"unreplied_flows"`
 }
 
@@ -52,6 +55,9 @@ type ChainSide struct {
 // chainsWhere names the chains whose list (of) holds ep, as " from the local chain" (prep
 // "from"), or "" when the port's chains were not compared one by one.
 func (p ServicePort) chainsWhere(ep string, of func(ChainSide) []string, prep string) string {
+	if p.VirtualServers {
+		return p.serversWhere(ep, of, prep)
+	}
 	var chains []string
 	for _, c := range p.ByChain {
 		if slices.Contains(of(c), ep) {
@@ -65,6 +71,20 @@ func (p ServicePort) chainsWhere(ep string, of func(ChainSide) []string, prep st
 		return " " + prep + " the " + chains[0] + " chain"
 	}
 	return " " + prep + " the " + strings.Join(chains, " and ") + " chains"
+}
+
+// serversWhere is chainsWhere in IPVS mode: " in 10.96.0.10:53/UDP (cluster)".
+func (p ServicePort) serversWhere(ep string, of func(ChainSide) []string, prep string) string {
+	var servers []string
+	for _, c := range p.ByChain {
+		if slices.Contains(of(c), ep) {
+			servers = append(servers, c.Name+" ("+c.Chain+")")
+		}
+	}
+	if len(servers) == 0 {
+		return ""
+	}
+	return " " + prep + " " + strings.Join(servers, ", ")
 }
 
 // ExitCode is diagnose's verdict for scripts.
@@ -130,10 +150,14 @@ func (p ServicePort) writeText(w io.Writer, window float64) error {
 	for line := range strings.Lines(table.String()) {
 		b.WriteString(strings.TrimRight(line, " \n") + "\n")
 	}
+	holders := "chains"
+	if p.VirtualServers {
+		holders = "virtual servers"
+	}
 	if len(p.Chains) > 0 {
-		fmt.Fprintf(&b, "  chains: %s\n", strings.Join(p.Chains, ", "))
+		fmt.Fprintf(&b, "  %s: %s\n", holders, strings.Join(p.Chains, ", "))
 	} else {
-		b.WriteString("  chains: none found in the rules\n")
+		fmt.Fprintf(&b, "  %s: none found in the rules\n", holders)
 	}
 	if len(p.UnrepliedFlows) == 0 {
 		b.WriteString("  unreplied flows: none\n")

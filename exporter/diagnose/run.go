@@ -107,6 +107,7 @@ func (d *Diagnosis[S]) servicePorts(in verdict.Input) ([]ServicePort, error) {
 			Missing:        addrStrings(p.Missing),
 			Stale:          addrStrings(p.Stale),
 			Chains:         p.Chains,
+			VirtualServers: in.Rules.Mode == "ipvs",
 			UnrepliedFlows: []verdict.UnrepliedCount{},
 		}
 		if p.Missing == nil && p.Stale == nil {

@@ -36,7 +36,7 @@ func (s *stats) observe(backend string, took time.Duration, err error) {
 
 var (
 	readsDesc = phcollectors.NewDesc("netfilter", "reads_total",
-		"Reads of the node's netfilter tables, by source: iptables-legacy (the legacy tables through their socket options) or nftables (every nf_tables table over netlink, iptables-nft's included). nf_tables when a change is committed (only the chains and sets it touched), the legacy tables when their size moved or a kube-proxy sync applied Service or EndpointSlice changes, and at --netfilter.resync-interval.", "source")
+		"Reads of the node's netfilter tables, by source: iptables-legacy (the legacy tables through their socket options), nftables (every nf_tables table over netlink, iptables-nft's included) or ipvs (kube-proxy's IPVS virtual servers over generic netlink, in its IPVS mode only). nf_tables when a change is committed (only the chains and sets it touched), the legacy tables and IPVS when the legacy tables' size moved or a kube-proxy sync applied Service or EndpointSlice changes, and at --netfilter.resync-interval.", "source")
 	readErrorsDesc = phcollectors.NewDesc("netfilter", "read_errors_total",
 		"Reads of the node's netfilter tables that failed in part or whole, by source.", "source")
 	readDurationDesc = phcollectors.NewDesc("netfilter", "read_duration_seconds",
@@ -57,7 +57,7 @@ func (s *Source) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector: the Source's own work, read without waiting on it.
 func (s *Source) Collect(ch chan<- prometheus.Metric) {
 	s.stats.mu.Lock()
-	for _, src := range []string{BackendLegacy, BackendNFTables} {
+	for _, src := range []string{BackendLegacy, BackendNFTables, BackendIPVS} {
 		ch <- prometheus.MustNewConstMetric(readsDesc, prometheus.CounterValue, float64(s.stats.reads[src]), src)
 		ch <- prometheus.MustNewConstMetric(readErrorsDesc, prometheus.CounterValue, float64(s.stats.errors[src]), src)
 		if d, ok := s.stats.duration[src]; ok {

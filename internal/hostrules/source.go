@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/proxyhealth/proxyhealth/internal/iptlegacy"
+	"github.com/proxyhealth/proxyhealth/internal/ipvs"
 	"github.com/proxyhealth/proxyhealth/internal/nftnl"
 	"github.com/proxyhealth/proxyhealth/internal/notify"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
@@ -63,8 +64,13 @@ func (c *Config) validate() error {
 
 // backends is what the Source reads from; system.go has the kernel's, tests fakes.
 type backends interface {
-	// ipvs reports whether kube-proxy's IPVS mode is in use (its kube-ipvs0 interface).
-	ipvs() bool
+	// ipvsInUse reports whether kube-proxy's IPVS mode is in use (its kube-ipvs0 interface).
+	ipvsInUse() bool
+	// ipvs reads kube-proxy's IPVS mode's virtual servers and kube-ipvs0's addresses; prev is
+	// the last read (nil for none), which ipvs.NewTable carries real servers' drain times
+	// from. IPVS announces no change: like the legacy tables, it is read on kube-proxy's word
+	// and at the resync interval.
+	ipvs(prev *ipvs.Table) (*ipvs.Table, error)
 	// legacy reads the iptables-legacy tables: kube-proxy's nat rules by family (absent:
 	// no legacy nat table, or one without KUBE-SERVICES) and the filter table's forward path
 	// (nil without a legacy filter table).
@@ -120,6 +126,7 @@ type Source struct {
 	// Owned by Run; published into each State.
 	legacyPart legacyPart
 	nftPart    nftPart
+	ipvsPart   ipvsPart
 	seq        uint64
 	// tooLarge is set while the legacy reads fail on a table past the read limit.
 	tooLarge bool
@@ -133,6 +140,13 @@ type legacyPart struct {
 	proxyErr  error
 	filterErr error
 	at        time.Time
+}
+
+// ipvsPart is the last read of IPVS, made while kube-proxy's IPVS mode is in use.
+type ipvsPart struct {
+	table *ipvs.Table
+	err   error
+	at    time.Time
 }
 
 type nftPart struct {
@@ -301,13 +315,19 @@ func (s *Source) Run(ctx context.Context) {
 			if s.stats.hinted.Swap(false) {
 				legacyDue = true
 			}
+			// kube-proxy's IPVS mode began or ended: read now, whatever the last read's age.
+			ipvsChanged := s.b.ipvsInUse() != !s.ipvsPart.at.IsZero()
+			if ipvsChanged {
+				s.noteNews()
+				legacyDue = true
+			}
 			lastFP = fp
 			// Reads are held back only while they are costly: once kube-proxy's table was
 			// found. Until then it is about to appear (kube-proxy starting after the
 			// exporter), and the read that finds it should not wait.
 			catchUp := s.catchUp.Swap(false)
-			costly := len(s.legacyPart.proxy) > 0
-			if legacyDue && (catchUp || !costly || s.now().Sub(s.legacyPart.at) >= s.cfg.LegacyMinReadInterval) {
+			costly := len(s.legacyPart.proxy) > 0 || s.ipvsPart.table.Len() > 0
+			if legacyDue && (catchUp || ipvsChanged || !costly || s.now().Sub(s.legacyPart.at) >= s.cfg.LegacyMinReadInterval) {
 				legacyDue = false
 				s.readLegacy()
 			}
@@ -337,6 +357,24 @@ func (s *Source) readLegacy() {
 	}
 	s.tooLarge = tooLarge
 	s.stats.observe(BackendLegacy, s.now().Sub(start), errors.Join(proxyErr, filterErr))
+	s.readIPVS()
+}
+
+// readIPVS reads IPVS while kube-proxy's IPVS mode is in use, and forgets it otherwise. It
+// goes with each legacy read: neither announces its changes.
+func (s *Source) readIPVS() {
+	if !s.b.ipvsInUse() {
+		s.ipvsPart = ipvsPart{}
+		return
+	}
+	start := s.now()
+	t, err := s.b.ipvs(s.ipvsPart.table)
+	if err != nil && s.ipvsPart.err == nil {
+		// Said once, when it begins: the rules collector reports it at each scrape.
+		s.logger.Warn("cannot read IPVS; kube-proxy's rules are not compared until it can be read", "err", err)
+	}
+	s.ipvsPart = ipvsPart{table: t, err: err, at: s.now()}
+	s.stats.observe(BackendIPVS, s.now().Sub(start), err)
 }
 
 func (s *Source) readNFT(changes []nftChange) {
@@ -349,17 +387,19 @@ func (s *Source) readNFT(changes []nftChange) {
 // changedSincePublish reports whether a part was read after the last published state.
 func (s *Source) changedSincePublish() bool {
 	st := s.state.Load()
-	return st == nil || s.legacyPart.at.After(st.At) || s.nftPart.at.After(st.At)
+	return st == nil || s.legacyPart.at.After(st.At) || s.nftPart.at.After(st.At) || s.ipvsPart.at.After(st.At)
 }
 
 // publish composes the parts into a new State and tells the subscribers.
 func (s *Source) publish() {
 	s.seq++
-	st := compose(s.legacyPart, s.nftPart, s.b.ipvs())
+	st := compose(s.legacyPart, s.nftPart, s.ipvsPart)
 	st.Seq = s.seq
 	st.At = s.legacyPart.at
-	if s.nftPart.at.After(st.At) {
-		st.At = s.nftPart.at
+	for _, at := range []time.Time{s.nftPart.at, s.ipvsPart.at} {
+		if at.After(st.At) {
+			st.At = at
+		}
 	}
 	s.state.Store(st)
 	// A legacy read now published shows what was known before it began; news that came
@@ -374,8 +414,10 @@ func (s *Source) publish() {
 
 // compose decides kube-proxy's mode from what each backend holds. kube-proxy removes the other
 // modes' rules when it starts (cmd/kube-proxy/app/server_linux.go: platformCleanup), so more
-// than one is found only where that cleanup failed; iptables mode is looked for first.
-func compose(l legacyPart, n nftPart, ipvs bool) *State {
+// than one is found only where that cleanup failed. IPVS mode, which also writes iptables rules
+// of its own (a KUBE-SERVICES chain matching ip sets), is told by its kube-ipvs0 interface (a
+// read of IPVS was made while it existed); then iptables mode is looked for.
+func compose(l legacyPart, n nftPart, v ipvsPart) *State {
 	st := &State{Proxy: map[bool]*ruleset.ProxyTable{}}
 	nr := n.read
 	st.Forward = []Forward{
@@ -384,9 +426,10 @@ func compose(l legacyPart, n nftPart, ipvs bool) *State {
 		{Backend: BackendNFTables, Graphs: nr.nativeFwd, Err: errors.Join(n.err, nr.nativeFwdErr)},
 	}
 	st.ProxyErr = errors.Join(l.proxyErr, n.err, nr.proxyErr)
-	if ipvs {
-		st.Mode = ModeIPVS
-		st.Proxy = nil
+	if !v.at.IsZero() {
+		// kube-proxy's rules are its virtual servers: the tables' errors are not about them.
+		st.Mode, st.Backend = ModeIPVS, BackendIPVS
+		st.Proxy, st.IPVS, st.ProxyErr = nil, v.table, v.err
 		return st
 	}
 	for _, ipv6 := range []bool{false, true} {

@@ -12,12 +12,16 @@ import (
 	"time"
 
 	"github.com/proxyhealth/proxyhealth/internal/iptlegacy"
+	"github.com/proxyhealth/proxyhealth/internal/ipvs"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
 
 type fakeBackends struct {
 	mu          sync.Mutex
 	ipvsOn      bool
+	ipvsServers []ipvs.VirtualServer
+	ipvsErr     error
+	ipvsReads   int
 	legacyProxy map[bool]*ruleset.ProxyTable
 	legacyErr   error
 	fingerprint string
@@ -30,7 +34,16 @@ type fakeBackends struct {
 	nftChanges  [][]nftChange // what each nft call was given
 }
 
-func (f *fakeBackends) ipvs() bool { f.mu.Lock(); defer f.mu.Unlock(); return f.ipvsOn }
+func (f *fakeBackends) ipvsInUse() bool { f.mu.Lock(); defer f.mu.Unlock(); return f.ipvsOn }
+func (f *fakeBackends) ipvs(prev *ipvs.Table) (*ipvs.Table, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ipvsReads++
+	if f.ipvsErr != nil {
+		return nil, f.ipvsErr
+	}
+	return ipvs.NewTable(prev, f.ipvsServers, nil, time.Now()), nil
+}
 func (f *fakeBackends) legacy() (map[bool]*ruleset.ProxyTable, *ruleset.Graph, error, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -96,7 +109,7 @@ func TestCompose(t *testing.T) {
 		wantIPv6    bool
 	}{
 		{name: "nothing", wantMode: ModeNone},
-		{name: "ipvs wins", legacy: map[bool]*ruleset.ProxyTable{false: table(1)}, ipvs: true, wantMode: ModeIPVS},
+		{name: "ipvs wins", legacy: map[bool]*ruleset.ProxyTable{false: table(1)}, ipvs: true, wantMode: ModeIPVS, wantBackend: BackendIPVS},
 		{name: "legacy", legacy: map[bool]*ruleset.ProxyTable{false: table(2)}, wantMode: ModeIPTables, wantBackend: BackendLegacy},
 		{name: "iptables-nft", nft: nftRead{iptablesNAT: map[bool]*ruleset.ProxyTable{false: table(2), true: table(1)}}, wantMode: ModeIPTables, wantBackend: BackendIPTablesNFT, wantIPv6: true},
 		{name: "both iptables backends: the fuller wins", legacy: map[bool]*ruleset.ProxyTable{false: table(1)}, nft: nftRead{iptablesNAT: map[bool]*ruleset.ProxyTable{false: table(3)}}, wantMode: ModeIPTables, wantBackend: BackendIPTablesNFT},
@@ -106,7 +119,11 @@ func TestCompose(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			st := compose(legacyPart{proxy: tc.legacy}, nftPart{read: tc.nft}, tc.ipvs)
+			var v ipvsPart
+			if tc.ipvs {
+				v = ipvsPart{table: ipvs.NewTable(nil, nil, nil, time.Unix(1, 0)), at: time.Unix(1, 0)}
+			}
+			st := compose(legacyPart{proxy: tc.legacy}, nftPart{read: tc.nft}, v)
 			if st.Mode != tc.wantMode || st.Backend != tc.wantBackend {
 				t.Errorf("mode %q backend %q, want %q %q", st.Mode, st.Backend, tc.wantMode, tc.wantBackend)
 			}
@@ -122,7 +139,7 @@ func TestCompose(t *testing.T) {
 
 func TestComposeErrors(t *testing.T) {
 	legacyErr := errors.New("legacy: operation not permitted")
-	st := compose(legacyPart{proxyErr: legacyErr, filterErr: legacyErr}, nftPart{read: nftRead{kubeProxy: map[bool]*ruleset.ProxyTable{false: table(1)}}}, false)
+	st := compose(legacyPart{proxyErr: legacyErr, filterErr: legacyErr}, nftPart{read: nftRead{kubeProxy: map[bool]*ruleset.ProxyTable{false: table(1)}}}, ipvsPart{})
 	if !errors.Is(st.ProxyErr, legacyErr) || st.Mode != ModeNFTables {
 		t.Errorf("ProxyErr %v mode %q: want the legacy error kept beside the nftables rules", st.ProxyErr, st.Mode)
 	}
@@ -353,3 +370,62 @@ func TestSourceLogsTableTooLargeOnce(t *testing.T) {
 		t.Errorf("the log does not give the table's size and the limit:\n%s", logs.String())
 	}
 }
+
+// kube-proxy's IPVS mode: its virtual servers are read when kube-ipvs0 appears, again on
+// kube-proxy's word (a hint), and the State says ipvs with the table; a read that fails says
+// why in ProxyErr without rules of another mode taking its place.
+func TestSourceIPVS(t *testing.T) {
+	vs := func(eps int) []ipvs.VirtualServer {
+		v := ipvs.VirtualServer{Key: ipvs.Key{Addr: netip.MustParseAddr("10.96.0.10"), Port: 53, Protocol: "UDP"}}
+		for i := range eps {
+			v.RealServers = append(v.RealServers, ipvs.RealServer{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 77, 0, byte(i + 1)}), 53), Weight: 1})
+		}
+		return []ipvs.VirtualServer{v}
+	}
+	// kube-proxy in IPVS mode with the nft backend writes a KUBE-SERVICES chain of its own.
+	fb := &fakeBackends{changes: make(chan nftChange), fingerprint: "0",
+		nftRead: nftRead{iptablesNAT: map[bool]*ruleset.ProxyTable{false: table(0)}}}
+	cfg := Config{LegacyPollInterval: 5 * time.Millisecond, LegacyMinReadInterval: time.Hour, ResyncInterval: time.Hour}
+	s := startFake(t, cfg, fb)
+	waitFor(t, "the first read", func() bool { return s.State() != nil })
+	if st := s.State(); st.Mode != ModeIPTables || st.IPVS != nil {
+		t.Fatalf("before kube-ipvs0: mode %q IPVS %v", st.Mode, st.IPVS)
+	}
+	fb.mu.Lock()
+	fb.ipvsOn, fb.ipvsServers = true, vs(2)
+	fb.mu.Unlock()
+	waitFor(t, "IPVS mode", func() bool { return s.State().Mode == ModeIPVS })
+	if st := s.State(); st.Backend != BackendIPVS || st.IPVS.Len() != 1 || len(st.IPVS.Serving(vs(0)[0].Key)) != 2 || st.ProxyErr != nil {
+		t.Errorf("IPVS mode: backend %q, %d virtual servers, error %v", st.Backend, st.IPVS.Len(), st.ProxyErr)
+	}
+	// A change announces nothing; kube-proxy's sync does, through a hint. With the table
+	// found, the read waits for the minimum interval, unless asked to catch up, as the drift
+	// check does before it counts a difference.
+	fb.mu.Lock()
+	fb.ipvsServers = vs(3)
+	reads := fb.ipvsReads
+	fb.mu.Unlock()
+	s.Hint()
+	if s.Behind().IsZero() {
+		t.Error("not behind after kube-proxy's sync")
+	}
+	s.CatchUp()
+	waitFor(t, "the read on kube-proxy's word", func() bool {
+		st := s.State()
+		return st.IPVS != nil && len(st.IPVS.Serving(vs(0)[0].Key)) == 3
+	})
+	fb.mu.Lock()
+	if fb.ipvsReads <= reads {
+		t.Errorf("IPVS read %d times since, want more", fb.ipvsReads-reads)
+	}
+	fb.ipvsErr = errNoIPVS
+	fb.mu.Unlock()
+	s.Hint()
+	s.CatchUp()
+	waitFor(t, "the failed read", func() bool { return s.State().ProxyErr != nil })
+	if st := s.State(); st.Mode != ModeIPVS || st.IPVS != nil || !errors.Is(st.ProxyErr, errNoIPVS) {
+		t.Errorf("a failed IPVS read: mode %q IPVS %v error %v", st.Mode, st.IPVS, st.ProxyErr)
+	}
+}
+
+var errNoIPVS = errors.New("the kernel has no IPVS (ip_vs is not loaded)")

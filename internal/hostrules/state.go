@@ -10,6 +10,7 @@ package hostrules
 import (
 	"time"
 
+	"github.com/proxyhealth/proxyhealth/internal/ipvs"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
 
@@ -29,6 +30,7 @@ const (
 	BackendLegacy      = "iptables-legacy"
 	BackendIPTablesNFT = "iptables-nft"
 	BackendNFTables    = "nftables"
+	BackendIPVS        = "ipvs"
 )
 
 // State is one read of the node's netfilter state. It is never modified once published.
@@ -41,12 +43,15 @@ type State struct {
 	// Mode is kube-proxy's mode found from its rules, and Backend where they were read:
 	// iptables mode reads from BackendLegacy or BackendIPTablesNFT (the one holding more
 	// service chains, should both hold some during a backend migration), nftables mode from
-	// BackendNFTables.
+	// BackendNFTables, IPVS mode from BackendIPVS.
 	Mode    string
 	Backend string
 	// Proxy holds kube-proxy's rules by family (key: IPv6); a family with no kube-proxy
 	// rules is absent.
 	Proxy map[bool]*ruleset.ProxyTable
+	// IPVS holds kube-proxy's virtual servers in IPVS mode, both families; nil in the other
+	// modes, or when IPVS could not be read (ProxyErr says why).
+	IPVS *ipvs.Table
 	// ProxyErr says why kube-proxy's rules could not be read; Mode and Proxy are then as far
 	// as the readable backends tell.
 	ProxyErr error

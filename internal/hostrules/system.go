@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"strings"
+	"time"
 
 	"github.com/proxyhealth/proxyhealth/internal/iptlegacy"
+	"github.com/proxyhealth/proxyhealth/internal/ipvs"
 	"github.com/proxyhealth/proxyhealth/internal/kubeproxynames"
 	"github.com/proxyhealth/proxyhealth/internal/nftnl"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
@@ -77,11 +80,41 @@ func inUse(err error) error {
 	return err
 }
 
-// ipvs: kube-proxy's IPVS mode binds service addresses to a dummy interface named kube-ipvs0
+// kubeIPVSInterface is the dummy interface kube-proxy's IPVS mode binds service addresses to
 // (pkg/proxy/ipvs: defaultDummyDevice).
-func (b *systemBackends) ipvs() bool {
-	_, err := net.InterfaceByName("kube-ipvs0")
+const kubeIPVSInterface = "kube-ipvs0"
+
+func (b *systemBackends) ipvsInUse() bool {
+	_, err := net.InterfaceByName(kubeIPVSInterface)
 	return err == nil
+}
+
+// ipvs reads the virtual servers (internal/ipvs, which fails clearly without ip_vs or
+// CAP_NET_ADMIN) and the addresses bound to kube-ipvs0, which tell node ports' virtual servers
+// from the others.
+func (b *systemBackends) ipvs(prev *ipvs.Table) (*ipvs.Table, error) {
+	servers, err := ipvs.Read(b.procPath)
+	if err != nil {
+		return nil, err
+	}
+	at := time.Now()
+	iface, err := net.InterfaceByName(kubeIPVSInterface)
+	if err != nil {
+		return nil, fmt.Errorf("read the addresses of %s: %w", kubeIPVSInterface, err)
+	}
+	addrs, err := iface.Addrs()
+	if err != nil {
+		return nil, fmt.Errorf("read the addresses of %s: %w", kubeIPVSInterface, err)
+	}
+	bound := make([]netip.Addr, 0, len(addrs))
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(n.IP); ok {
+				bound = append(bound, ip.Unmap())
+			}
+		}
+	}
+	return ipvs.NewTable(prev, servers, bound, at), nil
 }
 
 func (b *systemBackends) legacy() (map[bool]*ruleset.ProxyTable, *ruleset.Graph, error, error) {

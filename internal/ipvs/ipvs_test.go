@@ -122,7 +122,7 @@ func TestTableDraining(t *testing.T) {
 	t0 := time.Unix(1_800_000_000, 0)
 	serving := func(tb *Table, k Key) []string {
 		var out []string
-		for _, ep := range tb.Serving(nil, tb.Server(k)) {
+		for _, ep := range tb.Serving(k) {
 			out = append(out, ep.String())
 		}
 		return out

@@ -26,6 +26,8 @@ type Table struct {
 	// byPort finds the virtual servers of a port and protocol on addresses not in Bound: node
 	// ports, on each node address.
 	byPort map[portKey][]int
+	// serving are, by index in Servers, the real servers that take traffic (Serving).
+	serving [][]netip.AddrPort
 	// idleSince is, per real server at weight 0 that kube-proxy would delete (removable), when
 	// a read first found it so.
 	idleSince map[rsKey]time.Time
@@ -79,11 +81,20 @@ func NewTable(prev *Table, servers []VirtualServer, bound []netip.Addr, at time.
 			t.idleSince[k] = since
 		}
 	}
+	t.serving = make([][]netip.AddrPort, len(servers))
+	for i := range servers {
+		t.serving[i] = t.servingOf(&servers[i])
+	}
 	return t
 }
 
-// Len is the number of virtual servers.
-func (t *Table) Len() int { return len(t.Servers) }
+// Len is the number of virtual servers; 0 for a nil Table.
+func (t *Table) Len() int {
+	if t == nil {
+		return 0
+	}
+	return len(t.Servers)
+}
 
 // Server returns the virtual server of key k, nil when there is none.
 func (t *Table) Server(k Key) *VirtualServer {
@@ -105,19 +116,30 @@ func (t *Table) NodePortServers(dst []*VirtualServer, port uint16, protocol stri
 	return dst
 }
 
-// Serving appends to dst the real servers of vs that take traffic as kube-proxy left them: those
-// of weight above 0, and those at weight 0 that kube-proxy would have deleted by the time of
-// this read (no connections left a DeleteCheckInterval since a read first saw them so, or any
-// UDP or SCTP one as long). A real server at weight 0 that still has connections is draining:
-// kube-proxy removed its endpoint and waits for them to end; it is left out, as is one whose
-// connections ended less than DeleteCheckInterval ago. The result stays sorted.
-func (t *Table) Serving(dst []netip.AddrPort, vs *VirtualServer) []netip.AddrPort {
+// Serving returns the real servers of the virtual server of key k as kube-proxy left them, sorted;
+// nil when there is no such virtual server (and an empty list for one without real servers).
+// They are those of weight above 0, and those at weight 0 that kube-proxy would have deleted by
+// the time of this read (a DeleteCheckInterval after a read first found it deletable: without
+// connections, or of UDP or SCTP). A TCP real server at weight 0 that still has connections is
+// draining: kube-proxy removed its endpoint and waits for them to end. It is left out, as is
+// one whose connections ended less than DeleteCheckInterval ago. The caller must not modify
+// the list.
+func (t *Table) Serving(k Key) []netip.AddrPort {
+	i, ok := t.byKey[k]
+	if !ok {
+		return nil
+	}
+	return t.serving[i]
+}
+
+func (t *Table) servingOf(vs *VirtualServer) []netip.AddrPort {
+	out := make([]netip.AddrPort, 0, len(vs.RealServers))
 	for _, rs := range vs.RealServers {
 		if rs.Weight > 0 || t.lingering(vs, rs) {
-			dst = append(dst, rs.Addr)
+			out = append(out, rs.Addr)
 		}
 	}
-	return dst
+	return out
 }
 
 // Draining reports whether rs of vs is a real server kube-proxy keeps at weight 0 for now.

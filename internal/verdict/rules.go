@@ -289,8 +289,6 @@ func (e *evaluation) staleRules(kp kubeProxyFindings) []Finding {
 	switch {
 	case r.Err != "":
 		e.notChecked(r.Err, StaleRules)
-	case r.Mode == "ipvs":
-		e.notChecked("kube-proxy is in IPVS mode: its rules are not compared with the API", StaleRules)
 	case !r.Checked:
 		e.notChecked("kube-proxy's rules have not been compared with the API yet", StaleRules)
 	}
@@ -332,10 +330,10 @@ func (e *evaluation) staleRules(kp kubeProxyFindings) []Finding {
 		}
 		var counts []string
 		if d.MissingCount > 0 {
-			counts = append(counts, fmt.Sprintf("%d missing", d.MissingCount)+onlyLocal(d.MissingFrom, d.MissingCount, "from"))
+			counts = append(counts, fmt.Sprintf("%d missing", d.MissingCount)+onlyLocal(d.MissingFrom, d.MissingCount, "from", r.Mode))
 		}
 		if d.StaleCount > 0 {
-			counts = append(counts, fmt.Sprintf("%d stale", d.StaleCount)+onlyLocal(d.StaleIn, d.StaleCount, "in"))
+			counts = append(counts, fmt.Sprintf("%d stale", d.StaleCount)+onlyLocal(d.StaleIn, d.StaleCount, "in", r.Mode))
 		}
 		summary := fmt.Sprintf("kube-proxy's rules for %s differ from the API: %d endpoints programmed, %d in the API (%s) for %s%s; restart kube-proxy on this node.",
 			svc, d.Programmed, d.Expected, strings.Join(counts, ", "), formatDuration(e.in.Now.Sub(d.Since)), because)
@@ -690,8 +688,9 @@ func suffix(err string) string {
 
 // onlyLocal is " from the local chain" (prep "from") when every one of count differences is in
 // the local chain alone: the cluster chain agrees with the API, so only the traffic a Local
-// traffic policy keeps on the node is affected, which the counts alone would not tell.
-func onlyLocal(chains []string, count int, prep string) string {
+// traffic policy keeps on the node is affected, which the counts alone would not tell. In IPVS
+// mode the local "chain" is the virtual servers that follow a Local traffic policy.
+func onlyLocal(chains []string, count int, prep, mode string) string {
 	if len(chains) == 0 || len(chains) != count {
 		return ""
 	}
@@ -699,6 +698,9 @@ func onlyLocal(chains []string, count int, prep string) string {
 		if c != "local" {
 			return ""
 		}
+	}
+	if mode == "ipvs" {
+		return " " + prep + " the virtual servers of the Local traffic policy"
 	}
 	return " " + prep + " the local chain"
 }

@@ -290,7 +290,9 @@ func TestStaleRulesNotCheckable(t *testing.T) {
 		change func(*RulesFacts)
 		reason string
 	}{
-		{"ipvs", func(r *RulesFacts) { r.Mode = "ipvs" }, "IPVS mode"},
+		{"ipvs unreadable", func(r *RulesFacts) {
+			r.Checked, r.Mode, r.Err = false, "ipvs", "read kube-proxy's rules: the kernel has no IPVS (ip_vs is not loaded)"
+		}, "ip_vs is not loaded"},
 		{"unreadable", func(r *RulesFacts) {
 			r.Checked, r.Mode, r.Err = false, "", "read kube-proxy's rules: operation not permitted"
 		}, "operation not permitted"},
