@@ -313,3 +313,63 @@ func TestIPVSOrphansAndFamilies(t *testing.T) {
 		t.Errorf("an unread IPVS: families %v", got)
 	}
 }
+
+// generateIPVS is services virtual servers of endpoints real servers each, one per cluster IP,
+// as kube-proxy's IPVS mode programs ClusterIP Services, and the matching API view.
+func generateIPVS(services, endpoints int) ([]ipvs.VirtualServer, []netip.Addr, *cluster.Snapshot) {
+	snap := &cluster.Snapshot{Synced: true, Fresh: true}
+	servers := make([]ipvs.VirtualServer, 0, services)
+	bound := make([]netip.Addr, 0, services)
+	for s := range services {
+		name := cluster.ServicePortName{Namespace: fmt.Sprintf("ns%d", s%100), Name: fmt.Sprintf("svc%d", s), Port: "http", Protocol: "TCP"}
+		vip := netip.AddrFrom4([4]byte{10, 96, byte(s >> 8), byte(s)})
+		sp := &cluster.ServicePort{Name: name, ClusterIPs: []netip.Addr{vip}, Port: 80}
+		v := ipvs.VirtualServer{Key: ipvs.Key{Addr: vip, Port: 80, Protocol: "TCP"}, Scheduler: "rr"}
+		for e := range endpoints {
+			ep := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(128 + s>>13), byte(s >> 5), byte(s<<3 | e&7)}), uint16(8080+e))
+			sp.ClusterEndpoints = append(sp.ClusterEndpoints, ep)
+			v.RealServers = append(v.RealServers, ipvs.RealServer{Addr: ep, Weight: 1})
+		}
+		slices.SortFunc(sp.ClusterEndpoints, netip.AddrPort.Compare)
+		slices.SortFunc(v.RealServers, func(a, b ipvs.RealServer) int { return a.Addr.Compare(b.Addr) })
+		snap.Ports = append(snap.Ports, sp)
+		servers = append(servers, v)
+		bound = append(bound, vip)
+	}
+	slices.SortFunc(servers, func(a, b ipvs.VirtualServer) int { return a.Key.Compare(b.Key) })
+	return servers, bound, snap
+}
+
+func TestGeneratedIPVSHasNoDrift(t *testing.T) {
+	servers, bound, snap := generateIPVS(50, 10)
+	table := ipvs.NewTable(nil, servers, bound, time.Unix(1, 0))
+	res := newDriftEngine(0).check(snap, virtualServersByFamily(table), time.Unix(1, 0))
+	if res.checked != 50 || len(res.drifting) != 0 || res.orphans != 0 {
+		t.Errorf("checked %d drifting %d orphans %d, want 50, 0, 0", res.checked, len(res.drifting), res.orphans)
+	}
+}
+
+// BenchmarkIPVSIndexAndCompare measures the exporter's side of a drift check in IPVS mode after
+// a read: indexing the dump (ipvs.NewTable, with the previous read for drain times) and
+// comparing every virtual server with the API view (a new table shares nothing with the last
+// check's). The dump itself needs ip_vs (internal/ipvs's kernel test, in the kernel matrix).
+// go test -bench IPVSIndexAndCompare -benchtime 20x ./collectors/rules (10,000 x 10).
+func BenchmarkIPVSIndexAndCompare(b *testing.B) {
+	services := 10000
+	if testing.Short() {
+		services = 200
+	}
+	servers, bound, snap := generateIPVS(services, 10)
+	b.ReportAllocs()
+	e := newDriftEngine(time.Minute)
+	var prev *ipvs.Table
+	at := time.Unix(1, 0)
+	for b.Loop() {
+		prev = ipvs.NewTable(prev, servers, bound, at)
+		res := e.check(snap, virtualServersByFamily(prev), at)
+		if res.checked != services || len(res.drifting) != 0 {
+			b.Fatalf("checked %d drifting %d", res.checked, len(res.drifting))
+		}
+		at = at.Add(time.Second)
+	}
+}
