@@ -88,7 +88,7 @@ func Loaded(procPath string) (bool, error) {
 // Read dumps this network namespace's virtual servers with their real servers, sorted by
 // Key. It fails with ErrNotLoaded when the kernel has no IPVS, and says when the process lacks
 // CAP_NET_ADMIN.
-func Read(procPath string) ([]VirtualServer, error) {
+func Read(procPath string) (servers []VirtualServer, err error) {
 	loaded, err := Loaded(procPath)
 	if err != nil {
 		return nil, err
@@ -103,6 +103,13 @@ func Read(procPath string) ([]VirtualServer, error) {
 	if cl, ok := c.(io.Closer); ok {
 		defer cl.Close()
 	}
+	defer func() {
+		// cloudflare/ipvs decodes the kernel's attributes by slicing them: a reply it does
+		// not expect must fail this read, not the exporter.
+		if r := recover(); r != nil {
+			servers, err = nil, fmt.Errorf("decode IPVS's netlink reply: %v", r)
+		}
+	}()
 	return ReadFrom(c)
 }
 
