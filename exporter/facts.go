@@ -232,6 +232,8 @@ func (s *factSources) kubeProxyInput(in *verdict.Input, samples []factSample, o 
 		k.SyncPending = max(0, in.Now.Sub(last.PendingSince))
 	}
 
+	syncFailuresInput(k, last, o)
+
 	if o.logScan != nil {
 		k.LogFiles, k.LogErr = o.logScan.Files, errString(o.logScan.Err)
 		k.ListErrorsSpan, k.LastListError = o.logSpan, o.logScan.LastListError
@@ -256,6 +258,33 @@ func (s *factSources) kubeProxyInput(in *verdict.Input, samples []factSample, o 
 			}
 		}
 		k.ListErrors = append(k.ListErrors, verdict.ListErrorCount{Resource: l.Resource, Verb: l.Verb, Recent: delta(before, l.Count), Total: l.Count})
+	}
+}
+
+// syncFailuresInput takes kube-proxy's failing syncs: the poller's run of failures, and the
+// last failure its log reported (the follower's, or diagnose's one-shot read).
+func syncFailuresInput(k *verdict.KubeProxyFacts, last kubeproxy.Status, o inputOptions) {
+	if !k.Up {
+		return
+	}
+	k.SyncFailuresTotal, k.SyncTool = last.SyncFailures, last.SyncTool
+	logged := last.LastSyncError
+	if o.logScan != nil {
+		logged = o.logScan.LastSyncError
+	}
+	if last.SyncFailing {
+		k.SyncFailing, k.SyncFailures = true, last.FailingSyncs
+		k.SyncFailingSince, k.SyncNeverApplied = last.FailingSince, last.SyncNeverApplied
+	} else if last.SyncFailures > 0 && !logged.At.IsZero() && logged.At.After(last.LastSync) && !last.LastSync.IsZero() {
+		// The polls saw no failure yet (a one-shot look shorter than kube-proxy's retry),
+		// but its log shows one after its last applied sync: failing since then at least.
+		k.SyncFailing, k.SyncFailures, k.SyncFailingSince = true, 1, logged.At
+	}
+	if k.SyncFailing && logged.Text != "" {
+		k.SyncError, k.SyncErrorAt = logged.Text, logged.At
+		if k.SyncTool == "" {
+			k.SyncTool = logged.Tool
+		}
 	}
 }
 

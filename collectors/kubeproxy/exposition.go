@@ -32,6 +32,7 @@ const (
 	famServiceChanges
 	famFullSyncs
 	famBuildInfo
+	famStartTime
 	numFamilies
 )
 
@@ -47,6 +48,7 @@ var familyNames = [numFamilies]string{
 	famServiceChanges:   kpServiceChanges,
 	famFullSyncs:        kpFullSyncs,
 	famBuildInfo:        kpBuildInfo,
+	famStartTime:        kpStartTime,
 }
 
 const (
@@ -62,7 +64,8 @@ const (
 // familyOf is the index of the family read that a sample's name belongs to, or -1. A quoted
 // name with an escape in it matches none: no family read has a quote, backslash or newline.
 func familyOf(name []byte, escaped bool) int {
-	if escaped || !bytes.HasPrefix(name, []byte("kubeproxy_")) && !bytes.HasPrefix(name, []byte("kubernetes_")) {
+	if escaped || !bytes.HasPrefix(name, []byte("kubeproxy_")) && !bytes.HasPrefix(name, []byte("kubernetes_")) &&
+		string(name) != kpStartTime {
 		return -1
 	}
 	for i, f := range familyNames {
@@ -154,7 +157,10 @@ func (k *kpMetrics) apply(res *probeResult) {
 	res.endpointsPending, res.hasEndpointsPending = k.sums[famEndpointsPending], k.has[famEndpointsPending]
 	res.servicesPending, res.hasServicesPending = k.sums[famServicesPending], k.has[famServicesPending]
 	// 0 when kube-proxy has not failed yet (a labelled counter has no series until then).
-	res.restoreFailures = k.sums[famIPTablesRestore] + k.sums[famNFTablesSync]
+	res.iptablesRestoreFailures = k.sums[famIPTablesRestore]
+	res.nftablesSyncFailures = k.sums[famNFTablesSync]
+	res.restoreFailures = res.iptablesRestoreFailures + res.nftablesSyncFailures
+	res.started = secondsTime(k.sums[famStartTime])
 	res.invalidDropped, res.hasInvalidDropped = k.sums[famInvalidDropped], k.has[famInvalidDropped]
 	res.changes.received = k.sums[famEndpointChanges] + k.sums[famServiceChanges]
 	res.changes.fullSyncs = k.sums[famFullSyncs]

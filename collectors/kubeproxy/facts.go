@@ -47,12 +47,41 @@ type Status struct {
 	// ListErrors are the failures counted, every resource and verb with at least one.
 	ListErrors    []ListErrors
 	LastListError time.Time
+
+	// SyncFailures is kube-proxy's own count of rule syncs it failed to apply since it
+	// started (iptables-restore in iptables and IPVS mode, nftables transactions in nftables
+	// mode, all IP families); SyncTool names the tool of those failures ("iptables-restore"
+	// or "nft", "" while there are none). 0 while it does not answer.
+	SyncFailures uint64
+	SyncTool     string
+	// SyncFailing says its syncs are failing now: failures counted with no sync applied
+	// since the first of them. FailingSyncs are those failures, FailingSince when the first
+	// was seen, or kube-proxy's start when it has applied no sync since (SyncNeverApplied).
+	SyncFailing      bool
+	FailingSyncs     uint64
+	FailingSince     time.Time
+	SyncNeverApplied bool
+	// Started is kube-proxy's start (its process_start_time_seconds); zero when unknown.
+	Started time.Time
+	// SyncErrors are the failed syncs its log reported since the follower started, and
+	// LastSyncError the last one (zero when none).
+	SyncErrors    uint64
+	LastSyncError SyncError
+}
+
+// SyncError is a failed sync as kube-proxy logged it.
+type SyncError struct {
+	At   time.Time
+	Tool string // "iptables-restore" or "nft"
+	// Text is the tool's error on one line, sanitised and at most 512 bytes.
+	Text string
 }
 
 // Status returns the last poll's and the follower's results; it waits on nothing.
 func (c *Collector) Status() Status {
 	c.mu.Lock()
 	logs, logsRead, res, version := c.logs, c.logsRead, c.probe, c.version
+	failures, since, neverApplied, failing := c.failures.failing()
 	c.mu.Unlock()
 	s := Status{
 		Version:       version,
@@ -61,6 +90,8 @@ func (c *Collector) Status() Status {
 		LogErr:        logs.err,
 		ListErrors:    listErrors(&logs.errors),
 		LastListError: logs.lastError,
+		SyncErrors:    logs.syncErrors,
+		LastSyncError: SyncError{At: logs.lastSyncError.at, Tool: logs.lastSyncError.tool, Text: logs.lastSyncError.text},
 	}
 	if res != nil {
 		s.Polled, s.At = true, res.at
@@ -71,6 +102,10 @@ func (c *Collector) Status() Status {
 		}
 		if res.up {
 			s.PendingSince = res.pendingSince
+			s.SyncFailures = uint64(res.restoreFailures)
+			s.SyncTool = res.syncTool()
+			s.Started = res.started
+			s.SyncFailing, s.FailingSyncs, s.FailingSince, s.SyncNeverApplied = failing, failures, since, neverApplied
 		}
 	}
 	return s
@@ -102,6 +137,10 @@ type LogScan struct {
 	// readable time count too), and LastListError the last one's time.
 	ListErrors    []ListErrors
 	LastListError time.Time
+	// SyncErrors are the failed syncs logged since the scan's start time, and LastSyncError
+	// the last one.
+	SyncErrors    uint64
+	LastSyncError SyncError
 }
 
 // ScanLog reads the last maxBytes of each log file (--kubeproxy.log-path) once and counts the
@@ -130,7 +169,22 @@ func (c *Collector) ScanLog(since time.Time, maxBytes int64) LogScan {
 			errs = append(errs, fmt.Errorf("open kube-proxy log %s: %w", path, err))
 			continue
 		}
+		var syncErrs syncErrorReader
+		emit := func(se syncError) {
+			if !se.at.IsZero() && se.at.Before(since) {
+				return
+			}
+			scan.SyncErrors++
+			if !se.at.Before(scan.LastSyncError.At) {
+				scan.LastSyncError = SyncError{At: se.at, Tool: se.tool, Text: se.text}
+			}
+		}
 		err = scanTail(f, maxBytes, func(line []byte) {
+			if ts, msg, _, ok := splitCRI(line); ok {
+				syncErrs.feed(msg, ts, now, emit)
+			} else {
+				syncErrs.feed(line, nil, now, emit)
+			}
 			ev, ok := parseLine(line, now)
 			if !ok || (!ev.ts.IsZero() && ev.ts.Before(since)) {
 				return
@@ -140,6 +194,7 @@ func (c *Collector) ScanLog(since time.Time, maxBytes int64) LogScan {
 				scan.LastListError = ev.ts
 			}
 		})
+		syncErrs.flush(emit)
 		f.Close()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("read kube-proxy log %s: %w", path, err))

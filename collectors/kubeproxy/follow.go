@@ -40,6 +40,8 @@ type followedFile struct {
 	cri        []byte
 	criTS      []byte
 	criSkipped bool
+	// syncErrs joins the lines of kube-proxy's failed-sync errors.
+	syncErrs syncErrorReader
 	// head is the file's first bytes (up to fingerprintBytes) as they were first read: when
 	// the file's first bytes differ from it, the file was truncated and written again.
 	head []byte
@@ -58,6 +60,9 @@ type followStats struct {
 	lastError time.Time
 	files     []string // followed now, sorted
 	err       error    // files that match but cannot be read
+	// syncErrors counts the failed syncs kube-proxy logged; lastSyncError is the last one.
+	syncErrors    uint64
+	lastSyncError syncError
 }
 
 // follower reads kube-proxy's log files as they grow. It is not safe for concurrent use: one
@@ -411,7 +416,7 @@ func (fl *follower) line(ff *followedFile, line []byte) {
 	line = bytes.TrimSuffix(line, []byte{'\r'})
 	ts, msg, partial, isCRI := splitCRI(line)
 	if !isCRI {
-		fl.message(line, nil)
+		fl.message(ff, line, nil)
 		return
 	}
 	if partial {
@@ -436,17 +441,19 @@ func (fl *follower) line(ff *followedFile, line []byte) {
 			fl.stats.skipped++
 		} else {
 			ff.cri = append(ff.cri, msg...)
-			fl.message(ff.cri, ff.criTS)
+			fl.message(ff, ff.cri, ff.criTS)
 		}
 	default:
-		fl.message(msg, ts)
+		fl.message(ff, msg, ts)
 	}
 	ff.cri, ff.criTS = ff.cri[:0], ff.criTS[:0]
 }
 
-// message counts one complete kube-proxy log message; criTS is the CRI record's time, if any.
-func (fl *follower) message(msg, criTS []byte) {
+// message counts one complete kube-proxy log message of ff; criTS is the CRI record's time, if
+// any.
+func (fl *follower) message(ff *followedFile, msg, criTS []byte) {
 	now := fl.now()
+	ff.syncErrs.feed(msg, criTS, now, fl.syncError)
 	ev, ok := parseMessage(msg, now)
 	if !ok {
 		return
@@ -462,6 +469,17 @@ func (fl *follower) message(msg, criTS []byte) {
 	fl.stats.errors[ev.resource][ev.verb]++
 	if ev.ts.After(fl.stats.lastError) {
 		fl.stats.lastError = ev.ts
+	}
+}
+
+// syncError counts one failed sync read from the log.
+func (fl *follower) syncError(se syncError) {
+	if se.at.IsZero() {
+		se.at = fl.now()
+	}
+	fl.stats.syncErrors++
+	if !se.at.Before(fl.stats.lastSyncError.at) {
+		fl.stats.lastSyncError = se
 	}
 }
 

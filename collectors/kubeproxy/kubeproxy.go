@@ -114,7 +114,9 @@ type Collector struct {
 	now    func() time.Time
 	syncs  syncWatch // the poller's own: which of kube-proxy's syncs may have changed rules
 
-	mu         sync.Mutex
+	mu sync.Mutex
+	// failures follows kube-proxy's failed syncs; the poller writes it, Status reads it.
+	failures   failureWatch
 	logs       followStats
 	logsRead   bool // the follower has polled at least once
 	probe      *probeResult
@@ -183,6 +185,7 @@ func (c *Collector) pollOnce(ctx context.Context) {
 	c.mu.Lock()
 	prev := c.probe
 	c.probe = &res
+	c.failures.observe(&res)
 	versionChanged := res.up && (!c.versionSeen || res.version != c.version)
 	if res.up {
 		c.version, c.versionSeen = res.version, true
@@ -314,6 +317,8 @@ var (
 		"Service changes kube-proxy has received but not yet applied (kubeproxy_sync_proxy_rules_service_changes_pending).")
 	restoreFailuresDesc = phcollectors.NewDesc("kubeproxy", "sync_failures_total",
 		"Rule syncs kube-proxy failed to apply: iptables-restore failures (kubeproxy_sync_proxy_rules_iptables_restore_failures_total) plus nftables sync failures (kubeproxy_sync_proxy_rules_nftables_sync_failures_total), over IP families; resets when kube-proxy restarts.")
+	syncFailingDesc = phcollectors.NewDesc("kubeproxy", "sync_failing_seconds",
+		"How long kube-proxy's rule syncs have been failing: now minus the first failure seen with no sync applied since (kube-proxy's start when it has applied none since it started); 0 while they are not failing. kube-proxy retries a failed sync every sync period and stays healthy meanwhile; a restart does not mend a cause on the node, such as a kernel module it lacks.")
 	buildInfoDesc = phcollectors.NewDesc("kubeproxy", "build_info",
 		"1, labelled with the version kube-proxy reports (the git_version of its kubernetes_build_info) at the last poll it answered, kept while it does not answer; absent when it reports none. proxyhealth is tested with kube-proxy v1.34 to v1.37.", "version")
 	invalidDroppedDesc = phcollectors.NewDesc("kubeproxy", "invalid_dropped_packets_total",
@@ -324,7 +329,7 @@ var (
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{listErrorsDesc, lastListErrorDesc, logLinesDesc, logSkippedDesc, logFilesDesc,
 		upDesc, healthyDesc, lastSyncAgeDesc, syncPendingDesc, endpointsPendingDesc, servicesPendingDesc,
-		restoreFailuresDesc, invalidDroppedDesc, buildInfoDesc} {
+		restoreFailuresDesc, syncFailingDesc, invalidDroppedDesc, buildInfoDesc} {
 		ch <- d
 	}
 }
@@ -334,6 +339,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *Collector) Update(ch chan<- prometheus.Metric) error {
 	c.mu.Lock()
 	logs, logsRead, res, version := c.logs, c.logsRead, c.probe, c.version
+	_, failingSince, _, failing := c.failures.failing()
 	c.mu.Unlock()
 	now := c.now()
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
@@ -380,6 +386,11 @@ func (c *Collector) Update(ch chan<- prometheus.Metric) error {
 				gauge(servicesPendingDesc, res.servicesPending)
 			}
 			counter(restoreFailuresDesc, res.restoreFailures)
+			failingFor := 0.0
+			if failing {
+				failingFor = max(0, now.Sub(failingSince).Seconds())
+			}
+			gauge(syncFailingDesc, failingFor)
 			if res.hasInvalidDropped {
 				counter(invalidDroppedDesc, res.invalidDropped)
 			}

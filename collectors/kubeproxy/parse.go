@@ -306,8 +306,8 @@ type jsonLine struct {
 }
 
 func parseJSON(line []byte) (logEvent, bool) {
-	var j jsonLine
-	if err := json.Unmarshal(line, &j); err != nil {
+	j, ok := parseJSONLine(line)
+	if !ok {
 		return logEvent{}, false
 	}
 	ev, ok := classifyStructured(j.Msg, jsonString(j.Err), jsonString(j.Type))
@@ -315,6 +315,14 @@ func parseJSON(line []byte) (logEvent, bool) {
 		ev.ts = jsonTime(j.TS)
 	}
 	return ev, ok
+}
+
+func parseJSONLine(line []byte) (jsonLine, bool) {
+	var j jsonLine
+	if err := json.Unmarshal(line, &j); err != nil {
+		return jsonLine{}, false
+	}
+	return j, true
 }
 
 func jsonString(v any) string {

@@ -23,7 +23,8 @@ const (
 	kpEndpointChanges   = "kubeproxy_sync_proxy_rules_endpoint_changes_total"
 	kpServiceChanges    = "kubeproxy_sync_proxy_rules_service_changes_total"
 	kpFullSyncs         = "kubeproxy_sync_full_proxy_rules_duration_seconds_count"
-	kpBuildInfo         = "kubernetes_build_info" // component-base's, with the git_version label
+	kpBuildInfo         = "kubernetes_build_info"      // component-base's, with the git_version label
+	kpStartTime         = "process_start_time_seconds" // its process collector's
 	maxMetricsBodyBytes = 32 << 20
 )
 
@@ -54,10 +55,15 @@ type probeResult struct {
 	hasEndpointsPending bool
 	hasServicesPending  bool
 	restoreFailures     float64 // 0 when kube-proxy has not failed yet (it exports no series then)
-	invalidDropped      float64
-	hasInvalidDropped   bool
-	changes             changeCounts
-	scan                metricsScan // what the scan of the metrics skipped or left out
+	// iptablesRestoreFailures (iptables and IPVS mode) and nftablesSyncFailures (nftables
+	// mode) are restoreFailures' two parts.
+	iptablesRestoreFailures, nftablesSyncFailures float64
+	// started is kube-proxy's process start (process_start_time_seconds); zero when unknown.
+	started           time.Time
+	invalidDropped    float64
+	hasInvalidDropped bool
+	changes           changeCounts
+	scan              metricsScan // what the scan of the metrics skipped or left out
 	// version is the git_version of kube-proxy's kubernetes_build_info, as it reports it;
 	// empty when it exports none.
 	version string
@@ -129,6 +135,18 @@ func (p *prober) probeMetrics(ctx context.Context, res *probeResult) {
 	res.up = true
 	res.scan = scan
 	m.apply(res)
+}
+
+// syncTool names the tool whose failures kube-proxy counted: iptables-restore (iptables and
+// IPVS mode) or nft (nftables mode); "" when it counted none.
+func (res *probeResult) syncTool() string {
+	switch {
+	case res.iptablesRestoreFailures > 0:
+		return toolIPTablesRestore
+	case res.nftablesSyncFailures > 0:
+		return toolNFT
+	}
+	return ""
 }
 
 func isOpenMetrics(contentType string) bool {

@@ -37,6 +37,7 @@ var Reasons = map[verdict.Cause]string{
 	verdict.KubeProxyWatchFailing:  "KubeProxyWatchFailing",
 	verdict.KubeProxyStuck:         "KubeProxyStuck",
 	verdict.KubeProxyDown:          "KubeProxyDown",
+	verdict.KubeProxySyncFailing:   "KubeProxySyncFailing",
 	verdict.BridgeNetfilterOff:     "BridgeNetfilterOff",
 	verdict.InvalidNotDropped:      "InvalidNotDropped",
 	verdict.ConntrackTableFull:     "ConntrackTableFull",

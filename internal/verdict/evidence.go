@@ -58,8 +58,9 @@ type StaleRulesRestEvidence struct {
 	ExplainedBy  []Cause `json:"explained_by"`
 }
 
-// KubeProxyEvidence is what is known of kube-proxy; it backs kube_proxy_watch_failing,
-// kube_proxy_stuck and kube_proxy_down, and is part of stale_rules' evidence.
+// KubeProxyEvidence is what is known of kube-proxy; it backs kube_proxy_sync_failing,
+// kube_proxy_watch_failing, kube_proxy_stuck and kube_proxy_down, and is part of stale_rules'
+// evidence.
 type KubeProxyEvidence struct {
 	Up         bool   `json:"up"`
 	DownReason string `json:"down_reason,omitempty"`
@@ -75,10 +76,33 @@ type KubeProxyEvidence struct {
 	LogFiles              []string         `json:"log_files"`
 	// ProxyMode is kube-proxy's mode found from the node's rules.
 	ProxyMode string `json:"proxy_mode,omitempty"`
+	// SyncFailures are its failing rule syncs, while they fail.
+	SyncFailures *SyncFailuresEvidence `json:"sync_failures,omitempty"`
 	// APIView is the exporter's own view of the API, when it is stale too (the node's path
 	// to the API server is then the likely cause).
 	APIView  *APIEvidence `json:"exporter_api_view,omitempty"`
 	Explains []Cause      `json:"explains,omitempty"`
+}
+
+// SyncFailuresEvidence is kube-proxy's failing rule syncs: part of the kube-proxy evidence of
+// kube_proxy_sync_failing and of the stale_rules it explains.
+type SyncFailuresEvidence struct {
+	// Failed are the syncs failed in a row (no sync applied since the first), Since when the
+	// first was seen, or kube-proxy's start when it has applied none since it started
+	// (NeverApplied). Total is kube-proxy's own count since it started.
+	Failed       uint64    `json:"failed"`
+	Total        uint64    `json:"total"`
+	Since        time.Time `json:"since,omitzero"`
+	NeverApplied bool      `json:"never_applied"`
+	// Tool is what failed: iptables-restore (iptables and IPVS mode) or nft (nftables mode).
+	Tool string `json:"tool,omitempty"`
+	// Error is the last failure's error as kube-proxy logged it (one line, at most 512 bytes),
+	// ErrorAt when; ErrorNotRead says why there is none.
+	Error        string    `json:"error,omitempty"`
+	ErrorAt      time.Time `json:"error_at,omitzero"`
+	ErrorNotRead string    `json:"error_not_read,omitempty"`
+	// Remedy is what to do, from the error when it tells.
+	Remedy string `json:"remedy"`
 }
 
 // APIEvidence backs api_view_stale.

@@ -94,6 +94,22 @@ type KubeProxyFacts struct {
 	LastSync time.Time
 	// SyncPending is how long a queued change has waited unapplied now (0 when none).
 	SyncPending time.Duration
+	// SyncFailing says its rule syncs are failing now: failed syncs counted with no sync
+	// applied since the first of them. SyncFailures are those failed syncs, SyncFailingSince
+	// when the first was seen, or its start when it has applied no sync since it started
+	// (SyncNeverApplied: the node has none of its rules). SyncFailuresTotal is its own count
+	// since it started.
+	SyncFailing                     bool
+	SyncFailures, SyncFailuresTotal uint64
+	SyncFailingSince                time.Time
+	SyncNeverApplied                bool
+	// SyncTool is the tool that failed: "iptables-restore" (iptables and IPVS mode) or "nft"
+	// (nftables mode); "" when unknown.
+	SyncTool string
+	// SyncError is the last failed sync's error as kube-proxy logged it (one line, bounded),
+	// SyncErrorAt its time; empty when its log is not read or holds none.
+	SyncError   string
+	SyncErrorAt time.Time
 	// Version is the version it reports (the git_version of its kubernetes_build_info, as
 	// reported); "" when it reports none or was never heard.
 	Version string

@@ -97,7 +97,7 @@ func (e *evaluation) run() {
 	for _, f := range stale {
 		e.add(f)
 	}
-	for _, f := range []*Finding{kp.down, kp.stuck, kp.watch, apiStale} {
+	for _, f := range []*Finding{kp.sync, kp.down, kp.stuck, kp.watch, apiStale} {
 		if f != nil {
 			e.add(*f)
 		}
@@ -108,13 +108,19 @@ func (e *evaluation) run() {
 
 // kubeProxyFindings are the node-wide kube-proxy findings, nil when not found.
 type kubeProxyFindings struct {
-	watch, stuck, down *Finding
-	// explainedBy are the kube-proxy causes that would explain stale rules: any list/watch
-	// failure read (one is enough: a black-holed connection logs one per informer, then
-	// nothing), a stuck sync, kube-proxy down.
+	sync, watch, stuck, down *Finding
+	// explainedBy are the kube-proxy causes that would explain stale rules: failing syncs
+	// (one in a row is enough), any list/watch failure read (one is enough: a black-holed
+	// connection logs one per informer, then nothing), a stuck sync, kube-proxy down.
 	explainedBy []Cause
 	because     []string // the same, as clauses of a sentence
+	// remedy is what to do about stale rules they explain: restart kube-proxy, unless its
+	// syncs fail, which a restart does not mend.
+	remedy string
 }
+
+// restartRemedy is what mends a kube-proxy that lost its watch or got stuck.
+const restartRemedy = "restart kube-proxy on this node"
 
 func (e *evaluation) kubeProxyEvidence() *KubeProxyEvidence {
 	k := e.in.KubeProxy
@@ -130,6 +136,9 @@ func (e *evaluation) kubeProxyEvidence() *KubeProxyEvidence {
 	}
 	if !k.Up {
 		ev.DownReason = k.DownReason
+	}
+	if k.Up && k.SyncFailing && k.SyncFailures > 0 {
+		ev.SyncFailures = e.syncFailuresEvidence()
 	}
 	if ev.ListErrors == nil {
 		ev.ListErrors = []ListErrorCount{}
@@ -176,8 +185,31 @@ func (e *evaluation) kubeProxy() kubeProxyFindings {
 		if reason == "" {
 			reason = "kube-proxy was not looked at"
 		}
-		e.notChecked(reason, KubeProxyDown, KubeProxyStuck, KubeProxyWatchFailing)
+		e.notChecked(reason, KubeProxySyncFailing, KubeProxyDown, KubeProxyStuck, KubeProxyWatchFailing)
 		return out
+	}
+
+	// Its metrics and log: rule syncs that keep failing. They explain a queued change left
+	// unapplied, so kube_proxy_stuck is then not told.
+	syncFailing := k.Up && k.SyncFailing && k.SyncFailures > 0
+	if syncFailing {
+		ev := e.syncFailuresEvidence()
+		out.explainedBy = append(out.explainedBy, KubeProxySyncFailing)
+		out.because = append(out.because, syncFailureClause(ev))
+		out.remedy = ev.Remedy
+		if ev.NeverApplied || (e.th.SyncFailures > 0 && ev.Failed >= e.th.SyncFailures) {
+			kev := e.kubeProxyEvidence()
+			kev.ProxyMode = e.in.Rules.Mode
+			kev.SyncFailures = ev
+			severity, effect := Warning, ": no Service or endpoint change reaches this node's rules"
+			if ev.NeverApplied {
+				severity, effect = Critical, ", so this node has none of its Service rules"
+			}
+			clause := syncFailureClause(ev)
+			summary := strings.ToUpper(clause[:1]) + clause[1:] + effect + "; " + ev.Remedy
+			out.sync = &Finding{Cause: KubeProxySyncFailing, Severity: severity, Summary: summary, Evidence: kev,
+				Runbook: runbook(anchorSyncFailing)}
+		}
 	}
 
 	// Its log: list/watch failures.
@@ -218,7 +250,7 @@ func (e *evaluation) kubeProxy() kubeProxyFindings {
 	}
 
 	// Its metrics: a queued change left unapplied.
-	if k.Up && e.th.SyncPending > 0 && k.SyncPending >= e.th.SyncPending {
+	if k.Up && !syncFailing && e.th.SyncPending > 0 && k.SyncPending >= e.th.SyncPending {
 		out.explainedBy = append(out.explainedBy, KubeProxyStuck)
 		out.because = append(out.because, "kube-proxy has left a queued change unapplied for "+formatDuration(k.SyncPending))
 		summary := "kube-proxy has had a change queued for " + formatDuration(k.SyncPending) + " without applying it"
@@ -303,6 +335,10 @@ func (e *evaluation) staleRules(kp kubeProxyFindings) []Finding {
 	if len(kp.because) > 0 {
 		because = ", because " + strings.Join(kp.because, " and ")
 	}
+	remedy := kp.remedy
+	if remedy == "" {
+		remedy = restartRemedy
+	}
 	max := len(r.Drifting)
 	if e.th.MaxServiceFindings > 0 {
 		max = min(max, e.th.MaxServiceFindings)
@@ -335,8 +371,8 @@ func (e *evaluation) staleRules(kp kubeProxyFindings) []Finding {
 		if d.StaleCount > 0 {
 			counts = append(counts, fmt.Sprintf("%d stale", d.StaleCount)+onlyLocal(d.StaleIn, d.StaleCount, "in", r.Mode))
 		}
-		summary := fmt.Sprintf("kube-proxy's rules for %s differ from the API: %d endpoints programmed, %d in the API (%s) for %s%s; restart kube-proxy on this node.",
-			svc, d.Programmed, d.Expected, strings.Join(counts, ", "), formatDuration(e.in.Now.Sub(d.Since)), because)
+		summary := fmt.Sprintf("kube-proxy's rules for %s differ from the API: %d endpoints programmed, %d in the API (%s) for %s%s; %s",
+			svc, d.Programmed, d.Expected, strings.Join(counts, ", "), formatDuration(e.in.Now.Sub(d.Since)), because, sentenceEnd(remedy))
 		out = append(out, Finding{Cause: StaleRules, Severity: Critical, Service: &svc, Summary: summary, Evidence: ev,
 			Runbook: runbook(anchorRulesStale)})
 	}
@@ -346,8 +382,8 @@ func (e *evaluation) staleRules(kp kubeProxyFindings) []Finding {
 			ev.MissingCount += d.MissingCount
 			ev.StaleCount += d.StaleCount
 		}
-		summary := fmt.Sprintf("kube-proxy's rules for %d more service ports differ from the API (%d endpoints missing, %d stale in all)%s; restart kube-proxy on this node.",
-			len(rest), ev.MissingCount, ev.StaleCount, because)
+		summary := fmt.Sprintf("kube-proxy's rules for %d more service ports differ from the API (%d endpoints missing, %d stale in all)%s; %s",
+			len(rest), ev.MissingCount, ev.StaleCount, because, sentenceEnd(remedy))
 		out = append(out, Finding{Cause: StaleRules, Severity: Critical, Summary: summary, Evidence: ev, Runbook: runbook(anchorRulesStale)})
 	}
 	return out

@@ -29,6 +29,11 @@ const (
 	KubeProxyWatchFailing Cause = "kube_proxy_watch_failing"
 	// KubeProxyStuck: kube-proxy has left a queued change unapplied for minutes. Warning.
 	KubeProxyStuck Cause = "kube_proxy_stuck"
+	// KubeProxySyncFailing: kube-proxy keeps failing to apply its rules (iptables-restore,
+	// the nftables transaction), so no change reaches them; a restart does not mend a cause
+	// on the node. Critical when it has applied none since it started (the node has no
+	// Service rules at all), else a warning.
+	KubeProxySyncFailing Cause = "kube_proxy_sync_failing"
 	// KubeProxyDown: kube-proxy's rules are on the node but kube-proxy does not answer.
 	// Warning.
 	KubeProxyDown Cause = "kube_proxy_down"
@@ -52,8 +57,8 @@ const (
 )
 
 // Causes lists the vocabulary in the order findings of equal severity are told.
-var Causes = []Cause{StaleRules, BridgeNetfilterOff, ConntrackTableFull, KubeProxyDown, KubeProxyStuck,
-	KubeProxyWatchFailing, InvalidNotDropped, ConntrackInsertFailing, UnrepliedFlows, APIViewStale}
+var Causes = []Cause{StaleRules, BridgeNetfilterOff, ConntrackTableFull, KubeProxySyncFailing, KubeProxyDown,
+	KubeProxyStuck, KubeProxyWatchFailing, InvalidNotDropped, ConntrackInsertFailing, UnrepliedFlows, APIViewStale}
 
 // Severity is how bad a finding is.
 type Severity string
@@ -230,6 +235,7 @@ const (
 	anchorListWatchFailing   = "proxyhealthkubeproxylistwatchfailing"
 	anchorKubeProxyStuck     = "proxyhealthkubeproxystuck"
 	anchorKubeProxyDown      = "proxyhealthkubeproxydown"
+	anchorSyncFailing        = "proxyhealthkubeproxysyncfailing"
 	anchorBridgeNetfilterOff = "proxyhealthbridgenetfilteroff"
 	anchorInvalidNotDropped  = "proxyhealthinvalidpacketsnotdropped"
 	anchorTableNearlyFull    = "proxyhealthconntracktablenearlyfull"
@@ -253,6 +259,10 @@ type Thresholds struct {
 	TableFullRatio float64
 	// SyncPending: how long a queued change may wait before kube-proxy counts as stuck.
 	SyncPending time.Duration
+	// SyncFailures: failed syncs in a row (no sync applied since the first) that make
+	// kube_proxy_sync_failing; one failure in a row still explains stale rules. kube-proxy
+	// retries a failed sync, so 2 says the retry failed too.
+	SyncFailures uint64
 	// ListErrors: failures of one resource and verb within the span that make
 	// kube_proxy_watch_failing (one failure still explains stale rules).
 	ListErrors uint64
@@ -270,6 +280,7 @@ var DefaultThresholds = Thresholds{
 	InsertFailedPerSecond: 0.1,
 	TableFullRatio:        0.9,
 	SyncPending:           2 * time.Minute,
+	SyncFailures:          2,
 	ListErrors:            3,
 	UnrepliedFlows:        3,
 	MaxServiceFindings:    50,

@@ -382,7 +382,7 @@ func TestKubeProxyNotLookedAt(t *testing.T) {
 	r := Evaluate(in)
 	only(t, r)
 	if len(r.NotChecked) != 1 || r.NotChecked[0].Reason != "the kubeproxy collector is off" ||
-		!slices.Equal(r.NotChecked[0].Causes, []Cause{KubeProxyDown, KubeProxyStuck, KubeProxyWatchFailing}) {
+		!slices.Equal(r.NotChecked[0].Causes, []Cause{KubeProxySyncFailing, KubeProxyDown, KubeProxyStuck, KubeProxyWatchFailing}) {
 		t.Errorf("not checked %+v", r.NotChecked)
 	}
 	in = healthyInput()
@@ -784,6 +784,7 @@ func TestEveryCauseIsReachable(t *testing.T) {
 			in.KubeProxy.ListErrors = []ListErrorCount{{Resource: "services", Verb: "list", Recent: 3, Total: 3}}
 		},
 		func(in *Input) { in.KubeProxy.SyncPending = time.Hour },
+		func(in *Input) { failingSyncs(in, 3, false) },
 		func(in *Input) { in.KubeProxy.Up = false },
 		func(in *Input) {
 			in.Kernel.BridgeNFCallIptables = Int(0)
@@ -901,7 +902,7 @@ func TestRunbookAnchors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, a := range []string{anchorRulesStale, anchorListWatchFailing, anchorKubeProxyStuck, anchorKubeProxyDown,
+	for _, a := range []string{anchorRulesStale, anchorListWatchFailing, anchorKubeProxyStuck, anchorKubeProxyDown, anchorSyncFailing,
 		anchorBridgeNetfilterOff, anchorInvalidNotDropped, anchorTableNearlyFull, anchorDroppingFlows, anchorInsertFailing,
 		anchorAPIViewStale, anchorUnrepliedFlows} {
 		if !sections[a] {

@@ -446,7 +446,7 @@ func TestVerdictKernel(t *testing.T) {
 	// exit code 3 with the reasons, never healthy.
 	r, code, stderr := diagnoseDuring(t, l, 2*time.Second, 0, func() {}, noKubeProxy...)
 	if code != 3 || r.Verdict != "unknown" || len(r.Findings) != 0 || !strings.Contains(stderr, "stale_rules: no Kubernetes API configured") ||
-		!strings.Contains(stderr, "kube_proxy_down, kube_proxy_stuck, kube_proxy_watch_failing: the kubeproxy collector is off") {
+		!strings.Contains(stderr, "kube_proxy_sync_failing, kube_proxy_down, kube_proxy_stuck, kube_proxy_watch_failing: the kubeproxy collector is off") {
 		t.Errorf("diagnose on the quiet lab: exit %d, stderr:\n%s\nreport:\n%s", code, stderr, r.raw)
 	}
 	waitFor(t, 10*time.Second, "/status unknown", func() (bool, string) {

@@ -1,0 +1,119 @@
+package verdict
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+)
+
+// kube-proxy's failing rule syncs (kube_proxy_sync_failing): what failed, since when, the error
+// it logged, and a remedy that fits. kube-proxy retries a failed sync every sync period and
+// stays healthy throughout, and a restart writes the same rules again: when the node cannot
+// take them (a kernel module it lacks, an iptables or nft that does not match its kernel) the
+// error names the cause, and mending that is what applies the rules at the next retry.
+
+func (e *evaluation) syncFailuresEvidence() *SyncFailuresEvidence {
+	k := e.in.KubeProxy
+	ev := &SyncFailuresEvidence{
+		Failed:       k.SyncFailures,
+		Total:        max(k.SyncFailuresTotal, k.SyncFailures),
+		Since:        k.SyncFailingSince.UTC(),
+		NeverApplied: k.SyncNeverApplied,
+		Tool:         k.SyncTool,
+		Error:        k.SyncError,
+	}
+	if ev.Tool == "" {
+		ev.Tool = "iptables-restore"
+		if e.in.Rules.Mode == "nftables" {
+			ev.Tool = "nft"
+		}
+	}
+	if !k.SyncErrorAt.IsZero() {
+		ev.ErrorAt = k.SyncErrorAt.UTC()
+	}
+	if ev.Error == "" {
+		switch {
+		case k.LogErr != "":
+			ev.ErrorNotRead = k.LogErr
+		case len(k.LogFiles) == 0:
+			ev.ErrorNotRead = "no kube-proxy log file found (see --kubeproxy.log-path)"
+		default:
+			ev.ErrorNotRead = "kube-proxy's log has no failed sync since it was first read"
+		}
+	}
+	ev.Remedy = syncRemedy(ev.Tool, ev.Error)
+	return ev
+}
+
+// syncFailureClause says what failed: "kube-proxy cannot apply its rules: 12 iptables-restore
+// runs failed in a row since 2026-11-28T08:01:02Z (line 3: RULE_APPEND failed ...)".
+func syncFailureClause(ev *SyncFailuresEvidence) string {
+	what := plural(ev.Failed, ev.Tool+" run", ev.Tool+" runs")
+	if ev.Tool == "nft" {
+		what = plural(ev.Failed, "nftables transaction", "nftables transactions")
+	}
+	var when string
+	switch {
+	case ev.NeverApplied && !ev.Since.IsZero():
+		when = fmt.Sprintf("every sync since it started at %s failed (%s)", formatTime(ev.Since), what)
+	case ev.NeverApplied:
+		when = fmt.Sprintf("every sync since it started failed (%s)", what)
+	case ev.Failed == 1:
+		when = fmt.Sprintf("its last sync failed (%s at %s)", what, formatTime(ev.Since))
+	default:
+		when = fmt.Sprintf("%s failed in a row since %s", what, formatTime(ev.Since))
+	}
+	clause := "kube-proxy cannot apply its rules: " + when
+	if ev.Error != "" {
+		clause += fmt.Sprintf(", last error %q", ev.Error)
+	}
+	return clause
+}
+
+// Errors that name their cause.
+var (
+	// iptables: "Warning: Extension ipvs revision 0 not supported, missing kernel module?",
+	// "Couldn't load match `nfacct':No such file or directory".
+	reExtensionMissing = regexp.MustCompile("Extension ([A-Za-z0-9_]+) revision [0-9]+ not supported|Couldn't load (?:match|target) `([A-Za-z0-9_]+)'")
+	// Another program holds the iptables lock past kube-proxy's wait.
+	reXtablesLock = regexp.MustCompile(`(?i)xtables lock|holding the xtables`)
+	// The tool itself cannot be run.
+	reNotFound = regexp.MustCompile(`executable file not found|exec: "[^"]*": `)
+)
+
+// syncRemedy is what to do about syncs that keep failing, from the error when it names the
+// cause; never a restart, which writes the same rules again.
+func syncRemedy(tool, errText string) string {
+	const noRestart = "restarting kube-proxy does not help, it writes the same rules again"
+	if m := reExtensionMissing.FindStringSubmatch(errText); m != nil {
+		ext := m[1] + m[2]
+		return fmt.Sprintf("the %s extension %q is not supported by this node's kernel: load its kernel module (for a match, modprobe xt_%s) or run a kernel that has it, and kube-proxy's next retry applies its rules (%s).",
+			tool, ext, strings.ToLower(ext), noRestart)
+	}
+	switch {
+	case reXtablesLock.MatchString(errText):
+		return fmt.Sprintf("another program holds the xtables lock (/run/xtables.lock) past kube-proxy's wait: find it (fuser /run/xtables.lock) and stop it; %s.", noRestart)
+	case reNotFound.MatchString(errText):
+		return fmt.Sprintf("kube-proxy cannot run %s: its image or PATH lacks it; fix kube-proxy's image.", tool)
+	case errText == "":
+		return fmt.Sprintf("read the error in kube-proxy's log (\"%s\") and fix what it names: a kernel module or feature the node lacks, a %s that does not match the kernel, a rule another program wrote; %s.",
+			syncFailureMessage(tool), tool, noRestart)
+	}
+	return fmt.Sprintf("fix what the error names: a kernel module or feature the node lacks, a %s that does not match the kernel, a rule another program wrote; %s.", tool, noRestart)
+}
+
+// syncFailureMessage is what kube-proxy logs when tool fails a sync.
+func syncFailureMessage(tool string) string {
+	if tool == "nft" {
+		return "nftables sync failed"
+	}
+	return "Failed to execute iptables-restore"
+}
+
+// sentenceEnd ends s with a full stop.
+func sentenceEnd(s string) string {
+	if strings.HasSuffix(s, ".") {
+		return s
+	}
+	return s + "."
+}
