@@ -164,10 +164,11 @@ func Overview() *Dashboard {
 		"On the nodes whose kube-proxy logged a list/watch failure most recently, how long ago that was. A small value on many nodes points at the apiserver or the network to it; on a few nodes, at those nodes.",
 		q{`bottomk(20, time() - max by (node) (` + m("proxyhealth_kubeproxy_last_list_error_timestamp_seconds") + `))`, "{{node}}"})
 	d.timeseries(8, "kube-proxy state across nodes", "none",
-		"Nodes whose kube-proxy does not answer its metrics endpoint, calls itself unhealthy, or has held a queued change unapplied for more than 60 s. Unhealthy is rare even when it is broken (incident 3 stayed green); a pending change is the sign of a stuck kube-proxy.",
+		"Nodes whose kube-proxy does not answer its metrics endpoint, calls itself unhealthy, has held a queued change unapplied for more than 60 s, or whose every rule sync has failed for more than 2 minutes. Unhealthy is rare even when it is broken (incident 3 stayed green, and so does a kube-proxy whose restores all fail); a pending change is the sign of a stuck kube-proxy, failing syncs of a node that cannot take its rules (a kernel module it lacks: restarting kube-proxy does not help, see the ProxyHealthKubeProxySyncFailing runbook).",
 		q{`count(` + m("proxyhealth_kubeproxy_up") + ` == 0) or vector(0)`, "down"},
 		q{`count(` + m("proxyhealth_kubeproxy_healthy") + ` == 0) or vector(0)`, "unhealthy by its own verdict"},
-		q{`count(` + m("proxyhealth_kubeproxy_sync_pending_seconds") + ` > 60) or vector(0)`, "change pending > 60s"})
+		q{`count(` + m("proxyhealth_kubeproxy_sync_pending_seconds") + ` > 60) or vector(0)`, "change pending > 60s"},
+		q{`count(` + m("proxyhealth_kubeproxy_sync_failing_seconds") + ` > 120) or vector(0)`, "syncs failing > 2m"})
 
 	d.row("conntrack (incidents 1 and 2)")
 	d.timeseries(12, "Unreplied Service flows by service and reason", "cps",
@@ -301,15 +302,16 @@ func Node() *Dashboard {
 		"How long ago kube-proxy last logged a list/watch failure (absent until one is read). Small and not growing: the failures go on.",
 		q{`time() - ` + m("proxyhealth_kubeproxy_last_list_error_timestamp_seconds"), "since the last error"})
 	d.timeseries(8, "kube-proxy sync", "s",
-		"Time since kube-proxy last applied its rules, and how long a queued change has waited unapplied. The sync age grows on a quiet node (it syncs hourly); a pending change that grows is a stuck kube-proxy.",
+		"Time since kube-proxy last applied its rules, how long a queued change has waited unapplied, and how long its rule syncs have all failed. The sync age grows on a quiet node (it syncs hourly); a pending change that grows with no failing syncs is a stuck kube-proxy; failing syncs are a node that cannot take kube-proxy's rules (the verdict's kube_proxy_sync_failing has the error from kube-proxy's log; a restart does not help).",
 		q{m("proxyhealth_kubeproxy_last_sync_age_seconds"), "since the last sync"},
-		q{m("proxyhealth_kubeproxy_sync_pending_seconds"), "change pending"})
+		q{m("proxyhealth_kubeproxy_sync_pending_seconds"), "change pending"},
+		q{m("proxyhealth_kubeproxy_sync_failing_seconds"), "syncs failing for"})
 	d.timeseries(8, "kube-proxy pending changes", "none",
 		"Endpoint and Service changes kube-proxy has received but not applied yet. Normally 0 between syncs; staying up goes with a stuck kube-proxy.",
 		q{m("proxyhealth_kubeproxy_endpoint_changes_pending"), "endpoint changes"},
 		q{m("proxyhealth_kubeproxy_service_changes_pending"), "service changes"})
 	d.timeseries(8, "kube-proxy rule sync failures", "cps",
-		"Rule syncs kube-proxy failed to apply (iptables-restore or nftables), per second. Non-zero: its log says which rule; the node's rules fall behind.",
+		"Rule syncs kube-proxy failed to apply (iptables-restore or nftables), per second. kube-proxy retries every sync period, so one failure a period is every sync failing: the node's rules no longer follow the API, and its log (and the verdict's kube_proxy_sync_failing) names the error, often a kernel module the node lacks. Restarting kube-proxy does not help.",
 		q{rate(m("proxyhealth_kubeproxy_sync_failures_total")), "sync failures"})
 	d.timeseries(8, "kube-proxy log files followed", "none",
 		"kube-proxy log files the exporter follows. 0: it cannot see kube-proxy's list/watch errors; set --kubeproxy.log-path and mount the host's /var/log.",
