@@ -17,6 +17,8 @@ type commandLine struct {
 	app            *kingpin.Application
 	diagnoseCmd    *kingpin.CmdClause
 	diagnoseCfg    *diagnose.Config
+	stateDirCmd    *kingpin.CmdClause
+	stateDirOwner  *string
 	srv            *serverFlags
 	webConfig      *web.FlagConfig
 	paths          *Paths
@@ -32,6 +34,8 @@ func newCommandLine() *commandLine {
 	cl := &commandLine{app: app, srv: &serverFlags{}, promslogConfig: &promslog.Config{}}
 	cl.diagnoseCmd = app.Command("diagnose", diagnose.Help)
 	cl.diagnoseCfg = diagnose.AddFlags(cl.diagnoseCmd)
+	cl.stateDirCmd = app.Command("prepare-state-dir", "Create --conntrack.invalid-reasons.state-dir, mode 0700, and give it to --owner: the chart's init container runs it as root with CAP_CHOWN alone, since the kubelet creates a hostPath directory root's and the exporter runs as another user.")
+	cl.stateDirOwner = cl.stateDirCmd.Flag("owner", "UID:GID of the exporter's user.").Required().String()
 	cl.srv.addFlags(app)
 	cl.webConfig = webflag.AddFlags(app, DefaultListenAddress)
 	cl.paths = addPathFlags(app)

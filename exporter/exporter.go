@@ -69,6 +69,13 @@ func Main(args []string) int {
 		logger := diagnose.Logger(args, cl.promslogConfig)
 		return runDiagnose(ctx, *cl.diagnoseCfg, cl.collectors, logger, os.Stdout, os.Stderr)
 	}
+	if cmd == cl.stateDirCmd.FullCommand() {
+		if err := prepareStateDir(cl.collectors.conntrack.InvalidReasonsStateDir, *cl.stateDirOwner); err != nil {
+			fmt.Fprintf(os.Stderr, "proxyhealth: %v\n", err)
+			return 1
+		}
+		return 0
+	}
 	if err := cl.validateServe(); err != nil {
 		fmt.Fprintf(os.Stderr, "proxyhealth: %v\n", err)
 		return 2

@@ -110,6 +110,7 @@ func testGoldenScrape(t *testing.T, g golden) {
 	if _, err := app.Parse([]string{
 		"--path.procfs=" + procfs,
 		"--conntrack.invalid-reasons",
+		"--conntrack.invalid-reasons.state-dir=" + t.TempDir(),
 		// Two label sets per series: the conntrack events make three, and the third shows
 		// in the *_unlisted series.
 		"--conntrack.max-service-series=2",

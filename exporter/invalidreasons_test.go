@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -118,6 +119,7 @@ func waitSettings(t *testing.T, inNetns func(string) string, want string, exited
 func TestInvalidReasonsRestoredOnSIGTERM(t *testing.T) {
 	inNetns, nsenter, before := invalidReasonsNetns(t)
 	args := []string{"--web.listen-address=127.0.0.1:19100", "--web.shutdown-timeout=2s", "--conntrack.invalid-reasons",
+		"--conntrack.invalid-reasons.state-dir=" + t.TempDir(),
 		"--no-collector.rules", "--no-collector.node", "--no-collector.kubeproxy", "--log.level=debug"}
 	exporter, exited := startExporterProcess(t, nsenter, args)
 	waitSettings(t, inNetns, "255 nfnetlink_log nfnetlink_log", exited)
@@ -142,7 +144,7 @@ func TestInvalidReasonsRestoredOnSIGTERM(t *testing.T) {
 // puts the settings back when it ends.
 func TestInvalidReasonsRestoredAfterDiagnose(t *testing.T) {
 	inNetns, nsenter, before := invalidReasonsNetns(t)
-	args := []string{"diagnose", "--window=2s", "--conntrack.invalid-reasons",
+	args := []string{"diagnose", "--window=2s", "--conntrack.invalid-reasons", "--conntrack.invalid-reasons.state-dir=" + t.TempDir(),
 		"--no-collector.rules", "--no-collector.node", "--no-collector.kubeproxy", "--log.level=debug"}
 	_, exited := startExporterProcess(t, nsenter, args)
 	waitSettings(t, inNetns, "255 nfnetlink_log nfnetlink_log", exited)
@@ -157,5 +159,70 @@ func TestInvalidReasonsRestoredAfterDiagnose(t *testing.T) {
 	}
 	if got := inNetns(readInvalidLogSettings); got != before {
 		t.Errorf("settings after diagnose: %s, want the old %s", got, before)
+	}
+}
+
+// A real exporter process killed with SIGKILL leaves conntrack's log settings changed; a
+// restarted one, killed again, then ended by SIGTERM, puts back the values the namespace had
+// before the first start, which the state directory kept, not those the crashes left.
+func TestInvalidReasonsRestoredAfterSIGKILL(t *testing.T) {
+	inNetns, nsenter, before := invalidReasonsNetns(t)
+	stateDir := filepath.Join(t.TempDir(), "proxyhealth")
+	state := filepath.Join(stateDir, "conntrack-invalid-log.json")
+	args := []string{"--web.listen-address=127.0.0.1:19100", "--web.shutdown-timeout=2s", "--conntrack.invalid-reasons",
+		"--conntrack.invalid-reasons.state-dir=" + stateDir,
+		"--no-collector.rules", "--no-collector.node", "--no-collector.kubeproxy", "--log.level=debug"}
+	const ours = "255 nfnetlink_log nfnetlink_log"
+
+	exporter, exited := startExporterProcess(t, nsenter, args)
+	waitSettings(t, inNetns, ours, exited)
+	for crash := 1; crash <= 2; crash++ {
+		saved, err := os.Stat(state)
+		if err != nil {
+			t.Fatalf("no state file while the settings are changed: %v", err)
+		}
+		if err := exporter.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		<-exited
+		if got := inNetns(readInvalidLogSettings); got != ours {
+			t.Fatalf("settings after SIGKILL %d: %s, want them still changed (%s)", crash, got, ours)
+		}
+		// The restarted exporter writes the state file anew before it sets anything.
+		exporter, exited = startExporterProcess(t, nsenter, args)
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			fi, err := os.Stat(state)
+			if err == nil && !os.SameFile(fi, saved) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("restart %d: the state file was not written anew: %v", crash, err)
+			}
+			select {
+			case err := <-exited:
+				t.Fatalf("restart %d: the exporter ended: %v", crash, err)
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+		waitSettings(t, inNetns, ours, exited)
+	}
+
+	if err := exporter.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Errorf("the exporter exited with %v after SIGTERM, want 0", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the exporter did not end within 10s of SIGTERM")
+	}
+	if got := inNetns(readInvalidLogSettings); got != before {
+		t.Errorf("settings after two SIGKILLs, restarts and SIGTERM: %s, want those before the first start, %s", got, before)
+	}
+	if _, err := os.Stat(state); !os.IsNotExist(err) {
+		t.Errorf("the state file outlives the clean exit: %v", err)
 	}
 }

@@ -401,7 +401,7 @@ func (e *phaseEnv) startConsumer(kind string) (*consumer, error) {
 	case "exporter":
 		args = append(append(base, e.exporterBin), e.exporterArgs...)
 	case "invalid":
-		args = append(append(append(base, e.exporterBin), e.exporterArgs...), "--conntrack.invalid-reasons")
+		args = append(append(append(base, e.exporterBin), e.exporterArgs...), "--conntrack.invalid-reasons", "--conntrack.invalid-reasons.state-dir="+filepath.Join(e.tmp, "state"))
 	}
 	stamp := strconv.FormatInt(time.Now().UnixNano(), 36)
 	c.outPath = filepath.Join(e.eventDir, kind+"-"+stamp+".out")

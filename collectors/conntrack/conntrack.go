@@ -57,6 +57,10 @@ type Config struct {
 	TableStats bool
 	// InvalidReasons reads conntrack's INVALID log from NFLOG group 0 (see invalidLog).
 	InvalidReasons bool
+	// InvalidReasonsStateDir keeps the node's own values of the settings InvalidReasons
+	// changes, for the next start should this process end without putting them back
+	// (invalidState); "" keeps none.
+	InvalidReasonsStateDir string
 	// SilentCheckInterval is how often the flows that predate the listener are looked for in
 	// the table (AddFlags sets it; not a flag); zero never looks.
 	SilentCheckInterval time.Duration
@@ -85,8 +89,10 @@ func (c *Config) AddFlags(app *kingpin.Application) {
 		Default("30s").DurationVar(&c.ResyncMinInterval)
 	app.Flag("conntrack.table-stats", "Export the conntrack table's size and the kernel's per-CPU conntrack statistics that node_exporter's conntrack collector also exports (as node_nf_conntrack_*); --no-conntrack.table-stats where node_exporter runs too. proxyhealth's own alerts and dashboards read these series.").
 		Default("true").BoolVar(&c.TableStats)
-	app.Flag("conntrack.invalid-reasons", "Name the kernel's reason and the Service of each packet conntrack marks INVALID (proxyhealth_conntrack_invalid_reason_packets_total), from conntrack's own log: sets net.netfilter.nf_conntrack_log_invalid=255 and the nf_log backend of IPv4 and IPv6 to nfnetlink_log in the exporter's network namespace, and reads NFLOG group 0, which takes one reader per namespace: another user of group 0 (ulogd, an NFLOG rule without a group) keeps it, and this part fails until it is free. The old values are put back on exit (SIGTERM included); a crash leaves them set, costing a log message per INVALID packet that nobody reads, until the next exit of a restarted exporter puts back what it found then.").
+	app.Flag("conntrack.invalid-reasons", "Name the kernel's reason and the Service of each packet conntrack marks INVALID (proxyhealth_conntrack_invalid_reason_packets_total), from conntrack's own log: sets net.netfilter.nf_conntrack_log_invalid=255 and the nf_log backend of IPv4 and IPv6 to nfnetlink_log in the exporter's network namespace, and reads NFLOG group 0, which takes one reader per namespace: another user of group 0 (ulogd, an NFLOG rule without a group) keeps it, and this part fails until it is free. The old values are saved in --conntrack.invalid-reasons.state-dir before any changes, and put back on exit (SIGTERM included); after a crash, the next start takes the saved values as the node's and puts them back on its exit.").
 		Default("false").BoolVar(&c.InvalidReasons)
+	app.Flag("conntrack.invalid-reasons.state-dir", "A directory of the node's (a hostPath: it must outlive the container) where --conntrack.invalid-reasons keeps the node's own values of the settings it changes, in a file only the exporter's user can read, from before the first change until they are put back: a SIGKILL, an OOM kill or a panic cannot lose them. The part fails if the file cannot be written. Empty: keep none (a crash leaves the settings changed, and the next start puts them back to log nothing).").
+		Default("/run/proxyhealth").StringVar(&c.InvalidReasonsStateDir)
 	// Not a flag: start-up flows end within conntrack's timeouts (2 minutes for an unanswered
 	// SYN); checking them every 10s keeps the open gauge within that of the truth.
 	c.SilentCheckInterval = 10 * time.Second

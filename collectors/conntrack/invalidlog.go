@@ -16,15 +16,19 @@ import (
 )
 
 // The settings that route conntrack's INVALID log to NFLOG group 0, relative to the procfs
-// mountpoint, and the values --conntrack.invalid-reasons gives them. Both are per network
-// namespace: /proc/sys/net resolves to the namespace of the process that opens it.
-var invalidLogSettings = []struct{ path, value string }{
-	// Log every protocol's INVALID packets (255: all; the value is a protocol number).
-	{filepath.Join(sysctl.NetfilterDir, "nf_conntrack_log_invalid"), "255"},
+// mountpoint, the values --conntrack.invalid-reasons gives them, and those that log nothing
+// (the originals when they are unknown). Both are per network namespace: /proc/sys/net
+// resolves to the namespace of the process that opens it. They are set in this order and put
+// back in the reverse one: the backends are nfnetlink_log before log_invalid rises, and
+// log_invalid is down before a syslog backend returns, so no INVALID packet is ever printed
+// to the kernel log in between.
+var invalidLogSettings = []struct{ path, value, quiet string }{
 	// nf_log's backend per family (NFPROTO_IPV4, NFPROTO_IPV6): nfnetlink_log sends to NFLOG
 	// group 0, where conntrack's log has no group of its own.
-	{filepath.Join(sysctl.NetfilterDir, "nf_log", "2"), "nfnetlink_log"},
-	{filepath.Join(sysctl.NetfilterDir, "nf_log", "10"), "nfnetlink_log"},
+	{filepath.Join(sysctl.NetfilterDir, "nf_log", "2"), "nfnetlink_log", "NONE"},
+	{filepath.Join(sysctl.NetfilterDir, "nf_log", "10"), "nfnetlink_log", "NONE"},
+	// Log every protocol's INVALID packets (255: all; the value is a protocol number).
+	{filepath.Join(sysctl.NetfilterDir, "nf_conntrack_log_invalid"), "255", "0"},
 }
 
 // savedSetting is a setting's value before the exporter changed it.
@@ -41,6 +45,7 @@ type invalidKey struct {
 // changes the node's settings only while it reads, and puts them back when it stops (restore).
 type invalidLog struct {
 	procPath  string
+	state     invalidStateStore
 	bufBytes  int
 	maxSeries int
 	logger    *slog.Logger
@@ -71,6 +76,7 @@ func newInvalidLog(cfg *Config, logger *slog.Logger, view func() *attributionVie
 	}
 	return &invalidLog{
 		procPath:  cfg.ProcPath,
+		state:     invalidStateStore{dir: cfg.InvalidReasonsStateDir},
 		bufBytes:  cfg.SocketBufferBytes,
 		maxSeries: cfg.MaxServiceSeries,
 		logger:    logger,
@@ -144,31 +150,88 @@ func (l *invalidLog) start() error {
 	return nil
 }
 
-// setLocked saves and sets each setting; on a failure it puts back those already set.
+// setLocked saves and sets each setting; on a failure it puts back those already set. The
+// values to put back are saved in the state file before any setting changes: those a previous
+// exporter left there when it did not end cleanly (it had changed the settings, and they still
+// have its values), else the ones found now. Found at this exporter's values with no state
+// file, a setting's own value is lost: it is put back to the one that logs nothing.
 func (l *invalidLog) setLocked() ([]savedSetting, error) {
+	current := make([]string, len(invalidLogSettings))
+	for i, s := range invalidLogSettings {
+		path := filepath.Join(l.procPath, s.path)
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, settingError(path, err)
+		}
+		current[i] = strings.TrimSpace(string(b))
+	}
+	kept, err := l.state.load()
+	if err != nil {
+		return nil, err
+	}
+	originals := make(map[string]string, len(invalidLogSettings))
+	var fromState, lost []string
+	for i, s := range invalidLogSettings {
+		v, ok := kept[s.path]
+		switch {
+		case current[i] != s.value:
+			// Not ours (changed since, if a state file says otherwise): the node's.
+			originals[s.path] = current[i]
+		case ok:
+			originals[s.path] = v
+			fromState = append(fromState, s.path)
+		default:
+			originals[s.path] = s.quiet
+			lost = append(lost, s.path)
+		}
+	}
+	if len(fromState) > 0 {
+		l.logger.Warn("an earlier exporter did not put conntrack's INVALID log settings back; the values it saved will be",
+			"settings", strings.Join(fromState, ","), "state", l.state.path())
+	}
+	if len(lost) > 0 {
+		l.logger.Warn("conntrack's INVALID log settings already have the exporter's values and no saved ones: they will be put back to log nothing",
+			"settings", strings.Join(lost, ","), "state_dir", l.state.dir)
+	}
+	if err := l.state.save(originals); err != nil {
+		return nil, err
+	}
 	var saved []savedSetting
 	for _, s := range invalidLogSettings {
 		path := filepath.Join(l.procPath, s.path)
-		old, err := os.ReadFile(path)
-		if err == nil {
-			err = os.WriteFile(path, []byte(s.value), 0)
-		}
-		if err != nil {
-			if restoreErr := restoreSettings(saved); restoreErr != nil {
+		if err := os.WriteFile(path, []byte(s.value), 0); err != nil {
+			err = settingError(path, err)
+			if restoreErr := l.restoreLocked(saved); restoreErr != nil {
 				err = errors.Join(err, restoreErr)
 			}
-			switch {
-			case errors.Is(err, os.ErrNotExist):
-				return nil, fmt.Errorf("set %s: %w (is nf_conntrack loaded?)", path, err)
-			case errors.Is(err, syscall.EROFS):
-				// Container runtimes mount /proc/sys read-only.
-				return nil, fmt.Errorf("set %s: %w (in a container /proc/sys is read-only: mount the host's /proc writable and point --path.procfs at it)", path, err)
-			}
-			return nil, fmt.Errorf("set %s: %w", path, err)
+			return nil, err
 		}
-		saved = append(saved, savedSetting{path, strings.TrimSpace(string(old))})
+		saved = append(saved, savedSetting{path, originals[s.path]})
 	}
+	// The ones not set yet need no putting back, and the state file holds all three: put
+	// back, it is removed; otherwise the next start finds it.
 	return saved, nil
+}
+
+// settingError says what to do about a setting that cannot be read or written.
+func settingError(path string, err error) error {
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("set %s: %w (is nf_conntrack loaded?)", path, err)
+	case errors.Is(err, syscall.EROFS):
+		// Container runtimes mount /proc/sys read-only.
+		return fmt.Errorf("set %s: %w (in a container /proc/sys is read-only: mount the host's /proc writable and point --path.procfs at it)", path, err)
+	}
+	return fmt.Errorf("set %s: %w", path, err)
+}
+
+// restoreLocked puts saved back and, when all of it is back, removes the state file: with it
+// gone, the next start takes the settings as it finds them.
+func (l *invalidLog) restoreLocked(saved []savedSetting) error {
+	if err := restoreSettings(saved); err != nil {
+		return err
+	}
+	return l.state.remove()
 }
 
 // restoreSettings writes the saved values back, last set first.
@@ -192,7 +255,7 @@ func (l *invalidLog) restore() {
 	}
 	l.stopped = true
 	if l.saved != nil {
-		if err := restoreSettings(l.saved); err != nil {
+		if err := l.restoreLocked(l.saved); err != nil {
 			l.logger.Error("cannot put conntrack's INVALID log settings back", "err", err)
 		} else {
 			l.logger.Info("conntrack's INVALID log settings put back", "settings", fmt.Sprint(l.saved))

@@ -47,11 +47,12 @@ func invalidProcfs(t *testing.T, logInvalid, ipv4, ipv6 string) string {
 	return dir
 }
 
+// readSettings is "log_invalid nf_log/2 nf_log/10" as procfs has them.
 func readSettings(t *testing.T, procfs string) string {
 	t.Helper()
 	var vals []string
-	for _, s := range invalidLogSettings {
-		b, err := os.ReadFile(filepath.Join(procfs, s.path))
+	for _, name := range []string{"nf_conntrack_log_invalid", "nf_log/2", "nf_log/10"} {
+		b, err := os.ReadFile(filepath.Join(procfs, "sys", "net", "netfilter", name))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -64,7 +65,7 @@ func newInvalidTestCollector(t *testing.T, procfs string, open func(int) (eventS
 	t.Helper()
 	cfg := Config{ProcPath: procfs, UnrepliedAfter: time.Second, MaxTrackedFlows: 10, MaxServiceSeries: 10,
 		SocketBufferBytes: 1, ServiceRefreshInterval: time.Hour, ResyncMinInterval: time.Hour,
-		Rules: &rulesAt{webRules}, InvalidReasons: true}
+		Rules: &rulesAt{webRules}, InvalidReasons: true, InvalidReasonsStateDir: filepath.Join(t.TempDir(), "state")}
 	c, err := New(cfg, promslog.NewNopLogger())
 	if err != nil {
 		t.Fatal(err)
@@ -307,7 +308,7 @@ func TestInvalidLogGroupTaken(t *testing.T) {
 }
 
 func TestInvalidLogSettingNotWritable(t *testing.T) {
-	// No nf_log/10: IPv4's backend is set, then the IPv6 one fails, and IPv4's is put back.
+	// No nf_log/10: nothing is set.
 	procfs := invalidProcfs(t, "1", "nf_log_ipv4", "")
 	var mu sync.Mutex
 	var log []string
@@ -322,8 +323,8 @@ func TestInvalidLogSettingNotWritable(t *testing.T) {
 	})
 	for path, want := range map[string]string{"nf_conntrack_log_invalid": "1", "nf_log/2": "nf_log_ipv4"} {
 		b, err := os.ReadFile(filepath.Join(procfs, "sys", "net", "netfilter", path))
-		if err != nil || string(b) != want {
-			t.Errorf("%s = %q, %v; want %q put back", path, b, err, want)
+		if err != nil || strings.TrimSpace(string(b)) != want {
+			t.Errorf("%s = %q, %v; want %q", path, b, err, want)
 		}
 	}
 	select {

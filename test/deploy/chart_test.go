@@ -584,6 +584,36 @@ func TestChartTemplate(t *testing.T) {
 			if caps := c.SecurityContext.Capabilities; caps == nil || !slices.Contains(caps.Add, "NET_ADMIN") {
 				t.Errorf("capabilities %+v: conntrack's settings and NFLOG need NET_ADMIN", caps)
 			}
+			// The node's own values of the settings are kept in a host directory that
+			// outlives the container, the same path inside, made the exporter's user's by an
+			// init container that can do nothing else.
+			const stateDir = "/run/proxyhealth"
+			if !slices.Contains(c.Args, "--conntrack.invalid-reasons.state-dir="+stateDir) {
+				t.Errorf("args %q: want --conntrack.invalid-reasons.state-dir=%s", c.Args, stateDir)
+			}
+			i = slices.IndexFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.MountPath == stateDir })
+			if i < 0 || c.VolumeMounts[i].ReadOnly {
+				t.Fatalf("volume mounts %+v: want the state directory writable at %s", c.VolumeMounts, stateDir)
+			}
+			j = slices.IndexFunc(pod.Volumes, func(v corev1.Volume) bool { return v.Name == c.VolumeMounts[i].Name })
+			if j < 0 || pod.Volumes[j].HostPath == nil || pod.Volumes[j].HostPath.Path != stateDir ||
+				pod.Volumes[j].HostPath.Type == nil || *pod.Volumes[j].HostPath.Type != corev1.HostPathDirectoryOrCreate {
+				t.Errorf("volumes %+v: want hostPath %s, DirectoryOrCreate", pod.Volumes, stateDir)
+			}
+			if len(pod.InitContainers) != 1 {
+				t.Fatalf("init containers %+v: want the state directory's", pod.InitContainers)
+			}
+			ic := pod.InitContainers[0]
+			sc := ic.SecurityContext
+			if ic.Image != c.Image || !slices.Equal(ic.Args, []string{"prepare-state-dir", "--conntrack.invalid-reasons.state-dir=" + stateDir, "--owner=65534:65534"}) ||
+				len(ic.VolumeMounts) != 1 || ic.VolumeMounts[0].Name != c.VolumeMounts[i].Name || ic.VolumeMounts[0].MountPath != stateDir {
+				t.Errorf("init container %+v: want the exporter's image preparing %s for 65534:65534, with that directory alone", ic, stateDir)
+			}
+			if sc == nil || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) ||
+				!slices.Equal(sc.Capabilities.Add, []corev1.Capability{"CHOWN"}) || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
+				sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem || sc.Privileged != nil && *sc.Privileged {
+				t.Errorf("init container's securityContext %+v: want CHOWN alone, no escalation, a read-only root", sc)
+			}
 		},
 		"external-rbac-values.yaml": func(t *testing.T, objs []object, k map[string]object) {
 			for _, kind := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding"} {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -54,7 +55,7 @@ func (l *Lab) StartExporter(name string, port int, wrapper []string, extra ...st
 		"--conntrack.service-refresh-interval=1s",
 		"--node.rules-check-interval=1s",
 	)
-	args = append(args, extra...)
+	args = append(args, withInvalidReasonsStateDir(l.t, extra)...)
 	e := &Exporter{l: l, URL: "http://" + addr + "/metrics", Name: name}
 	e.p = l.start(exec.Command("ip", args...), name)
 	waitFor(l.t, 15*time.Second, name+" /metrics", func() (bool, string) {
@@ -66,6 +67,18 @@ func (l *Lab) StartExporter(name string, port int, wrapper []string, extra ...st
 		return err == nil, fmt.Sprint(err)
 	})
 	return e
+}
+
+// withInvalidReasonsStateDir gives args with --conntrack.invalid-reasons a state directory of
+// the test's own, unless they name one: the default, /run/proxyhealth, is the machine's.
+func withInvalidReasonsStateDir(t *testing.T, args []string) []string {
+	t.Helper()
+	if !slices.Contains(args, "--conntrack.invalid-reasons") || slices.ContainsFunc(args, func(a string) bool {
+		return strings.HasPrefix(a, "--conntrack.invalid-reasons.state-dir")
+	}) {
+		return args
+	}
+	return append(slices.Clip(args), "--conntrack.invalid-reasons.state-dir="+t.TempDir())
 }
 
 // Scrape fetches and parses /metrics.

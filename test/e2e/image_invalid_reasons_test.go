@@ -67,7 +67,7 @@ func TestImageInvalidReasons(t *testing.T) {
 
 	t.Run("readonly_proc_sys", func(t *testing.T) {
 		// The flag alone: the settings under the container's own /proc/sys cannot be written.
-		p, _, container := run("readonly-proc", imageReadOnlyProcPort, "--conntrack.invalid-reasons")
+		p, _, container := run("readonly-proc", imageReadOnlyProcPort, "--conntrack.invalid-reasons", "--conntrack.invalid-reasons.state-dir=")
 		waitFor(t, 10*time.Second, "the exporter to say /proc/sys is read-only", func() (bool, string) {
 			b, _ := os.ReadFile(p.log)
 			return strings.Contains(string(b), "read-only file system (in a container /proc/sys is read-only: mount the host's /proc writable and point --path.procfs at it)"), string(b)
@@ -84,11 +84,21 @@ func TestImageInvalidReasons(t *testing.T) {
 		// What the chart's invalidReasons.enabled adds to the DaemonSet.
 		ds := *ds.DeepCopy()
 		spec := &ds.Spec.Template.Spec
+		// The state directory as its init container leaves it: the exporter's user's, 0700.
+		stateDir := filepath.Join(tmp, "state")
+		if err := os.Mkdir(stateDir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(stateDir, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
 		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "host-proc",
-			VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/proc"}}})
+			VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/proc"}}},
+			corev1.Volume{Name: "invalid-reasons-state", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: stateDir}}})
 		c := &spec.Containers[0]
-		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: "host-proc", MountPath: "/host/proc"})
-		c.Args = append(c.Args, "--conntrack.invalid-reasons", "--path.procfs=/host/proc")
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: "host-proc", MountPath: "/host/proc"},
+			corev1.VolumeMount{Name: "invalid-reasons-state", MountPath: "/run/proxyhealth"})
+		c.Args = append(c.Args, "--conntrack.invalid-reasons", "--conntrack.invalid-reasons.state-dir=/run/proxyhealth", "--path.procfs=/host/proc")
 		container := fmt.Sprintf("ph-e2e-%d-%s-%s", os.Getpid(), l.ID, "host-proc")
 		args := podmanRunArgs(t, ds, tag, container, n, imageInvalidReasonsPort, "")
 		t.Cleanup(func() { _ = podman("rm", "-f", "-t", "2", container).Run() })

@@ -396,7 +396,7 @@ func TestVerdictStaleRules(t *testing.T) {
 // diagnose has had startAfter to start listening), and returns its JSON report and exit code.
 func diagnoseDuring(t *testing.T, l *Lab, window, startAfter time.Duration, during func(), extra ...string) (labReport, int, string) {
 	t.Helper()
-	args := append([]string{"netns", "exec", l.Node, exporterBin, "diagnose", "--window=" + window.String(), "--output=json"}, extra...)
+	args := append([]string{"netns", "exec", l.Node, exporterBin, "diagnose", "--window=" + window.String(), "--output=json"}, withInvalidReasonsStateDir(t, extra)...)
 	cmd := exec.Command("ip", args...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
