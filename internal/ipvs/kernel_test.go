@@ -27,7 +27,7 @@ func TestMain(m *testing.M) {
 // machine's) cannot run it whatever is installed, so it skips even under CI: the kernel matrix
 // (test/vm) runs it on the kernels users' nodes run, with ip_vs loaded. A kernel that has the
 // module but not loaded is a missing prerequisite.
-func requireIPVS(t *testing.T) {
+func requireIPVS(t testing.TB) {
 	t.Helper()
 	if !nftnltest.InNetns() {
 		prereq.Skip(t, "needs root and unshare(1) to run in a network namespace of its own")
@@ -37,6 +37,7 @@ func requireIPVS(t *testing.T) {
 		t.Fatal(err)
 	}
 	if loaded {
+		loopbackUp(t)
 		return
 	}
 	if !kernelHasIPVS(t) {
@@ -45,8 +46,30 @@ func requireIPVS(t *testing.T) {
 	prereq.Skip(t, "needs the ip_vs module loaded (modprobe ip_vs)")
 }
 
+// loopbackUp brings the namespace's loopback up: until it is, the namespace has no local routing
+// table, and IPVS refuses an IPv4 real server whose address type it cannot tell (EINVAL).
+func loopbackUp(t testing.TB) {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		t.Fatalf("lo's flags: %v", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		t.Fatalf("bring lo up: %v", err)
+	}
+}
+
 // kernelHasIPVS reports whether the running kernel's module lists name ip_vs.
-func kernelHasIPVS(t *testing.T) bool {
+func kernelHasIPVS(t testing.TB) bool {
 	var u unix.Utsname
 	if err := unix.Uname(&u); err != nil {
 		t.Fatal(err)
@@ -155,4 +178,45 @@ func TestKernelReadIPVS(t *testing.T) {
 func sameServer(a, b VirtualServer) bool {
 	return a.Key == b.Key && a.Scheduler == b.Scheduler && a.Persistent == b.Persistent && a.Timeout == b.Timeout &&
 		slices.Equal(a.RealServers, b.RealServers)
+}
+
+// BenchmarkKernelRead measures a dump of 10,000 virtual servers x 10 real servers (200 x 10
+// with -test.short), created first in the test's network namespace, as kube-proxy's IPVS mode
+// programs 10,000 ClusterIP Service ports. It needs ip_vs: in the kernel matrix's guest.
+func BenchmarkKernelRead(b *testing.B) {
+	requireIPVS(b)
+	services := 10000
+	if testing.Short() {
+		services = 200
+	}
+	c, err := cfipvs.New()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for s := range services {
+		svc := cfipvs.Service{Address: netip.AddrFrom4([4]byte{10, 96, byte(s >> 8), byte(s)}), Port: 80, Protocol: cfipvs.TCP,
+			Family: cfipvs.INET, Scheduler: "rr", Netmask: netmask.MaskFrom(32, 32)}
+		if err := c.CreateService(svc); err != nil {
+			b.Fatalf("create virtual server %d: %v", s, err)
+		}
+		b.Cleanup(func() { _ = c.RemoveService(svc) })
+		for e := range 10 {
+			d := cfipvs.Destination{Address: netip.AddrFrom4([4]byte{10, byte(128 + s>>13), byte(s >> 5), byte(s<<3 | e&7)}), Port: uint16(8080 + e),
+				Weight: 1, Family: cfipvs.INET, FwdMethod: cfipvs.Masquerade}
+			if err := c.CreateDestination(svc, d); err != nil {
+				b.Fatalf("create real server %d of virtual server %d: %v", e, s, err)
+			}
+		}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		got, err := Read("/proc")
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(got) != services {
+			b.Fatalf("read %d virtual servers, want %d", len(got), services)
+		}
+	}
 }
