@@ -2,14 +2,16 @@
 // generic netlink: what kube-proxy's IPVS mode programmed, for the drift check. No ipvsadm and
 // no child process.
 //
-// It reads through github.com/cloudflare/ipvs rather than github.com/moby/ipvs, kube-proxy's
-// own client. Both speak the same genetlink family (IPVS) and return the same fields, weights
-// and connection counts included. cloudflare/ipvs is built on mdlayher/netlink and genetlink,
-// which proxyhealth already uses for nf_tables, so it adds one small package; moby/ipvs brings
-// vishvananda/netlink and its own socket handling, and reports a kernel without IPVS as an
-// empty list rather than an error (moby/ipvs#27, which kube-proxy works around by creating a
-// dummy virtual server), which would read as "kube-proxy programmed nothing". cloudflare/ipvs
-// answers an empty dump with os.ErrNotExist; Read turns that into no virtual servers.
+// It reads through github.com/cloudflare/ipvs (BSD-3) rather than github.com/moby/ipvs
+// (Apache-2.0), kube-proxy's own client. Both speak the same genetlink family (IPVS) and return
+// the same fields, weights and connection counts included. moby/ipvs's New runs `modprobe -va
+// ip_vs` as a child process, loading the module on any node the exporter starts on, and logs
+// through logrus, a logger of its own; kube-proxy notes that it reports a
+// kernel without IPVS as an empty list (moby/ipvs#27), which here would read as "kube-proxy
+// programmed nothing". cloudflare/ipvs runs nothing, is built on mdlayher/netlink and
+// genetlink, which proxyhealth already uses for nf_tables, and fails when the family is
+// missing. It answers an empty dump with os.ErrNotExist; ReadFrom turns that into no virtual
+// servers.
 //
 // Asking the kernel for the IPVS genetlink family when ip_vs is not loaded makes it load the
 // module: Read looks for /proc/net/ip_vs first, so that reading never changes the node.
