@@ -1,16 +1,19 @@
 package rules
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/promslog"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/proxyhealth/proxyhealth/collectors/collectortest"
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
 	"github.com/proxyhealth/proxyhealth/internal/hostrules"
 	"github.com/proxyhealth/proxyhealth/internal/ipvs"
@@ -371,5 +374,77 @@ func BenchmarkIPVSIndexAndCompare(b *testing.B) {
 			b.Fatalf("checked %d drifting %d", res.checked, len(res.drifting))
 		}
 		at = at.Add(time.Second)
+	}
+}
+
+// The collector in IPVS mode: the same series as in the other modes, mode ipvs; an IPVS that
+// cannot be read fails the collector with the reason and still says the mode.
+func TestCollectorIPVSExposition(t *testing.T) {
+	view := fakeView{snapshot(dnsPort("10.244.1.5:53", "10.244.2.6:53", "10.244.4.1:53"), kubernetesPort())}
+	udp := func(addr string, port uint16, eps ...string) ipvs.VirtualServer {
+		v := ipvs.VirtualServer{Key: ipvs.Key{Addr: netip.MustParseAddr(addr), Port: port, Protocol: "UDP"}}
+		for _, ep := range eps {
+			v.RealServers = append(v.RealServers, ipvs.RealServer{Addr: netip.MustParseAddrPort(ep), Weight: 1})
+		}
+		return v
+	}
+	api := kubernetesPort()
+	apiServer := ipvs.VirtualServer{Key: ipvs.Key{Addr: api.ClusterIPs[0], Port: api.Port, Protocol: "TCP"}}
+	for _, ep := range api.ClusterEndpoints {
+		apiServer.RealServers = append(apiServer.RealServers, ipvs.RealServer{Addr: ep, Weight: 1})
+	}
+	// kube-dns's virtual server kept a deleted endpoint and lacks a new one.
+	table := ipvs.NewTable(nil, []ipvs.VirtualServer{apiServer, udp("10.96.0.10", 53, "10.244.1.5:53", "10.244.2.6:53", "10.244.3.7:53")},
+		[]netip.Addr{netip.MustParseAddr("10.96.0.10"), api.ClusterIPs[0]}, time.Unix(4000, 0))
+	st := &hostrules.State{Seq: 1, Mode: hostrules.ModeIPVS, Backend: hostrules.BackendIPVS, IPVS: table}
+	c, err := New(Config{View: view, Rules: fakeRules{st}, CheckInterval: time.Second, GracePeriod: 0, MaxSeries: 10}, promslog.NewNopLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.now = func() time.Time { return time.Unix(5000, 0) }
+	c.check()
+	want := `
+# TYPE proxyhealth_proxy_mode gauge
+proxyhealth_proxy_mode{mode="iptables"} 0
+proxyhealth_proxy_mode{mode="ipvs"} 1
+proxyhealth_proxy_mode{mode="nftables"} 0
+proxyhealth_proxy_mode{mode="none"} 0
+# TYPE proxyhealth_rules_endpoints_missing gauge
+proxyhealth_rules_endpoints_missing 1
+# TYPE proxyhealth_rules_endpoints_stale gauge
+proxyhealth_rules_endpoints_stale 1
+# TYPE proxyhealth_rules_orphan_chains gauge
+proxyhealth_rules_orphan_chains 0
+# TYPE proxyhealth_rules_services_checked gauge
+proxyhealth_rules_services_checked 2
+# TYPE proxyhealth_rules_services_drifted gauge
+proxyhealth_rules_services_drifted 1
+# TYPE proxyhealth_service_drift_endpoints gauge
+proxyhealth_service_drift_endpoints{kind="missing",protocol="udp",service_name="kube-dns",service_namespace="kube-system",service_port="53"} 1
+proxyhealth_service_drift_endpoints{kind="stale",protocol="udp",service_name="kube-dns",service_namespace="kube-system",service_port="53"} 1
+`
+	if err := scrape(t, c).Compare(want,
+		"proxyhealth_proxy_mode", "proxyhealth_rules_endpoints_missing", "proxyhealth_rules_endpoints_stale", "proxyhealth_rules_orphan_chains",
+		"proxyhealth_rules_services_checked", "proxyhealth_rules_services_drifted", "proxyhealth_service_drift_endpoints"); err != nil {
+		t.Error(err)
+	}
+
+	// IPVS unreadable: the reason, the mode, nothing compared.
+	c.cfg.Rules = fakeRules{&hostrules.State{Seq: 2, Mode: hostrules.ModeIPVS, Backend: hostrules.BackendIPVS, ProxyErr: ipvs.ErrNotLoaded}}
+	c.check()
+	s, err := collectortest.Collect(t, c)
+	if !errors.Is(err, ipvs.ErrNotLoaded) {
+		t.Errorf("Update error %v, want the IPVS read's", err)
+	}
+	if err := s.Compare(`
+# TYPE proxyhealth_proxy_mode gauge
+proxyhealth_proxy_mode{mode="iptables"} 0
+proxyhealth_proxy_mode{mode="ipvs"} 1
+proxyhealth_proxy_mode{mode="nftables"} 0
+proxyhealth_proxy_mode{mode="none"} 0
+# TYPE proxyhealth_rules_services_drifted gauge
+proxyhealth_rules_services_drifted 0
+`, "proxyhealth_proxy_mode", "proxyhealth_rules_services_drifted"); err != nil {
+		t.Error(err)
 	}
 }
