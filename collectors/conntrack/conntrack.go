@@ -61,6 +61,9 @@ type Config struct {
 	// changes, for the next start should this process end without putting them back
 	// (invalidState); "" keeps none.
 	InvalidReasonsStateDir string
+	// InvalidReasonsNetfilterDir is where InvalidReasons writes its settings; "" is
+	// ProcPath's sys/net/netfilter.
+	InvalidReasonsNetfilterDir string
 	// SilentCheckInterval is how often the flows that predate the listener are looked for in
 	// the table (AddFlags sets it; not a flag); zero never looks.
 	SilentCheckInterval time.Duration
@@ -71,6 +74,14 @@ type Config struct {
 	// Now is the clock flows are timed by; nil means time.Now. A field rather than a setting,
 	// with no default in AddFlags: it exists only so that tests can fix the time.
 	Now func() time.Time
+}
+
+// invalidLogNetfilterDir is where the INVALID log's settings are written.
+func (c *Config) invalidLogNetfilterDir() string {
+	if c.InvalidReasonsNetfilterDir != "" {
+		return c.InvalidReasonsNetfilterDir
+	}
+	return filepath.Join(c.ProcPath, sysctl.NetfilterDir)
 }
 
 // AddFlags registers the collector's flags on app.
@@ -93,6 +104,8 @@ func (c *Config) AddFlags(app *kingpin.Application) {
 		Default("false").BoolVar(&c.InvalidReasons)
 	app.Flag("conntrack.invalid-reasons.state-dir", "A directory of the node's (a hostPath: it must outlive the container) where --conntrack.invalid-reasons keeps the node's own values of the settings it changes, in a file only the exporter's user can read, from before the first change until they are put back: a SIGKILL, an OOM kill or a panic cannot lose them. The part fails if the file cannot be written. Empty: keep none (a crash leaves the settings changed, and the next start puts them back to log nothing).").
 		Default("/run/proxyhealth").StringVar(&c.InvalidReasonsStateDir)
+	app.Flag("conntrack.invalid-reasons.netfilter-dir", "The netfilter sysctl directory --conntrack.invalid-reasons writes its settings in, a mount of the host's /proc/sys/net/netfilter, writable: a container's own /proc/sys is read-only, and this is all of the host's /proc the part needs (its files are those of the network namespace of the process that opens them, the node's with hostNetwork). Empty: --path.procfs's sys/net/netfilter.").
+		Default("").StringVar(&c.InvalidReasonsNetfilterDir)
 	// Not a flag: start-up flows end within conntrack's timeouts (2 minutes for an unanswered
 	// SYN); checking them every 10s keeps the open gauge within that of the truth.
 	c.SilentCheckInterval = 10 * time.Second

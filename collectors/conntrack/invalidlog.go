@@ -44,14 +44,16 @@ type invalidKey struct {
 // INVALID log at NFLOG group 0, reads it, and counts packets by reason and Service. It
 // changes the node's settings only while it reads, and puts them back when it stops (restore).
 type invalidLog struct {
-	procPath  string
-	state     invalidStateStore
-	bufBytes  int
-	maxSeries int
-	logger    *slog.Logger
-	open      func(bufBytes int) (eventSource, error)
-	view      func() *attributionView
-	now       func() time.Time
+	// netfilterDir is where the settings are written: the netfilter sysctl directory
+	// (--conntrack.invalid-reasons.netfilter-dir, else procfs's sys/net/netfilter).
+	netfilterDir string
+	state        invalidStateStore
+	bufBytes     int
+	maxSeries    int
+	logger       *slog.Logger
+	open         func(bufBytes int) (eventSource, error)
+	view         func() *attributionView
+	now          func() time.Time
 
 	mu       sync.Mutex
 	stopped  bool           // restore ran: nothing may be set again
@@ -75,16 +77,16 @@ func newInvalidLog(cfg *Config, logger *slog.Logger, view func() *attributionVie
 		now = time.Now
 	}
 	return &invalidLog{
-		procPath:  cfg.ProcPath,
-		state:     invalidStateStore{dir: cfg.InvalidReasonsStateDir},
-		bufBytes:  cfg.SocketBufferBytes,
-		maxSeries: cfg.MaxServiceSeries,
-		logger:    logger,
-		open:      func(n int) (eventSource, error) { return openInvalidLog(n) },
-		view:      view,
-		now:       now,
-		counts:    make(map[invalidKey]*prunedSeries),
-		err:       ErrInvalidLogNotStarted,
+		netfilterDir: cfg.invalidLogNetfilterDir(),
+		state:        invalidStateStore{dir: cfg.InvalidReasonsStateDir},
+		bufBytes:     cfg.SocketBufferBytes,
+		maxSeries:    cfg.MaxServiceSeries,
+		logger:       logger,
+		open:         func(n int) (eventSource, error) { return openInvalidLog(n) },
+		view:         view,
+		now:          now,
+		counts:       make(map[invalidKey]*prunedSeries),
+		err:          ErrInvalidLogNotStarted,
 	}
 }
 
@@ -158,7 +160,7 @@ func (l *invalidLog) start() error {
 func (l *invalidLog) setLocked() ([]savedSetting, error) {
 	current := make([]string, len(invalidLogSettings))
 	for i, s := range invalidLogSettings {
-		path := filepath.Join(l.procPath, s.path)
+		path := l.settingPath(s.path)
 		b, err := os.ReadFile(path)
 		if err != nil {
 			return nil, settingError(path, err)
@@ -198,7 +200,7 @@ func (l *invalidLog) setLocked() ([]savedSetting, error) {
 	}
 	var saved []savedSetting
 	for _, s := range invalidLogSettings {
-		path := filepath.Join(l.procPath, s.path)
+		path := l.settingPath(s.path)
 		if err := os.WriteFile(path, []byte(s.value), 0); err != nil {
 			err = settingError(path, err)
 			if restoreErr := l.restoreLocked(saved); restoreErr != nil {
@@ -213,6 +215,15 @@ func (l *invalidLog) setLocked() ([]savedSetting, error) {
 	return saved, nil
 }
 
+// settingPath is where a setting (its path under procfs) is read and written.
+func (l *invalidLog) settingPath(procfsPath string) string {
+	rel, err := filepath.Rel(sysctl.NetfilterDir, procfsPath)
+	if err != nil {
+		panic(fmt.Sprintf("conntrack INVALID log setting %s is not under %s", procfsPath, sysctl.NetfilterDir))
+	}
+	return filepath.Join(l.netfilterDir, rel)
+}
+
 // settingError says what to do about a setting that cannot be read or written.
 func settingError(path string, err error) error {
 	switch {
@@ -220,7 +231,7 @@ func settingError(path string, err error) error {
 		return fmt.Errorf("set %s: %w (is nf_conntrack loaded?)", path, err)
 	case errors.Is(err, syscall.EROFS):
 		// Container runtimes mount /proc/sys read-only.
-		return fmt.Errorf("set %s: %w (in a container /proc/sys is read-only: mount the host's /proc writable and point --path.procfs at it)", path, err)
+		return fmt.Errorf("set %s: %w (in a container /proc/sys is read-only: mount the host's /proc/sys/net/netfilter writable and point --conntrack.invalid-reasons.netfilter-dir at it)", path, err)
 	}
 	return fmt.Errorf("set %s: %w", path, err)
 }

@@ -403,7 +403,7 @@ func TestKernelInvalidLogReadOnlyProcSys(t *testing.T) {
 	if os.Getenv(readOnlySysEnv) == "1" {
 		l := newInvalidLog(&Config{ProcPath: "/proc", SocketBufferBytes: 1 << 16, MaxServiceSeries: 1}, promslog.NewNopLogger(), nil)
 		err := l.start()
-		if err == nil || !strings.Contains(err.Error(), "read-only") || !strings.Contains(err.Error(), "--path.procfs") {
+		if err == nil || !strings.Contains(err.Error(), "read-only") || !strings.Contains(err.Error(), "--conntrack.invalid-reasons.netfilter-dir") {
 			t.Fatalf("start with /proc/sys read-only: %v, want the read-only file system and the way out named", err)
 		}
 		// The group is free again: the socket was closed.

@@ -164,3 +164,30 @@ func TestInvalidLogSetsBackendsFirst(t *testing.T) {
 		t.Errorf("nf_log/2 = %q, want nf_log_ipv4 put back", b)
 	}
 }
+
+// The settings are written in --conntrack.invalid-reasons.netfilter-dir when it is given (a
+// mount of the host's /proc/sys/net/netfilter alone), not under --path.procfs.
+func TestInvalidLogNetfilterDir(t *testing.T) {
+	procfs := invalidProcfs(t, "0", "NONE", "NONE")
+	mounted := invalidProcfs(t, "0", "nf_log_ipv4", "nf_log_ipv6")
+	l := newInvalidLog(&Config{ProcPath: procfs, MaxServiceSeries: 10, InvalidReasonsStateDir: t.TempDir(),
+		InvalidReasonsNetfilterDir: filepath.Join(mounted, "sys", "net", "netfilter")}, promslog.NewNopLogger(), nil)
+	var mu sync.Mutex
+	var log []string
+	l.open = func(int) (eventSource, error) {
+		return &fakeSource{name: "nflog", log: &log, mu: &mu, closed: make(chan struct{})}, nil
+	}
+	if err := l.start(); err != nil {
+		t.Fatal(err)
+	}
+	if got := readSettings(t, mounted); got != "255 nfnetlink_log nfnetlink_log" {
+		t.Errorf("settings in the netfilter dir: %s", got)
+	}
+	if got := readSettings(t, procfs); got != "0 NONE NONE" {
+		t.Errorf("settings under --path.procfs changed: %s", got)
+	}
+	l.restore()
+	if got := readSettings(t, mounted); got != "0 nf_log_ipv4 nf_log_ipv6" {
+		t.Errorf("settings put back: %s", got)
+	}
+}

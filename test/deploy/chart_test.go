@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -474,7 +475,9 @@ func TestChartTemplate(t *testing.T) {
 			if c.Image != "registry.example.com/mirror/proxyhealth:v0.1.0-rc.1@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef" || c.ImagePullPolicy != corev1.PullAlways {
 				t.Errorf("image %s %s", c.Image, c.ImagePullPolicy)
 			}
-			if !slices.Equal(c.Args, []string{"--web.listen-address=:9970", "--node-name=$(NODE_NAME)", "--no-conntrack.table-stats", "--rules.grace-period=2m", "--log.format=json"}) {
+			if !slices.Equal(c.Args, []string{"--web.listen-address=:9970", "--node-name=$(NODE_NAME)", "--no-conntrack.table-stats",
+				"--conntrack.invalid-reasons", "--conntrack.invalid-reasons.state-dir=/run/proxyhealth", "--conntrack.invalid-reasons.netfilter-dir=/host/proc/sys/net/netfilter",
+				"--rules.grace-period=2m", "--log.format=json"}) {
 				t.Errorf("args %q", c.Args)
 			}
 			if len(c.Env) != 2 || c.Env[1].Name != "GOMEMLIMIT" || c.Ports[0].ContainerPort != 9970 {
@@ -486,7 +489,8 @@ func TestChartTemplate(t *testing.T) {
 			if pod.PriorityClassName != "system-node-critical" || pod.Affinity == nil || ds.Spec.UpdateStrategy.Type != appsv1.OnDeleteDaemonSetStrategyType {
 				t.Errorf("priority class, affinity or update strategy not set")
 			}
-			if len(pod.Volumes) != 2 || len(c.VolumeMounts) != 2 {
+			// kube-proxy's logs, the INVALID log's netfilter settings and state, the extra one.
+			if len(pod.Volumes) != 4 || len(c.VolumeMounts) != 4 {
 				t.Errorf("volumes %v mounts %v", pod.Volumes, c.VolumeMounts)
 			}
 			var crb rbacv1.ClusterRoleBinding
@@ -569,17 +573,20 @@ func TestChartTemplate(t *testing.T) {
 			k["DaemonSet"].decodeStrict(t, &ds)
 			pod := ds.Spec.Template.Spec
 			c := pod.Containers[0]
-			if !slices.Contains(c.Args, "--conntrack.invalid-reasons") || !slices.Contains(c.Args, "--path.procfs=/host/proc") {
-				t.Errorf("args %q: want --conntrack.invalid-reasons and --path.procfs=/host/proc", c.Args)
+			const netfilterDir = "/host/proc/sys/net/netfilter"
+			if !slices.Contains(c.Args, "--conntrack.invalid-reasons") || !slices.Contains(c.Args, "--conntrack.invalid-reasons.netfilter-dir="+netfilterDir) ||
+				slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--path.procfs") }) {
+				t.Errorf("args %q: want --conntrack.invalid-reasons and --conntrack.invalid-reasons.netfilter-dir=%s, and the container's own procfs", c.Args, netfilterDir)
 			}
-			// The host's /proc, writable (the runtime's /proc/sys is read-only).
-			i := slices.IndexFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.MountPath == "/host/proc" })
+			// The host's /proc/sys/net/netfilter, writable (the runtime's /proc/sys is
+			// read-only), and nothing else of the host's /proc.
+			i := slices.IndexFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.MountPath == netfilterDir })
 			if i < 0 || c.VolumeMounts[i].ReadOnly {
-				t.Fatalf("volume mounts %+v: want the host's /proc writable at /host/proc", c.VolumeMounts)
+				t.Fatalf("volume mounts %+v: want the host's /proc/sys/net/netfilter writable at %s", c.VolumeMounts, netfilterDir)
 			}
 			j := slices.IndexFunc(pod.Volumes, func(v corev1.Volume) bool { return v.Name == c.VolumeMounts[i].Name })
-			if j < 0 || pod.Volumes[j].HostPath == nil || pod.Volumes[j].HostPath.Path != "/proc" || !pod.HostNetwork {
-				t.Errorf("volumes %+v, host network %v: want hostPath /proc in the node's network namespace", pod.Volumes, pod.HostNetwork)
+			if j < 0 || pod.Volumes[j].HostPath == nil || pod.Volumes[j].HostPath.Path != "/proc/sys/net/netfilter" || !pod.HostNetwork {
+				t.Errorf("volumes %+v, host network %v: want hostPath /proc/sys/net/netfilter in the node's network namespace", pod.Volumes, pod.HostNetwork)
 			}
 			if caps := c.SecurityContext.Capabilities; caps == nil || !slices.Contains(caps.Add, "NET_ADMIN") {
 				t.Errorf("capabilities %+v: conntrack's settings and NFLOG need NET_ADMIN", caps)
@@ -845,5 +852,67 @@ func TestPrometheusMetricsReader(t *testing.T) {
 	}
 	if crb.RoleRef.Name != cr.Name || len(crb.Subjects) != 1 || crb.Subjects[0].Kind != "ServiceAccount" {
 		t.Errorf("binding %+v -> %s", crb.Subjects, crb.RoleRef.Name)
+	}
+}
+
+// writableHostProc lists the pod's writable mounts of the host's /proc: any hostPath at or
+// under /proc (or / itself) that a container or init container mounts without readOnly, but
+// /proc/sys/net/netfilter, which --conntrack.invalid-reasons writes. A writable host /proc
+// reaches every process of the node (/proc/PID/mem, environ, oom_score_adj) and every net.*
+// sysctl.
+func writableHostProc(pod corev1.PodSpec) []string {
+	hostProc := map[string]string{}
+	for _, v := range pod.Volumes {
+		if v.HostPath == nil {
+			continue
+		}
+		p := path.Clean(v.HostPath.Path)
+		if p == "/" || p == "/proc" || strings.HasPrefix(p, "/proc/") {
+			hostProc[v.Name] = p
+		}
+	}
+	var out []string
+	for _, c := range append(slices.Clone(pod.InitContainers), pod.Containers...) {
+		for _, m := range c.VolumeMounts {
+			p, ok := hostProc[m.Name]
+			if ok && !m.ReadOnly && p != "/proc/sys/net/netfilter" {
+				out = append(out, fmt.Sprintf("%s: hostPath %s at %s", c.Name, p, m.MountPath))
+			}
+		}
+	}
+	return out
+}
+
+// No values file of the chart, every option on included, nor any manifest under deploy/,
+// mounts the host's /proc, /proc/sys or /proc/sys/net writable.
+func TestNoWritableHostProc(t *testing.T) {
+	check := func(t *testing.T, objs []object) {
+		t.Helper()
+		k := byKind(t, objs)
+		var ds appsv1.DaemonSet
+		k["DaemonSet"].decodeStrict(t, &ds)
+		if w := writableHostProc(ds.Spec.Template.Spec); len(w) > 0 {
+			t.Errorf("the host's /proc mounted writable: %q", w)
+		}
+	}
+	for _, f := range ciValues(t) {
+		t.Run("chart/"+filepath.Base(f), func(t *testing.T) { check(t, renderChart(t, "proxyhealth", "proxyhealth", f)) })
+	}
+	for _, dir := range []string{"deploy/base", "deploy/overlays/example"} {
+		t.Run(dir, func(t *testing.T) { check(t, renderKustomize(t, filepath.Join(root, dir))) })
+	}
+	// The check itself finds what it is for.
+	for _, p := range []string{"/proc", "/proc/", "/proc/sys", "/proc/sys/net", "/", "/proc/1"} {
+		pod := corev1.PodSpec{
+			Volumes:    []corev1.Volume{{Name: "v", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: p}}}},
+			Containers: []corev1.Container{{Name: "c", VolumeMounts: []corev1.VolumeMount{{Name: "v", MountPath: "/host"}}}},
+		}
+		if len(writableHostProc(pod)) != 1 {
+			t.Errorf("hostPath %s mounted writable not found", p)
+		}
+		pod.Containers[0].VolumeMounts[0].ReadOnly = true
+		if len(writableHostProc(pod)) != 0 {
+			t.Errorf("hostPath %s mounted read-only taken for writable", p)
+		}
 	}
 }

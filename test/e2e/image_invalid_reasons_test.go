@@ -21,10 +21,12 @@ const (
 
 // TestImageInvalidReasons runs the image as the chart's invalidReasons.enabled deploys it, with
 // podman and runc in a lab node's network namespace under the DaemonSet's securityContext (user
-// 65534, NET_ADMIN through the image's file capabilities, a read-only root): the host's /proc
-// mounted writable at /host/proc and --path.procfs pointing there. The exporter sets conntrack's
-// log settings of the node's namespace through it, names INVALID packets by reason and Service,
-// and puts the settings back when the container is stopped. Without that mount the runtime's
+// 65534, NET_ADMIN through the image's file capabilities, a read-only root): the host's
+// /proc/sys/net/netfilter, and nothing else of its /proc, mounted writable at
+// /host/proc/sys/net/netfilter with --conntrack.invalid-reasons.netfilter-dir pointing there,
+// and a state directory of the exporter's user at /run/proxyhealth. The exporter sets
+// conntrack's log settings of the node's namespace through it, names INVALID packets by reason
+// and Service, and puts the settings back when the container is stopped. Without that mount the runtime's
 // read-only /proc/sys refuses the settings, and the exporter says so and what to do.
 func TestImageInvalidReasons(t *testing.T) {
 	requirePodman(t)
@@ -70,7 +72,7 @@ func TestImageInvalidReasons(t *testing.T) {
 		p, _, container := run("readonly-proc", imageReadOnlyProcPort, "--conntrack.invalid-reasons", "--conntrack.invalid-reasons.state-dir=")
 		waitFor(t, 10*time.Second, "the exporter to say /proc/sys is read-only", func() (bool, string) {
 			b, _ := os.ReadFile(p.log)
-			return strings.Contains(string(b), "read-only file system (in a container /proc/sys is read-only: mount the host's /proc writable and point --path.procfs at it)"), string(b)
+			return strings.Contains(string(b), "read-only file system (in a container /proc/sys is read-only: mount the host's /proc/sys/net/netfilter writable and point --conntrack.invalid-reasons.netfilter-dir at it)"), string(b)
 		})
 		if got := l.invalidLogSettings(); got != before {
 			t.Errorf("settings %s, want the node's %s untouched", got, before)
@@ -92,13 +94,14 @@ func TestImageInvalidReasons(t *testing.T) {
 		if err := os.Chown(stateDir, 65534, 65534); err != nil {
 			t.Fatal(err)
 		}
-		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "host-proc",
-			VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/proc"}}},
+		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "host-netfilter-sysctl",
+			VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/proc/sys/net/netfilter"}}},
 			corev1.Volume{Name: "invalid-reasons-state", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: stateDir}}})
 		c := &spec.Containers[0]
-		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: "host-proc", MountPath: "/host/proc"},
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: "host-netfilter-sysctl", MountPath: "/host/proc/sys/net/netfilter"},
 			corev1.VolumeMount{Name: "invalid-reasons-state", MountPath: "/run/proxyhealth"})
-		c.Args = append(c.Args, "--conntrack.invalid-reasons", "--conntrack.invalid-reasons.state-dir=/run/proxyhealth", "--path.procfs=/host/proc")
+		c.Args = append(c.Args, "--conntrack.invalid-reasons", "--conntrack.invalid-reasons.state-dir=/run/proxyhealth",
+			"--conntrack.invalid-reasons.netfilter-dir=/host/proc/sys/net/netfilter")
 		container := fmt.Sprintf("ph-e2e-%d-%s-%s", os.Getpid(), l.ID, "host-proc")
 		args := podmanRunArgs(t, ds, tag, container, n, imageInvalidReasonsPort, "")
 		t.Cleanup(func() { _ = podman("rm", "-f", "-t", "2", container).Run() })
