@@ -171,16 +171,18 @@ func (s *factSources) rulesInput(in *verdict.Input) {
 		in.Rules.Drifting = append(in.Rules.Drifting, verdict.DriftingPort{
 			Service: verdict.Service{Namespace: d.Name.Namespace, Name: d.Name.Name, Port: d.Port,
 				Protocol: strings.ToLower(d.Name.Protocol), PortName: d.Name.Port},
-			Stale:        addrStrings(d.Stale),
-			Missing:      addrStrings(d.Missing),
-			StaleCount:   d.StaleCount,
-			MissingCount: d.MissingCount,
-			StaleIn:      chainNames(d.StaleIn),
-			MissingFrom:  chainNames(d.MissingFrom),
-			ByFamily:     byFamily(d.StaleByFamily, d.MissingByFamily),
-			Programmed:   d.Programmed,
-			Expected:     d.Expected,
-			Since:        d.Since,
+			Stale:              addrStrings(d.Stale),
+			Missing:            addrStrings(d.Missing),
+			StaleCount:         d.StaleCount,
+			MissingCount:       d.MissingCount,
+			StaleIn:            chainNames(d.StaleIn),
+			MissingFrom:        chainNames(d.MissingFrom),
+			StaleInServers:     d.StaleInServers,
+			MissingFromServers: d.MissingFromServers,
+			ByFamily:           byFamily(d.StaleByFamily, d.MissingByFamily),
+			Programmed:         d.Programmed,
+			Expected:           d.Expected,
+			Since:              d.Since,
 		})
 	}
 }

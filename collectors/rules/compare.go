@@ -88,11 +88,12 @@ func portEndpoints(sp *cluster.ServicePort, byFamily map[bool]programmedRules) P
 		}
 		hs = r.holders(hs[:0], st, sp, ipv6)
 		for _, h := range hs {
-			bc := at(h.list, h.name)
+			name := h.label()
+			bc := at(h.list, name)
 			bc.Expected = append(bc.Expected, h.want...)
 			if h.eps != nil {
-				if !slices.Contains(pe.Chains, h.name) {
-					pe.Chains = append(pe.Chains, h.name)
+				if !slices.Contains(pe.Chains, name) {
+					pe.Chains = append(pe.Chains, name)
 				}
 				pe.Programmed = append(pe.Programmed, h.eps...)
 				bc.Programmed = append(bc.Programmed, h.eps...)

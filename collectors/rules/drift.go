@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
+	"github.com/proxyhealth/proxyhealth/internal/ipvs"
 )
 
 // Chains names some of a service port's two chains.
@@ -49,11 +50,12 @@ type diffKey struct {
 }
 
 // chainDiff is a counted difference of a drifting port: an endpoint stale (or missing) in
-// the chains named.
+// the chains named, and in IPVS mode the virtual server that shows it.
 type chainDiff struct {
 	ep     netip.AddrPort
 	stale  bool
 	chains Chains
+	server ipvs.Key
 }
 
 // maxDriftAddresses bounds the endpoint addresses a drifting service port keeps per kind
@@ -73,6 +75,9 @@ type portDrift struct {
 	// hold each stale endpoint and that lack each missing one.
 	staleAddrs, missingAddrs []netip.AddrPort
 	staleIn, missingFrom     []Chains
+	// staleServers and missingServers, alongside them in IPVS mode (nil in the others), are
+	// the virtual servers that hold each stale endpoint and that lack each missing one.
+	staleServers, missingServers [][]ipvs.Key
 	// found are the differences counted while the check runs, an endpoint once per chain
 	// (settle makes the counts and addresses of them).
 	found []chainDiff
@@ -188,7 +193,7 @@ type driftCheck struct {
 
 // note follows the difference k of a service port with the Service's port number port through
 // the grace period, counting it in the port's drift once it has lasted the grace period.
-func (c *driftCheck) note(k diffKey, port uint16) {
+func (c *driftCheck) note(k diffKey, port uint16, server ipvs.Key) {
 	res := c.res
 	first, ok := c.e.since[k]
 	if !ok {
@@ -216,7 +221,7 @@ func (c *driftCheck) note(k diffKey, port uint16) {
 		d = &portDrift{name: k.name, port: port, since: first}
 		c.drifts[k.name] = d
 	}
-	d.found = append(d.found, chainDiff{ep: k.ep, stale: k.stale, chains: k.chain})
+	d.found = append(d.found, chainDiff{ep: k.ep, stale: k.stale, chains: k.chain, server: server})
 	if first.Before(d.since) {
 		d.since = first
 	}
@@ -263,10 +268,10 @@ func (c *driftCheck) comparePort(sp *cluster.ServicePort) {
 			stale, missing := diffEndpoints(h.eps, h.want, ipv6)
 			differs = differs || len(stale)+len(missing) > 0
 			for _, ep := range stale {
-				c.note(diffKey{sp.Name, ipv6, ep, true, h.list}, sp.Port)
+				c.note(diffKey{sp.Name, ipv6, ep, true, h.list}, sp.Port, h.server)
 			}
 			for _, ep := range missing {
-				c.note(diffKey{sp.Name, ipv6, ep, false, h.list}, sp.Port)
+				c.note(diffKey{sp.Name, ipv6, ep, false, h.list}, sp.Port, h.server)
 			}
 		}
 	}
@@ -341,8 +346,8 @@ func (c *driftCheck) finish() {
 }
 
 // settle makes the port's counts and addresses of the differences found: each endpoint counts
-// once per kind (stale, missing), whichever chains show it, and its addresses are the lowest
-// maxDriftAddresses of each kind, in slices of their own.
+// once per kind (stale, missing), whichever chains (or virtual servers) show it, and its
+// addresses are the lowest maxDriftAddresses of each kind, in slices of their own.
 func (d *portDrift) settle() {
 	slices.SortFunc(d.found, func(a, b chainDiff) int {
 		if a.stale != b.stale {
@@ -351,12 +356,22 @@ func (d *portDrift) settle() {
 			}
 			return 1
 		}
-		return a.ep.Compare(b.ep)
+		if c := a.ep.Compare(b.ep); c != 0 {
+			return c
+		}
+		return a.server.Compare(b.server)
 	})
 	for i := 0; i < len(d.found); {
 		diff := d.found[i]
+		var servers []ipvs.Key
+		if diff.server.Addr.IsValid() {
+			servers = []ipvs.Key{diff.server}
+		}
 		for i++; i < len(d.found) && d.found[i].ep == diff.ep && d.found[i].stale == diff.stale; i++ {
 			diff.chains |= d.found[i].chains
+			if s := d.found[i].server; s.Addr.IsValid() && (len(servers) == 0 || s != servers[len(servers)-1]) {
+				servers = append(servers, s)
+			}
 		}
 		fam := familyIndex(diff.ep.Addr().Unmap().Is6())
 		if diff.stale {
@@ -365,6 +380,9 @@ func (d *portDrift) settle() {
 			if len(d.staleAddrs) < maxDriftAddresses {
 				d.staleAddrs = append(d.staleAddrs, diff.ep)
 				d.staleIn = append(d.staleIn, diff.chains)
+				if servers != nil {
+					d.staleServers = append(d.staleServers, servers)
+				}
 			}
 		} else {
 			d.missing++
@@ -372,6 +390,9 @@ func (d *portDrift) settle() {
 			if len(d.missingAddrs) < maxDriftAddresses {
 				d.missingAddrs = append(d.missingAddrs, diff.ep)
 				d.missingFrom = append(d.missingFrom, diff.chains)
+				if servers != nil {
+					d.missingServers = append(d.missingServers, servers)
+				}
 			}
 		}
 	}

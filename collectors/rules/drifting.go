@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
+	"github.com/proxyhealth/proxyhealth/internal/ipvs"
 )
 
 // DriftingPort is one service port whose programmed endpoints have differed from the API past
@@ -19,9 +20,13 @@ type DriftingPort struct {
 	// StaleCount and MissingCount are the whole counts. StaleIn and MissingFrom, alongside
 	// Stale and Missing, name the chains that hold each stale endpoint and that lack each
 	// missing one.
-	Stale, Missing           []netip.AddrPort
-	StaleIn, MissingFrom     []Chains
-	StaleCount, MissingCount int
+	Stale, Missing       []netip.AddrPort
+	StaleIn, MissingFrom []Chains
+	// StaleInServers and MissingFromServers, alongside Stale and Missing in IPVS mode (nil in
+	// the others), name the virtual servers that hold each stale endpoint and that lack each
+	// missing one ("10.96.0.10:53/UDP").
+	StaleInServers, MissingFromServers [][]string
+	StaleCount, MissingCount           int
 	// StaleByFamily and MissingByFamily split StaleCount and MissingCount by IP family:
 	// [0] IPv4, [1] IPv6.
 	StaleByFamily, MissingByFamily [2]int
@@ -83,20 +88,37 @@ func (c *Collector) LastCheck() CheckSummary {
 	out.Drifting = make([]DriftingPort, 0, len(res.drifting))
 	for _, d := range res.drifting {
 		out.Drifting = append(out.Drifting, DriftingPort{
-			Name:            d.name,
-			Port:            d.port,
-			Stale:           slices.Clone(d.staleAddrs),
-			Missing:         slices.Clone(d.missingAddrs),
-			StaleIn:         slices.Clone(d.staleIn),
-			MissingFrom:     slices.Clone(d.missingFrom),
-			StaleCount:      d.stale,
-			MissingCount:    d.missing,
-			StaleByFamily:   d.staleByFamily,
-			MissingByFamily: d.missingByFamily,
-			Programmed:      d.programmed,
-			Expected:        d.expected,
-			Since:           d.since,
+			Name:               d.name,
+			Port:               d.port,
+			Stale:              slices.Clone(d.staleAddrs),
+			Missing:            slices.Clone(d.missingAddrs),
+			StaleIn:            slices.Clone(d.staleIn),
+			MissingFrom:        slices.Clone(d.missingFrom),
+			StaleInServers:     serverNames(d.staleServers),
+			MissingFromServers: serverNames(d.missingServers),
+			StaleCount:         d.stale,
+			MissingCount:       d.missing,
+			StaleByFamily:      d.staleByFamily,
+			MissingByFamily:    d.missingByFamily,
+			Programmed:         d.programmed,
+			Expected:           d.expected,
+			Since:              d.since,
 		})
+	}
+	return out
+}
+
+// serverNames names each list of virtual servers; nil for none.
+func serverNames(servers [][]ipvs.Key) [][]string {
+	if servers == nil {
+		return nil
+	}
+	out := make([][]string, len(servers))
+	for i, keys := range servers {
+		out[i] = make([]string, len(keys))
+		for j, k := range keys {
+			out[i][j] = k.String()
+		}
 	}
 	return out
 }

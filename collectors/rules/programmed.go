@@ -5,6 +5,7 @@ import (
 
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
 	"github.com/proxyhealth/proxyhealth/internal/hostrules"
+	"github.com/proxyhealth/proxyhealth/internal/ipvs"
 	"github.com/proxyhealth/proxyhealth/internal/kubeproxynames"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
@@ -34,14 +35,25 @@ type holder struct {
 	// list is which of the port's endpoint lists it holds: ClusterChain, or LocalChain for
 	// the traffic a Local policy keeps on the node.
 	list Chains
-	// name is the chain's name, or the virtual server's address, port and protocol.
+	// name is the chain's name; empty for a virtual server, named by server.
 	name string
+	// server is the virtual server's address, port and protocol (IPVS mode only): named
+	// only where a difference or diagnose needs it, as most checks find none.
+	server ipvs.Key
 	// present is set when the rules have it; eps are its endpoints (nil when absent).
 	present bool
 	eps     []netip.AddrPort
 	// want are the endpoints the API gives it, both families together (the comparison takes
 	// those of the holder's family).
 	want []netip.AddrPort
+}
+
+// label is the holder's name: the chain's, or the virtual server's ("10.96.0.10:53/UDP").
+func (h *holder) label() string {
+	if h.name == "" && h.server.Addr.IsValid() {
+		return h.server.String()
+	}
+	return h.name
 }
 
 // chainRules are the iptables and nftables modes' rules: a service port's endpoints in its

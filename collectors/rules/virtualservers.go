@@ -84,7 +84,7 @@ func (v virtualServers) add(dst []holder, k ipvs.Key, list Chains, want []netip.
 	if eps == nil && !expected {
 		return dst
 	}
-	return append(dst, holder{list: list, name: k.String(), present: eps != nil, eps: eps, want: want})
+	return append(dst, holder{list: list, server: k, present: eps != nil, eps: eps, want: want})
 }
 
 // ipvsWant is the endpoints a virtual server of sp holds in family ipv6 (syncEndpoint): with

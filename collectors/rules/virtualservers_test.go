@@ -448,3 +448,25 @@ proxyhealth_rules_services_drifted 0
 		t.Error(err)
 	}
 }
+
+// The drift of a virtual server names it: a node port's virtual server that kept a deleted
+// remote endpoint, while the cluster IP's agrees with the API.
+func TestIPVSDriftNamesTheVirtualServer(t *testing.T) {
+	ready3 := ipvsSlice(ipvsEP{n: 1, node: ipvsNode}, ipvsEP{n: 2, node: "node-b"}, ipvsEP{n: 3, node: "node-b"})
+	res := ipvsCheck(t, "v1.37.2", ipvsService(nodePort), ready3, []ipvs.VirtualServer{
+		vs("10.96.0.80", webPort, rsOf(1, 2, 3)...),
+		vs(nodeAddr, webNodePrt, rsOf(1, 2, 3, 4)...),
+		vs("10.0.0.5", webNodePrt, rsOf(1, 2, 3, 4)...),
+	})
+	wantDrift(t, res, []string{"10.244.0.4:8080"}, nil)
+	c := &Collector{cfg: Config{View: fakeView{&cluster.Snapshot{Fresh: true}}}, now: time.Now, last: &res}
+	c.last.at = time.Now()
+	c.cfg.CheckInterval = time.Minute
+	d := c.LastCheck().Drifting
+	if len(d) != 1 || len(d[0].StaleInServers) != 1 || !slices.Equal(d[0].StaleInServers[0], []string{"10.0.0.5:30080/TCP", nodeAddr + ":30080/TCP"}) {
+		t.Errorf("stale in %+v, want both node port virtual servers", d)
+	}
+	if len(d) == 1 && d[0].MissingFromServers != nil {
+		t.Errorf("missing from %v, want nothing", d[0].MissingFromServers)
+	}
+}

@@ -26,6 +26,12 @@ type StaleRulesEvidence struct {
 	// traffic policy keeps on the node, though the cluster chain still holds it.
 	MissingFrom []string `json:"missing_from,omitempty"`
 	StaleIn     []string `json:"stale_in,omitempty"`
+	// MissingFromVirtualServers and StaleInVirtualServers, alongside Missing and Stale in
+	// kube-proxy's IPVS mode, name the virtual servers ("10.96.0.10:53/UDP") that lack each
+	// missing endpoint or hold each stale one; MissingFrom and StaleIn then say which list
+	// they follow (local: a Local traffic policy's).
+	MissingFromVirtualServers [][]string `json:"missing_from_virtual_servers,omitempty"`
+	StaleInVirtualServers     [][]string `json:"stale_in_virtual_servers,omitempty"`
 	// ByFamily splits the counts by IP family, for each family whose endpoints differ (IPv4
 	// first): on a dual-stack Service, which family's rules are stale.
 	ByFamily []FamilyDrift `json:"by_family"`

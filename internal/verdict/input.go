@@ -66,6 +66,10 @@ type DriftingPort struct {
 	// stale endpoint without cause, or lack each missing one: "cluster", "local" or
 	// "cluster+local" (each chain is compared with what it should hold). Nil when unknown.
 	StaleIn, MissingFrom []string
+	// StaleInServers and MissingFromServers, alongside Stale and Missing in IPVS mode, name
+	// the virtual servers ("10.96.0.10:53/UDP") that hold each stale endpoint or lack each
+	// missing one. Nil in the other modes.
+	StaleInServers, MissingFromServers [][]string
 	// ByFamily splits StaleCount and MissingCount by IP family, for the families that differ
 	// (IPv4 first).
 	ByFamily []FamilyDrift

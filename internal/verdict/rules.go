@@ -347,19 +347,21 @@ func (e *evaluation) staleRules(kp kubeProxyFindings) []Finding {
 	for _, d := range r.Drifting[:max] {
 		svc := d.Service
 		ev := &StaleRulesEvidence{
-			Programmed:         d.Programmed,
-			Expected:           d.Expected,
-			MissingCount:       d.MissingCount,
-			StaleCount:         d.StaleCount,
-			Missing:            nonNil(d.Missing),
-			Stale:              nonNil(d.Stale),
-			MissingFrom:        d.MissingFrom,
-			StaleIn:            d.StaleIn,
-			ByFamily:           append([]FamilyDrift{}, d.ByFamily...),
-			Since:              d.Since.UTC(),
-			GracePeriodSeconds: r.GracePeriod.Seconds(),
-			ProxyMode:          r.Mode,
-			ExplainedBy:        explainedBy,
+			Programmed:                d.Programmed,
+			Expected:                  d.Expected,
+			MissingCount:              d.MissingCount,
+			StaleCount:                d.StaleCount,
+			Missing:                   nonNil(d.Missing),
+			Stale:                     nonNil(d.Stale),
+			MissingFrom:               d.MissingFrom,
+			StaleIn:                   d.StaleIn,
+			MissingFromVirtualServers: d.MissingFromServers,
+			StaleInVirtualServers:     d.StaleInServers,
+			ByFamily:                  append([]FamilyDrift{}, d.ByFamily...),
+			Since:                     d.Since.UTC(),
+			GracePeriodSeconds:        r.GracePeriod.Seconds(),
+			ProxyMode:                 r.Mode,
+			ExplainedBy:               explainedBy,
 		}
 		if e.in.KubeProxy.Checked {
 			ev.KubeProxy = e.kubeProxyEvidence()

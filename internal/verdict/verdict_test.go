@@ -1078,3 +1078,36 @@ func TestStaleRulesByFamily(t *testing.T) {
 		t.Errorf("evidence JSON without a split %s, want an empty by_family", b)
 	}
 }
+
+// In IPVS mode a stale_rules finding names the virtual servers beside each address, and says
+// "the virtual servers of the Local traffic policy" where the other modes say "the local chain".
+func TestStaleRulesIPVSNamesVirtualServers(t *testing.T) {
+	in := healthyInput()
+	in.Rules.Mode = "ipvs"
+	in.Rules.Drifting = []DriftingPort{{
+		Service:        Service{Namespace: "shop", Name: "web", Port: 80, Protocol: "tcp", PortName: "http"},
+		Stale:          []string{"10.244.0.4:8080"},
+		StaleCount:     1,
+		StaleIn:        []string{"local"},
+		StaleInServers: [][]string{{"192.168.1.5:30080/TCP"}},
+		Programmed:     2, Expected: 1,
+		Since: in.Now.Add(-5 * time.Minute),
+	}}
+	r := Evaluate(in)
+	var found *Finding
+	for i := range r.Findings {
+		if r.Findings[i].Cause == StaleRules {
+			found = &r.Findings[i]
+		}
+	}
+	if found == nil {
+		t.Fatalf("no stale_rules finding: %+v", r.Findings)
+	}
+	if !strings.Contains(found.Summary, "1 stale in the virtual servers of the Local traffic policy") {
+		t.Errorf("summary %q", found.Summary)
+	}
+	ev, ok := found.Evidence.(*StaleRulesEvidence)
+	if !ok || len(ev.StaleInVirtualServers) != 1 || ev.StaleInVirtualServers[0][0] != "192.168.1.5:30080/TCP" || ev.ProxyMode != "ipvs" {
+		t.Errorf("evidence %+v", found.Evidence)
+	}
+}
