@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -24,7 +25,8 @@ const (
 // 65534, NET_ADMIN through the image's file capabilities, a read-only root): the host's
 // /proc/sys/net/netfilter, and nothing else of its /proc, mounted writable at
 // /host/proc/sys/net/netfilter with --conntrack.invalid-reasons.netfilter-dir pointing there,
-// and a state directory of the exporter's user at /run/proxyhealth. The exporter sets
+// and a state directory at /run/proxyhealth that its init container, run as the chart runs it,
+// makes the exporter's user's. The exporter sets
 // conntrack's log settings of the node's namespace through it, names INVALID packets by reason
 // and Service, and puts the settings back when the container is stopped. Without that mount the runtime's
 // read-only /proc/sys refuses the settings, and the exporter says so and what to do.
@@ -82,17 +84,27 @@ func TestImageInvalidReasons(t *testing.T) {
 		}
 	})
 
-	t.Run("host_proc_writable", func(t *testing.T) {
+	t.Run("host_netfilter_writable", func(t *testing.T) {
 		// What the chart's invalidReasons.enabled adds to the DaemonSet.
 		ds := *ds.DeepCopy()
 		spec := &ds.Spec.Template.Spec
-		// The state directory as its init container leaves it: the exporter's user's, 0700.
+		// The state directory as the kubelet creates it (root's, 0755), then its init container
+		// as the chart runs it: the image as root with CHOWN alone, a read-only root, no new
+		// privileges.
 		stateDir := filepath.Join(tmp, "state")
-		if err := os.Mkdir(stateDir, 0o700); err != nil {
+		if err := os.Mkdir(stateDir, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.Chown(stateDir, 65534, 65534); err != nil {
-			t.Fatal(err)
+		initArgs := append([]string{"run", "--rm", "--network=none"}, podmanUlimits(t)...)
+		initArgs = append(initArgs, "--user=0:0", "--cap-drop=all", "--cap-add=CHOWN", "--read-only",
+			"--security-opt=no-new-privileges", "-v", stateDir+":/run/proxyhealth", tag,
+			"prepare-state-dir", "--conntrack.invalid-reasons.state-dir=/run/proxyhealth", "--owner=65534:65534")
+		if out, err := podman(initArgs...).CombinedOutput(); err != nil {
+			t.Fatalf("the state directory's init container: %v\n%s", err, out)
+		}
+		if fi, err := os.Stat(stateDir); err != nil || fi.Mode() != os.ModeDir|0o700 ||
+			fi.Sys().(*syscall.Stat_t).Uid != 65534 || fi.Sys().(*syscall.Stat_t).Gid != 65534 {
+			t.Fatalf("the state directory after its init container: %v, %v; want 0700 of 65534:65534", fi.Mode(), err)
 		}
 		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "host-netfilter-sysctl",
 			VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/proc/sys/net/netfilter"}}},
