@@ -76,9 +76,9 @@ type hostRules struct {
 func (h *hostRules) addFlags(app *kingpin.Application) {
 	app.Flag("netfilter.legacy-poll-interval", "How often the iptables-legacy tables' size is compared with the last read (the kernel sends no notification for them; nf_tables changes are followed as they are committed).").
 		Default("2s").DurationVar(&h.cfg.LegacyPollInterval)
-	app.Flag("netfilter.legacy-min-read-interval", "Least time between two reads of the iptables-legacy tables: under churn they are read at most this often, and sooner when a difference from the API has lasted the grace period (it counts as drift only in rules read since).").
+	app.Flag("netfilter.legacy-min-read-interval", "Least time between two reads of the iptables-legacy tables (and of IPVS, in kube-proxy's IPVS mode): under churn they are read at most this often, and sooner when a difference from the API has lasted the grace period (it counts as drift only in rules read since).").
 		Default("30s").DurationVar(&h.cfg.LegacyMinReadInterval)
-	app.Flag("netfilter.resync-interval", "How often the iptables-legacy tables are read again whatever their size said (nf_tables is followed through its notifications, and read whole only when some were lost).").
+	app.Flag("netfilter.resync-interval", "How often the iptables-legacy tables, and IPVS in kube-proxy's IPVS mode, are read again whatever their size said (nf_tables is followed through its notifications, and read whole only when some were lost).").
 		Default("5m").DurationVar(&h.cfg.ResyncInterval)
 	app.Flag("netfilter.max-dump-bytes", "Largest nf_tables netlink reply read (bytes); a larger one is abandoned and its read reported as failed. kube-proxy's nat table at 10,000 Services x 10 endpoints dumps to about 190 MiB.").
 		Default(strconv.FormatInt(nftnl.DefaultMaxDumpBytes, 10)).Int64Var(&h.cfg.MaxDumpBytes)
