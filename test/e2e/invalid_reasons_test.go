@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -318,4 +319,75 @@ func TestExporterInvalidReasons(t *testing.T) {
 			t.Errorf("settings after diagnose: %s, want the old %s", got, before)
 		}
 	})
+}
+
+// invalidReasonsSIGKILLPort is TestExporterInvalidReasonsAfterSIGKILL's exporter's port.
+const invalidReasonsSIGKILLPort = 19888
+
+// TestExporterInvalidReasonsAfterSIGKILL runs the exporter binary with --conntrack.invalid-reasons
+// in a lab node, kills it with SIGKILL, starts it again, kills it again, starts it once more and
+// ends it with SIGTERM: the node's nf_conntrack_log_invalid and nf_log/2 and /10 are then what
+// they were before the first start, kept in the state directory through the crashes, not what
+// the crashes left.
+func TestExporterInvalidReasonsAfterSIGKILL(t *testing.T) {
+	requireExporter(t)
+	l := newLab(t)
+	const ours = "255 nfnetlink_log nfnetlink_log"
+	before := l.invalidLogSettings()
+	if before == ours {
+		t.Fatalf("the lab node starts with the exporter's values %s", before)
+	}
+	stateDir := filepath.Join(t.TempDir(), "proxyhealth")
+	state := filepath.Join(stateDir, "conntrack-invalid-log.json")
+	args := []string{"--conntrack.invalid-reasons", "--conntrack.invalid-reasons.state-dir=" + stateDir, "--no-collector.kubeproxy"}
+
+	var saved os.FileInfo // the state file the last exporter wrote
+	start := func(run int) *Exporter {
+		t.Helper()
+		e := l.StartExporter(fmt.Sprintf("proxyhealth-sigkill-%d", run), invalidReasonsSIGKILLPort, nil, args...)
+		// Each start writes the state file anew (a new file renamed over the old) before it sets
+		// anything; the settings are then the exporter's.
+		waitFor(t, 10*time.Second, "the exporter to save the node's settings and set its own", func() (bool, string) {
+			fi, err := os.Stat(state)
+			if err != nil || (saved != nil && os.SameFile(fi, saved)) {
+				return false, fmt.Sprint(err)
+			}
+			got := l.invalidLogSettings()
+			if got != ours {
+				return false, got
+			}
+			saved = fi
+			return true, ""
+		})
+		return e
+	}
+	e := start(1)
+	for crash := 1; crash <= 2; crash++ {
+		if err := e.p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-e.p.done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the exporter did not end within 10s of SIGKILL")
+		}
+		if got := l.invalidLogSettings(); got != ours {
+			t.Fatalf("settings after SIGKILL %d: %s, want the exporter's %s left", crash, got, ours)
+		}
+		e = start(crash + 1)
+	}
+	if err := e.p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-e.p.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the exporter did not end within 10s of SIGTERM")
+	}
+	if got := l.invalidLogSettings(); got != before {
+		t.Errorf("settings after two SIGKILLs, restarts and SIGTERM: %s, want those before the first start, %s", got, before)
+	}
+	if _, err := os.Stat(state); !os.IsNotExist(err) {
+		t.Errorf("the state file outlives the clean exit: %v", err)
+	}
 }
