@@ -56,6 +56,13 @@ func (w *failureWatch) observe(res *probeResult) {
 	}
 	if count > w.count && w.run == nil {
 		w.run = &failureRun{since: res.at, base: w.count}
+		if applied.IsZero() {
+			// None applied since it started: every failure since then is in the run.
+			w.run = &failureRun{since: res.at, neverApplied: true}
+			if !res.started.IsZero() {
+				w.run.since = res.started
+			}
+		}
 	}
 	w.count, w.newestSync = count, applied
 }

@@ -36,6 +36,8 @@ func TestFailureWatch(t *testing.T) {
 		{"healthy", []failurePoll{{0, 1, true}, {0, 1, true}, {0, 40, true}}, want{}},
 		{"a new node: failing from the start", []failurePoll{{3, -1, true}, {4, -1, true}},
 			want{true, 4, started, true}},
+		{"a new node seen before its first sync", []failurePoll{{0, -1, true}, {1, -1, true}},
+			want{true, 1, started, true}},
 		{"mid-life: failing after a sync applied", []failurePoll{{0, 1, true}, {1, 1, true}, {3, 1, true}},
 			want{true, 3, at(5), false}},
 		{"mended by the retry", []failurePoll{{0, 1, true}, {1, 1, true}, {1, 12, true}}, want{}},

@@ -158,14 +158,15 @@ func clipLine(b []byte) string {
 	return string(b)
 }
 
-// sanitizeSyncError makes one line of an error's lines for people: blank lines and the tools'
-// usage hints dropped, each line trimmed, control characters and invalid UTF-8 replaced, joined
+// sanitizeSyncError makes one line of an error's lines for people: blank lines, the tools' usage
+// hints and nft's carets dropped, each line trimmed, control characters and invalid UTF-8 replaced, joined
 // with " | ", at most maxSyncErrorBytes (cut on a character, marked with "…").
 func sanitizeSyncError(lines []string) string {
 	var b strings.Builder
 	for _, l := range lines {
 		l = strings.TrimSpace(l)
-		if l == "" || strings.HasPrefix(l, "Try `") {
+		// Blank lines, usage hints, and nft's carets under the failing statement.
+		if strings.Trim(l, "^~ ") == "" || strings.HasPrefix(l, "Try `") {
 			continue
 		}
 		if b.Len() > 0 {

@@ -1,6 +1,7 @@
 package kubeproxy
 
 import (
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -69,7 +70,7 @@ func TestSyncErrors(t *testing.T) {
 			[]syncError{{at: local("2026-11-21 09:00:31.500000"), tool: toolIPTablesRestore, text: "exit status 1: iptables-restore: line 51 failed"}}},
 		{"klog JSON", nftFailedJSON,
 			[]syncError{{at: time.UnixMilli(1764320462500), tool: toolNFT,
-				text: "/dev/stdin:40:1-63: Error: Could not process rule: No such file or directory | add rule ip kube-proxy services jump missing | ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^"}}},
+				text: "/dev/stdin:40:1-63: Error: Could not process rule: No such file or directory | add rule ip kube-proxy services jump missing"}}},
 		{"CRI records", cri("2026-11-28T09:00:01.600000000Z", restoreFailedText+restoreFailedText),
 			[]syncError{
 				{at: time.Date(2026, 11, 28, 9, 0, 1, 600000000, time.UTC), tool: toolIPTablesRestore, text: restoreFailedWant},
@@ -78,6 +79,11 @@ func TestSyncErrors(t *testing.T) {
 		{"a value cut off by the end of the read", strings.Join(strings.SplitAfter(restoreFailedText, "\n")[:3], ""),
 			[]syncError{{at: local("2026-11-21 09:00:01.500000"), tool: toolIPTablesRestore,
 				text: "exit status 4: Warning: Extension ipvs revision 0 not supported, missing kernel module? | iptables-restore v1.8.9 (nf_tables):"}}},
+		{"IPVS mode: the whole restore input follows as rules=<...>, never read",
+			`E1121 09:01:01.500000   20001 proxier.go:1194] "Failed to execute iptables-restore" err="exit status 2: iptables-restore v1.8.9 (nf_tables): Couldn't load match ` + "`nfacct'" + `:No such file or directory" ipFamily="IPv4" rules=<` + "\n" +
+				"\t*filter\n\t:KUBE-FORWARD - [0:0]\n\t-A KUBE-FORWARD -m nfacct --nfacct-name ct_state_invalid_dropped_pkts -j DROP\n\tCOMMIT\n >\n",
+			[]syncError{{at: local("2026-11-21 09:01:01.500000"), tool: toolIPTablesRestore,
+				text: "exit status 2: iptables-restore v1.8.9 (nf_tables): Couldn't load match `nfacct':No such file or directory"}}},
 		{"other messages", infoLine + errLine + syncFailedInfo + `I1121 09:00:01.5 1 x.go:1] "Failed to execute iptables-restore was mentioned"` + "\n", nil},
 	} {
 		got := readSyncErrors(t, c.log)
@@ -90,6 +96,29 @@ func TestSyncErrors(t *testing.T) {
 			if got[i].at.Truncate(time.Millisecond) != c.want[i].at.Truncate(time.Millisecond) || got[i].tool != c.want[i].tool || got[i].text != c.want[i].text {
 				t.Errorf("%s: got %+v\nwant %+v", c.name, got[i], c.want[i])
 			}
+		}
+	}
+}
+
+// kube-proxy v1.37.2's own lines, from the lab (TestSyncFailing): iptables mode with a restore
+// that met a match whose kernel module the node lacks, nftables mode with a transaction the
+// kernel refused.
+func TestSyncErrorsOfKubeProxy(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("testdata", "kube-proxy-v1.37.2-sync-failures.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := readSyncErrors(t, string(data))
+	want := []syncError{
+		{tool: toolIPTablesRestore, text: "exit status 4: Warning: Extension ipvs revision 0 not supported, missing kernel module? | iptables-restore v1.8.9 (nf_tables): | line 313: RULE_APPEND failed (No such file or directory): rule in chain KUBE-SERVICES"},
+		{tool: toolNFT, text: `/dev/stdin:104:47-63: Error: Could not process rule: No such file or directory | add rule ip kube-proxy services ct helper set "proxyhealth-lab"`},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %+v", got)
+	}
+	for i := range got {
+		if got[i].tool != want[i].tool || got[i].text != want[i].text || got[i].at.IsZero() {
+			t.Errorf("got %+v\nwant %+v", got[i], want[i])
 		}
 	}
 }
@@ -139,6 +168,9 @@ func TestSanitizeSyncError(t *testing.T) {
 func FuzzSyncErrors(f *testing.F) {
 	for _, s := range []string{restoreFailedText, restoreFailedOneLine, nftFailedJSON, cri("2026-11-28T09:00:01.6Z", restoreFailedText)} {
 		f.Add(s)
+	}
+	if data, err := os.ReadFile(filepath.Join("testdata", "kube-proxy-v1.37.2-sync-failures.log")); err == nil {
+		f.Add(string(data))
 	}
 	f.Add(`"Failed to execute iptables-restore" err=<`)
 	f.Add(`{"msg":"nftables sync failed","err":{"x":[1,2]}}`)

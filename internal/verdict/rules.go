@@ -205,8 +205,7 @@ func (e *evaluation) kubeProxy() kubeProxyFindings {
 			if ev.NeverApplied {
 				severity, effect = Critical, ", so this node has none of its Service rules"
 			}
-			clause := syncFailureClause(ev)
-			summary := strings.ToUpper(clause[:1]) + clause[1:] + effect + "; " + ev.Remedy
+			summary := syncFailureClause(ev) + effect + "; " + ev.Remedy
 			out.sync = &Finding{Cause: KubeProxySyncFailing, Severity: severity, Summary: summary, Evidence: kev,
 				Runbook: runbook(anchorSyncFailing)}
 		}

@@ -85,21 +85,24 @@ var (
 // cause; never a restart, which writes the same rules again.
 func syncRemedy(tool, errText string) string {
 	const noRestart = "restarting kube-proxy does not help, it writes the same rules again"
+	// kube-proxy retries a failed sync every sync period, except its first: that one is
+	// tried again only at the next Service or endpoint change, or the hourly full sync.
+	const afterFix = "once fixed, kube-proxy applies its rules at its next sync, or at once when restarted."
 	if m := reExtensionMissing.FindStringSubmatch(errText); m != nil {
 		ext := m[1] + m[2]
-		return fmt.Sprintf("the %s extension %q is not supported by this node's kernel: load its kernel module (for a match, modprobe xt_%s) or run a kernel that has it, and kube-proxy's next retry applies its rules (%s).",
-			tool, ext, strings.ToLower(ext), noRestart)
+		return fmt.Sprintf("the %s extension %q is not supported by this node's kernel: load its kernel module (for a match, modprobe xt_%s) or run a kernel that has it (%s); %s",
+			tool, ext, strings.ToLower(ext), noRestart, afterFix)
 	}
 	switch {
 	case reXtablesLock.MatchString(errText):
-		return fmt.Sprintf("another program holds the xtables lock (/run/xtables.lock) past kube-proxy's wait: find it (fuser /run/xtables.lock) and stop it; %s.", noRestart)
+		return fmt.Sprintf("another program holds the xtables lock (/run/xtables.lock) past kube-proxy's wait: find it (fuser -v /run/xtables.lock) and stop it (%s); %s", noRestart, afterFix)
 	case reNotFound.MatchString(errText):
 		return fmt.Sprintf("kube-proxy cannot run %s: its image or PATH lacks it; fix kube-proxy's image.", tool)
 	case errText == "":
-		return fmt.Sprintf("read the error in kube-proxy's log (\"%s\") and fix what it names: a kernel module or feature the node lacks, a %s that does not match the kernel, a rule another program wrote; %s.",
-			syncFailureMessage(tool), tool, noRestart)
+		return fmt.Sprintf("read the error in kube-proxy's log (\"%s\") and fix what it names: a kernel module or feature the node lacks, an %s that does not match the kernel, a rule another program wrote (%s); %s",
+			syncFailureMessage(tool), tool, noRestart, afterFix)
 	}
-	return fmt.Sprintf("fix what the error names: a kernel module or feature the node lacks, a %s that does not match the kernel, a rule another program wrote; %s.", tool, noRestart)
+	return fmt.Sprintf("fix what the error names: a kernel module or feature the node lacks, an %s that does not match the kernel, a rule another program wrote (%s); %s", tool, noRestart, afterFix)
 }
 
 // syncFailureMessage is what kube-proxy logs when tool fails a sync.

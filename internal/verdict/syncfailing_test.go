@@ -81,7 +81,7 @@ func TestFailingSyncsWithNoRulesAtAll(t *testing.T) {
 		t.Errorf("verdict %s, severity %s", r.Verdict, f.Severity)
 	}
 	for _, want := range []string{
-		"Kube-proxy cannot apply its rules: every sync since it started at 2025-03-04T02:53:00Z failed (5 nftables transactions)",
+		"kube-proxy cannot apply its rules: every sync since it started at 2025-03-04T02:53:00Z failed (5 nftables transactions)",
 		"so this node has none of its Service rules",
 		"fix what the error names",
 		"restarting kube-proxy does not help",
@@ -115,7 +115,7 @@ func TestFailingSyncsMidLife(t *testing.T) {
 	if f.Severity != Warning || r.Verdict != WarningsOnly {
 		t.Errorf("severity %s, verdict %s", f.Severity, r.Verdict)
 	}
-	if want := "Kube-proxy cannot apply its rules: 6 iptables-restore runs failed in a row since 2025-03-04T02:53:00Z"; !strings.HasPrefix(f.Summary, want) {
+	if want := "kube-proxy cannot apply its rules: 6 iptables-restore runs failed in a row since 2025-03-04T02:53:00Z"; !strings.HasPrefix(f.Summary, want) {
 		t.Errorf("summary %q\nwant prefix %q", f.Summary, want)
 	}
 	if !strings.Contains(f.Summary, "no Service or endpoint change reaches this node's rules") {
