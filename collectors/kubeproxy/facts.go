@@ -169,8 +169,7 @@ func (c *Collector) ScanLog(since time.Time, maxBytes int64) LogScan {
 			errs = append(errs, fmt.Errorf("open kube-proxy log %s: %w", path, err))
 			continue
 		}
-		var syncErrs syncErrorReader
-		emit := func(se syncError) {
+		syncErrs := syncErrorReader{emit: func(se syncError) {
 			if !se.at.IsZero() && se.at.Before(since) {
 				return
 			}
@@ -178,12 +177,12 @@ func (c *Collector) ScanLog(since time.Time, maxBytes int64) LogScan {
 			if !se.at.Before(scan.LastSyncError.At) {
 				scan.LastSyncError = SyncError{At: se.at, Tool: se.tool, Text: se.text}
 			}
-		}
+		}}
 		err = scanTail(f, maxBytes, func(line []byte) {
 			if ts, msg, _, ok := splitCRI(line); ok {
-				syncErrs.feed(msg, ts, now, emit)
+				syncErrs.feed(msg, ts, now)
 			} else {
-				syncErrs.feed(line, nil, now, emit)
+				syncErrs.feed(line, nil, now)
 			}
 			ev, ok := parseLine(line, now)
 			if !ok || (!ev.ts.IsZero() && ev.ts.Before(since)) {
@@ -194,7 +193,7 @@ func (c *Collector) ScanLog(since time.Time, maxBytes int64) LogScan {
 				scan.LastListError = ev.ts
 			}
 		})
-		syncErrs.flush(emit)
+		syncErrs.flush()
 		f.Close()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("read kube-proxy log %s: %w", path, err))

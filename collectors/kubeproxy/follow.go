@@ -260,6 +260,7 @@ func (fl *follower) open(path string, id fileID, atEnd bool) {
 		return
 	}
 	ff := &followedFile{path: path, f: f, id: id, head: make([]byte, 0, fingerprintBytes)}
+	ff.syncErrs.emit = fl.syncError
 	if atEnd {
 		end, err := f.Seek(0, io.SeekEnd)
 		if err != nil {
@@ -453,7 +454,7 @@ func (fl *follower) line(ff *followedFile, line []byte) {
 // any.
 func (fl *follower) message(ff *followedFile, msg, criTS []byte) {
 	now := fl.now()
-	ff.syncErrs.feed(msg, criTS, now, fl.syncError)
+	ff.syncErrs.feed(msg, criTS, now)
 	ev, ok := parseMessage(msg, now)
 	if !ok {
 		return

@@ -58,15 +58,18 @@ type syncError struct {
 // it needs to join a klog text value written across lines; memory is bounded by
 // maxSyncErrorLines lines of maxSyncErrorBytes.
 type syncErrorReader struct {
+	// emit is called with each failed sync completed (set once: a func value made per line
+	// would allocate per line).
+	emit func(syncError)
 	// open is a failed sync whose err=< lines are being read; lines are those read so far.
 	open  *syncError
 	lines []string
 }
 
 // feed reads one complete message (a CRI record's message, or a plain line; criTS is the CRI
-// record's time, if any) and calls emit with each failed sync it completes. now supplies the
+// record's time, if any) and calls r.emit with each failed sync it completes. now supplies the
 // year of a klog text header.
-func (r *syncErrorReader) feed(msg, criTS []byte, now time.Time, emit func(syncError)) {
+func (r *syncErrorReader) feed(msg, criTS []byte, now time.Time) {
 	if r.open != nil {
 		if rest, ok := bytes.CutPrefix(msg, []byte{'\t'}); ok {
 			if len(r.lines) < maxSyncErrorLines {
@@ -75,7 +78,7 @@ func (r *syncErrorReader) feed(msg, criTS []byte, now time.Time, emit func(syncE
 			return
 		}
 		r.open.text = sanitizeSyncError(r.lines)
-		emit(*r.open)
+		r.emit(*r.open)
 		r.open, r.lines = nil, r.lines[:0]
 		if bytes.HasPrefix(msg, []byte(" >")) {
 			return // the value's end, and what follows it on the line
@@ -94,17 +97,17 @@ func (r *syncErrorReader) feed(msg, criTS []byte, now time.Time, emit func(syncE
 		r.open = &se
 		return
 	}
-	emit(se)
+	r.emit(se)
 }
 
 // flush completes a failed sync whose value's end was never read (a file that ends, or a
 // one-shot read that stops).
-func (r *syncErrorReader) flush(emit func(syncError)) {
+func (r *syncErrorReader) flush() {
 	if r.open == nil {
 		return
 	}
 	r.open.text = sanitizeSyncError(r.lines)
-	emit(*r.open)
+	r.emit(*r.open)
 	r.open, r.lines = nil, r.lines[:0]
 }
 

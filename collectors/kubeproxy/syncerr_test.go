@@ -37,17 +37,16 @@ func cri(ts, text string) string {
 
 func readSyncErrors(t *testing.T, text string) []syncError {
 	t.Helper()
-	var r syncErrorReader
 	var got []syncError
-	emit := func(se syncError) { got = append(got, se) }
+	r := syncErrorReader{emit: func(se syncError) { got = append(got, se) }}
 	for _, line := range strings.Split(strings.TrimSuffix(text, "\n"), "\n") {
 		if ts, msg, _, ok := splitCRI([]byte(line)); ok {
-			r.feed(msg, ts, testNow, emit)
+			r.feed(msg, ts, testNow)
 		} else {
-			r.feed([]byte(line), nil, testNow, emit)
+			r.feed([]byte(line), nil, testNow)
 		}
 	}
-	r.flush(emit)
+	r.flush()
 	return got
 }
 
@@ -176,18 +175,18 @@ func FuzzSyncErrors(f *testing.F) {
 	f.Add(`{"msg":"nftables sync failed","err":{"x":[1,2]}}`)
 	f.Fuzz(func(t *testing.T, text string) {
 		var r syncErrorReader
-		check := func(se syncError) {
+		r.emit = func(se syncError) {
 			if len(se.text) > maxSyncErrorBytes || !utf8.ValidString(se.text) || strings.ContainsAny(se.text, "\n\r\t") ||
 				(se.tool != toolIPTablesRestore && se.tool != toolNFT) {
 				t.Fatalf("%q: kept %+v", text, se)
 			}
 		}
 		for _, line := range strings.Split(text, "\n") {
-			r.feed([]byte(line), nil, testNow, check)
+			r.feed([]byte(line), nil, testNow)
 			if len(r.lines) > maxSyncErrorLines {
 				t.Fatalf("%d lines kept", len(r.lines))
 			}
 		}
-		r.flush(check)
+		r.flush()
 	})
 }
