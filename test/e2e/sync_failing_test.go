@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/proxyhealth/proxyhealth/internal/testsupport/prereq"
 	"github.com/proxyhealth/proxyhealth/internal/verdict"
 )
@@ -164,6 +166,7 @@ func testSyncFailing(t *testing.T, mode string) {
 	cp := StartControlPlane(t, l, ControlPlaneOptions{NoKubeProxy: true})
 	fault := newSyncFault(t, cp.Dir, mode)
 	kubeconfig := cp.readOnlyKubeconfig("proxyhealth.kubeconfig", apiserverAddr)
+	cp.grantNodeConditions()
 
 	// The issue's node: kube-dns with 70 endpoints, on a node whose every restore fails.
 	const ns, name = "lab", "dns"
@@ -176,7 +179,7 @@ func testSyncFailing(t *testing.T, mode string) {
 	cp.StartKubeProxy(KubeProxyOptions{Mode: mode, ToolsFirst: fault.dir, NoWaitFirstSync: true,
 		ExtraArgs: []string{"--iptables-sync-period=" + syncPeriod.String()}})
 	e := l.StartExporter("proxyhealth", syncFailingExporterPort, nil,
-		append(driftExporterArgs(kubeconfig), append(kubeProxyExporterArgs(cp), "--status.window=1m")...)...)
+		append(driftExporterArgs(kubeconfig), append(kubeProxyExporterArgs(cp), "--status.window=1m", "--node-conditions")...)...)
 
 	wantTool, wantError := "iptables-restore", "Extension ipvs revision 0 not supported, missing kernel module?"
 	wantRemedy := `the iptables-restore extension "ipvs" is not supported by this node's kernel: load its kernel module (for a match, modprobe xt_ipvs)`
@@ -245,6 +248,22 @@ func testSyncFailing(t *testing.T, mode string) {
 		s.Sum("proxyhealth_kubeproxy_sync_failures_total", nil), s.Sum("proxyhealth_kubeproxy_sync_failing_seconds", nil))
 	if s.Sum("proxyhealth_kubeproxy_sync_failing_seconds", nil) <= 0 {
 		t.Errorf("proxyhealth_kubeproxy_sync_failing_seconds is 0 while every sync fails")
+	}
+	// The Node condition says the same, and in nftables mode (one finding) the landing page.
+	wantReason := map[string]string{"iptables": "StaleRules", "nftables": "KubeProxySyncFailing"}[mode]
+	waitFor(t, 30*time.Second, "node condition ProxyHealthy=False, reason "+wantReason, func() (bool, string) {
+		c := cp.nodeCondition()
+		return c != nil && c.Status == corev1.ConditionFalse && c.Reason == wantReason &&
+			strings.Contains(c.Message, "kube-proxy cannot apply its rules"), describeCondition(c)
+	})
+	t.Logf("new node: node condition %s", describeCondition(cp.nodeCondition()))
+	if mode == "nftables" {
+		checkLandingPage(t, e, "sync_failing_new_node_nftables", "critical", findingWant{
+			Severity: "critical", Cause: "kube_proxy_sync_failing",
+			Summary:  []string{"kube-proxy cannot apply its rules: every sync since it started", "so this node has none of its Service rules"},
+			Evidence: map[string]string{"sync_failures.tool": "nft", "sync_failures.never_applied": "true"},
+			Runbook:  "docs/runbooks.md#proxyhealthkubeproxysyncfailing",
+		})
 	}
 	dr, code, stderr := diagnose(t, cp, kubeconfig)
 	if code != 2 || dr.Verdict != "critical" {
