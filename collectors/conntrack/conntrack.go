@@ -64,6 +64,9 @@ type Config struct {
 	// InvalidReasonsNetfilterDir is where InvalidReasons writes its settings; "" is
 	// ProcPath's sys/net/netfilter.
 	InvalidReasonsNetfilterDir string
+	// InvalidReasonsMaxRate is the INVALID log's rate, in packets per second, above which it
+	// is read in windows (invalidFloodBound); 0 reads every packet at any rate.
+	InvalidReasonsMaxRate int
 	// SilentCheckInterval is how often the flows that predate the listener are looked for in
 	// the table (AddFlags sets it; not a flag); zero never looks.
 	SilentCheckInterval time.Duration
@@ -106,6 +109,8 @@ func (c *Config) AddFlags(app *kingpin.Application) {
 		Default("/run/proxyhealth").StringVar(&c.InvalidReasonsStateDir)
 	app.Flag("conntrack.invalid-reasons.netfilter-dir", "The netfilter sysctl directory --conntrack.invalid-reasons writes its settings in, a mount of the host's /proc/sys/net/netfilter, writable: a container's own /proc/sys is read-only, and this is all of the host's /proc the part needs (its files are those of the network namespace of the process that opens them, the node's with hostNetwork). Empty: --path.procfs's sys/net/netfilter.").
 		Default("").StringVar(&c.InvalidReasonsNetfilterDir)
+	app.Flag("conntrack.invalid-reasons.max-rate", "The rate of conntrack's INVALID log, in packets per second, above which --conntrack.invalid-reasons stops reading every packet (each costs the exporter a few microseconds, and anyone who can send a Service SYN+FIN segments sets the rate): it then listens at most 1s in every 10s, and less once a window has read max-rate packets, leaving NFLOG group 0 unbound in between, until a window runs under the rate. The counts are then a sample: proxyhealth_conntrack_invalid_log_listened_seconds_total says over what share of the time. 0: read every packet at any rate.").
+		Default("10000").IntVar(&c.InvalidReasonsMaxRate)
 	// Not a flag: start-up flows end within conntrack's timeouts (2 minutes for an unanswered
 	// SYN); checking them every 10s keeps the open gauge within that of the truth.
 	c.SilentCheckInterval = 10 * time.Second
@@ -120,6 +125,7 @@ func (c *Config) validate() error {
 		phcollectors.Positive("conntrack.socket-buffer-bytes", c.SocketBufferBytes),
 		phcollectors.Positive("conntrack.service-refresh-interval", c.ServiceRefreshInterval),
 		phcollectors.NotNegative("conntrack.resync-min-interval", c.ResyncMinInterval),
+		phcollectors.NotNegative("conntrack.invalid-reasons.max-rate", c.InvalidReasonsMaxRate),
 	)
 }
 
@@ -553,6 +559,8 @@ var (
 	invalidReasonDesc     = phcollectors.NewDesc("conntrack", "invalid_reason_packets_total", "With --conntrack.invalid-reasons: packets conntrack marked INVALID and logged, from its log on NFLOG group 0, by the kernel's reason (tcp_flags, checksum, invalid_new, icmp_type, seq_over_window, seq_under_window, ack_over_window, ack_under_window, ignored, other) and the Service whose address or endpoint the packet carried (empty when none). Not every INVALID packet is logged and some logged ones (ignored) are not counted INVALID: proxyhealth_conntrack_invalid_packets_total stays the total.", "reason", "service_namespace", "service_name")
 	invalidUnlistedDesc   = phcollectors.NewDesc("conntrack", "invalid_reason_packets_unlisted_total", "With --conntrack.invalid-reasons: logged INVALID packets of Services left out of proxyhealth_conntrack_invalid_reason_packets_total by --conntrack.max-service-series, by reason.", "reason")
 	invalidLostDesc       = phcollectors.NewDesc("conntrack", "invalid_reason_packets_lost_total", "With --conntrack.invalid-reasons: logged INVALID packets that never reached the exporter (gaps in the log's sequence numbers: the socket's buffer was full) or could not be decoded.")
+	invalidListenedDesc   = phcollectors.NewDesc("conntrack", "invalid_log_listened_seconds_total", "With --conntrack.invalid-reasons: seconds NFLOG group 0 was bound and read. Its rate is the share of the time the INVALID log's counts cover: 1 while every packet is read, less while the log runs above --conntrack.invalid-reasons.max-rate and is read in windows.")
+	invalidSamplingDesc   = phcollectors.NewDesc("conntrack", "invalid_log_sampling", "With --conntrack.invalid-reasons: 1 while conntrack's INVALID log runs above --conntrack.invalid-reasons.max-rate and is read in windows (its counts are a sample), 0 while every packet is read.")
 	invalidForeignDesc    = phcollectors.NewDesc("conntrack", "invalid_log_foreign_messages_total", "With --conntrack.invalid-reasons: messages read from NFLOG group 0 that are not conntrack's INVALID log (no nf_ct_proto_N prefix: an NFLOG rule without --nflog-group, a conntrack helper's drop), counted here and in no INVALID series.")
 	servicesKnownDesc     = phcollectors.NewDesc("conntrack", "service_ports_known", "Service addresses (cluster IP, port, protocol) the exporter can attribute flows to, from its API view or, without a synced one, from kube-proxy's KUBE-SERVICES rules; 0 means every flow is no_service.")
 )
@@ -562,7 +570,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{entriesDesc, entriesLimitDesc, eventsDesc, eventsLostDesc, receiveErrorsDesc,
 		resyncsDesc, untrackedDesc, trackedDesc, unrepliedDesc, openUnrepliedDesc, unrepliedUnlistedDesc,
 		openUnlistedDesc, servicesKnownDesc, tcpBeLiberalDesc, eventsSettingDesc, invalidReasonDesc, invalidUnlistedDesc,
-		invalidLostDesc, invalidForeignDesc} {
+		invalidLostDesc, invalidForeignDesc, invalidListenedDesc, invalidSamplingDesc} {
 		ch <- d
 	}
 	for _, d := range cpuStatDescs {
@@ -656,6 +664,12 @@ func (c *Collector) updateInvalid(ch chan<- prometheus.Metric) error {
 	}
 	ch <- prometheus.MustNewConstMetric(invalidLostDesc, prometheus.CounterValue, float64(s.lost))
 	ch <- prometheus.MustNewConstMetric(invalidForeignDesc, prometheus.CounterValue, float64(s.foreign))
+	ch <- prometheus.MustNewConstMetric(invalidListenedDesc, prometheus.CounterValue, s.listened.Seconds())
+	sampling := 0.0
+	if s.sampling {
+		sampling = 1
+	}
+	ch <- prometheus.MustNewConstMetric(invalidSamplingDesc, prometheus.GaugeValue, sampling)
 	return s.err
 }
 

@@ -69,6 +69,11 @@ type invalidLog struct {
 	foreign  uint64
 	nextSeq  uint32
 	seqKnown bool
+	// bound keeps the reader's cost bounded under a flood (invalidFloodBound); listened is
+	// the time the group was bound before boundSince, which is zero while it is not.
+	bound      invalidFloodBound
+	listened   time.Duration
+	boundSince time.Time
 }
 
 func newInvalidLog(cfg *Config, logger *slog.Logger, view func() *attributionView) *invalidLog {
@@ -87,6 +92,7 @@ func newInvalidLog(cfg *Config, logger *slog.Logger, view func() *attributionVie
 		now:          now,
 		counts:       make(map[invalidKey]*prunedSeries),
 		err:          ErrInvalidLogNotStarted,
+		bound:        newInvalidFloodBound(float64(cfg.InvalidReasonsMaxRate)),
 	}
 }
 
@@ -105,6 +111,13 @@ func (l *invalidLog) run(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
+			if errors.Is(err, errInvalidFlood) {
+				// Not a failure: the group stays unbound until the next sampled window.
+				if !l.sleepUntil(ctx, l.resumeAt()) {
+					return
+				}
+				continue
+			}
 			// The settings stay while the socket is replaced: with no reader, the kernel
 			// drops what it logs.
 			err = fmt.Errorf("reading NFLOG group 0: %w", err)
@@ -116,6 +129,25 @@ func (l *invalidLog) run(ctx context.Context) {
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, maxBackoff)
+	}
+}
+
+// resumeAt is when the reader binds the group again after a window that reached its budget.
+func (l *invalidLog) resumeAt() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.bound.resumeAt()
+}
+
+// sleepUntil waits until t by l's clock, or until ctx is done (false).
+func (l *invalidLog) sleepUntil(ctx context.Context, t time.Time) bool {
+	timer := time.NewTimer(t.Sub(l.now()))
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-timer.C:
+		return true
 	}
 }
 
@@ -149,6 +181,9 @@ func (l *invalidLog) start() error {
 			"previous", fmt.Sprint(saved))
 	}
 	l.sock, l.seqKnown, l.err = sock, false, nil
+	now := l.now()
+	l.boundSince = now
+	l.bound.listen(now)
 	return nil
 }
 
@@ -276,6 +311,15 @@ func (l *invalidLog) restore() {
 	if l.sock != nil {
 		l.sock.Close()
 	}
+	l.unboundLocked()
+}
+
+// unboundLocked adds the time since the group was bound to the time listened.
+func (l *invalidLog) unboundLocked() {
+	if !l.boundSince.IsZero() {
+		l.listened += l.now().Sub(l.boundSince)
+		l.boundSince = time.Time{}
+	}
 }
 
 func (s savedSetting) String() string {
@@ -295,6 +339,12 @@ func (l *invalidLog) consume(ctx context.Context) error {
 	l.mu.Lock()
 	if l.sock == sock {
 		l.sock = nil
+		l.unboundLocked()
+	}
+	if errors.Is(err, errInvalidFlood) && !l.bound.sampledBefore {
+		l.bound.sampledBefore = true
+		l.logger.Warn("conntrack's INVALID log runs above --conntrack.invalid-reasons.max-rate: it is read in windows from now on, and its counts are a sample (proxyhealth_conntrack_invalid_log_listened_seconds_total)",
+			"max_rate", l.bound.maxRate)
 	}
 	l.mu.Unlock()
 	if closeErr := sock.Close(); closeErr != nil {
@@ -310,50 +360,55 @@ func (l *invalidLog) consumeFrom(sock eventSource) error {
 		tp tuple
 	)
 	return sock.receiveBatches(func(msg []byte) error {
+		var admitted bool
 		if err := decodeLogMessage(msg, &p); err != nil {
+			l.mu.Lock()
 			if !errors.Is(err, errNotLogPacket) {
-				l.mu.Lock()
 				l.lost++
-				l.mu.Unlock()
 			}
-			return nil
+			admitted = l.bound.admit(l.now())
+			l.mu.Unlock()
+		} else if r, ok := invalidLogReason(p.prefix); !ok {
+			admitted = l.countForeign(&p)
+		} else {
+			var svc Service
+			if err := decodePacketTuple(p.payload, &tp); err == nil {
+				svc = l.view().invalidPacketService(&tp)
+			}
+			admitted = l.count(&p, invalidKey{r, svc.Namespace, svc.Name})
 		}
-		r, ok := invalidLogReason(p.prefix)
-		if !ok {
-			l.countForeign(&p)
-			return nil
+		if !admitted {
+			return errInvalidFlood
 		}
-		var svc Service
-		if err := decodePacketTuple(p.payload, &tp); err == nil {
-			svc = l.view().invalidPacketService(&tp)
-		}
-		l.count(&p, invalidKey{r, svc.Namespace, svc.Name})
 		return nil
 	})
 }
 
-func (l *invalidLog) count(p *loggedPacket, k invalidKey) {
+// count counts a packet of k, and reports whether the reader may read on (admit).
+func (l *invalidLog) count(p *loggedPacket, k invalidKey) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.followSeqLocked(p)
-	if s, listed := l.counts[k]; listed {
+	switch s, listed := l.counts[k]; {
+	case listed:
 		s.count++
-		return
-	}
-	if k.name == "" && k.namespace == "" || len(l.counts) < l.maxSeries {
+	case k.name == "" && k.namespace == "" || len(l.counts) < l.maxSeries:
 		// Packets of no Service carry no service labels: one series per reason, outside the cap.
 		l.counts[k] = &prunedSeries{count: 1}
-		return
+	default:
+		l.unlisted[k.reason]++
 	}
-	l.unlisted[k.reason]++
+	return l.bound.admit(l.now())
 }
 
-// countForeign counts a message of the group that is not conntrack's INVALID log.
-func (l *invalidLog) countForeign(p *loggedPacket) {
+// countForeign counts a message of the group that is not conntrack's INVALID log, and reports
+// whether the reader may read on (admit): such messages cost the reader as much.
+func (l *invalidLog) countForeign(p *loggedPacket) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.followSeqLocked(p)
 	l.foreign++
+	return l.bound.admit(l.now())
 }
 
 // followSeqLocked follows the group's sequence numbers: the kernel numbers the messages it
@@ -378,6 +433,11 @@ type invalidSnapshot struct {
 	lost     uint64
 	foreign  uint64
 	err      error
+	// listened is the time the group has been bound since the reader started; sampling is
+	// whether the reader is reading in windows now (the rate is above the bound).
+	listened  time.Duration
+	sampling  bool
+	listening bool // the group is bound now
 }
 
 // snapshot copies the counts, first dropping the series of Services gone for a while (prune).
@@ -385,7 +445,17 @@ func (l *invalidLog) snapshot() invalidSnapshot {
 	l.prune()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	s := invalidSnapshot{counts: make(map[invalidKey]uint64, len(l.counts)), unlisted: l.unlisted, lost: l.lost, foreign: l.foreign, err: l.err}
+	now := l.now()
+	listened := l.listened
+	if !l.boundSince.IsZero() {
+		listened += now.Sub(l.boundSince)
+		if l.bound.sampling && !now.Before(l.bound.windowEnd()) {
+			// A sampled window that ended quiet, with no packet since to tell admit so.
+			l.bound.windowEnded(now)
+		}
+	}
+	s := invalidSnapshot{counts: make(map[invalidKey]uint64, len(l.counts)), unlisted: l.unlisted, lost: l.lost, foreign: l.foreign, err: l.err,
+		listened: listened, sampling: l.bound.sampling, listening: !l.boundSince.IsZero()}
 	for k, v := range l.counts {
 		s.counts[k] = v.count
 	}

@@ -484,3 +484,110 @@ iptables -w -A OUTPUT -m conntrack --ctstate INVALID -j ACCEPT`)
 		t.Errorf("settings after the reader stopped: %s, want %s", got, before)
 	}
 }
+
+// A flood of SYN+FIN segments to a Service, above --conntrack.invalid-reasons.max-rate: the
+// reader goes to sampled windows, unbinding NFLOG group 0 in between and binding it again
+// without error, the Service's tcp_flags count still rises window after window, and the time
+// listened falls behind the time elapsed. Once the flood ends the reader reads every packet
+// again. The flood is bounded in packets as well as time.
+func TestKernelInvalidLogFloodIsSampled(t *testing.T) {
+	requireOwnNetns(t, "ip", "iptables-restore", "iptables-nft", "unshare", "nsenter")
+	sh(t, `ip link set lo up
+ip addr replace 10.0.0.1/32 dev lo
+sysctl -qw net.ipv4.ip_forward=1`)
+	restore := exec.Command("iptables-restore")
+	restore.Stdin = strings.NewReader(webServiceRules)
+	if out, err := restore.CombinedOutput(); err != nil {
+		t.Fatalf("iptables-restore: %v\n%s", err, out)
+	}
+	client := clientNetns(t)
+	sh(t, "modprobe nfnetlink_log 2>/dev/null || true; sysctl -qw net.netfilter.nf_conntrack_log_invalid=0")
+	before := readProcSettings(t)
+
+	const maxRate = 200
+	cfg := Config{UnrepliedAfter: time.Second, MaxTrackedFlows: 100, MaxServiceSeries: 10, SocketBufferBytes: 1 << 20,
+		ServiceRefreshInterval: time.Hour, ResyncMinInterval: time.Hour, ProcPath: "/proc",
+		Rules: &rulesAt{webServiceState}, InvalidReasons: true, InvalidReasonsMaxRate: maxRate}
+	c, err := New(cfg, promslog.NewNopLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A shorter period than the exporter's, so that the test sees several windows quickly.
+	c.invalid.bound.period = 2 * time.Second
+	stop := runInBackground(t, c.Run)
+	waitFor(t, "the INVALID log to be read", func() bool {
+		return c.invalid.snapshot().err == nil && c.view.Load().services.Len() > 0
+	})
+	started := time.Now()
+	webFlags := invalidKey{invalidTCPFlags, "default", "web"}
+
+	client4 := netip.MustParseAddrPort("10.0.1.2:40000")
+	clusterIP := netip.MustParseAddrPort("10.96.0.20:80")
+	synFin := tcpSegment(client4, clusterIP, tcpSYN|tcpFIN, 1, 0, false)
+	var (
+		sent            int
+		firstSampled    uint64 // the Service's count when sampling was first seen
+		rose            bool   // the count rose in a later window, while sampling
+		sampledListened time.Duration
+	)
+	inNetns(t, client, func() {
+		send := rawTCPSender(t, client4)
+		const maxPackets = 20_000_000
+		deadline := time.Now().Add(30 * time.Second)
+		for sent < maxPackets && time.Now().Before(deadline) {
+			for range 1000 {
+				send(clusterIP, synFin)
+			}
+			sent += 1000
+			s := c.invalid.snapshot()
+			if s.err != nil {
+				t.Fatalf("the reader failed during the flood: %v", s.err)
+			}
+			switch n := s.counts[webFlags]; {
+			case !s.sampling:
+			case firstSampled == 0:
+				firstSampled = n
+			case n > firstSampled:
+				rose, sampledListened = true, s.listened
+			}
+			if rose {
+				return
+			}
+		}
+	})
+	if firstSampled == 0 {
+		t.Fatalf("the reader never sampled after %d packets above %d/s", sent, maxRate)
+	}
+	if !rose {
+		t.Fatalf("the Service's tcp_flags count stayed at %d while sampling (%d packets sent)", firstSampled, sent)
+	}
+	elapsed := time.Since(started)
+	if sampledListened >= elapsed {
+		t.Errorf("listened %v of %v while sampling: not less", sampledListened, elapsed)
+	}
+	out := scrape(t, c)
+	if !strings.Contains(out, "proxyhealth_conntrack_invalid_log_listened_seconds_total ") {
+		t.Errorf("no time listened in the scrape:\n%s", out)
+	}
+	t.Logf("%d packets sent in %v; %d counted for default/web; listened %v", sent, elapsed,
+		c.invalid.snapshot().counts[webFlags], sampledListened)
+
+	// The flood is over: a quiet window returns the reader to reading every packet.
+	waitFor(t, "the reader to read every packet again", func() bool {
+		s := c.invalid.snapshot()
+		return !s.sampling && s.listening
+	})
+	if got := readProcSettings(t); got != "255 nfnetlink_log nfnetlink_log" {
+		t.Errorf("settings after the flood: %s", got)
+	}
+	// A quiet window has passed: nothing of the flood is left to read, and one more packet is
+	// counted, exactly.
+	n := c.invalid.snapshot().counts[webFlags]
+	inNetns(t, client, func() { rawTCPSender(t, client4)(clusterIP, synFin) })
+	waitForScrape(t, c, fmt.Sprintf(`proxyhealth_conntrack_invalid_reason_packets_total{reason="tcp_flags",service_name="web",service_namespace="default"} %d`, n+1))
+	waitForScrape(t, c, "proxyhealth_conntrack_invalid_log_sampling 0")
+	stop()
+	if got := readProcSettings(t); got != before {
+		t.Errorf("settings after the reader stopped: %s, want %s", got, before)
+	}
+}
