@@ -30,7 +30,7 @@ ARG REVISION=unknown
 RUN make image-binaries OUT=/out GOOS="$TARGETOS" GOARCH="$TARGETARCH" VERSION="$VERSION" REVISION="$REVISION"
 
 # The exporter's file capabilities, in the permitted set only (no effective bit): the image
-# runs as user 65534, and Kubernetes runtimes give a non-root container its capabilities in the
+# runs as user 9869 (the project's own; see deploy/README.md), and Kubernetes runtimes give a non-root container its capabilities in the
 # permitted and bounding sets but not the ambient one, so without file capabilities they would
 # be gone at exec. Without the effective bit the kernel grants at exec the file's capabilities
 # that the container has and leaves out the others, and the exporter makes them effective
@@ -43,7 +43,7 @@ RUN ["/setfcap", "cap_net_admin,cap_net_raw,cap_dac_read_search=p", "/proxyhealt
 
 FROM scratch
 COPY --from=caps /proxyhealth /proxyhealth
-USER 65534:65534
+USER 9869:9869
 # No allocation sampling from the process's first allocation: the runtime's table of samples
 # (1.4 MiB) is otherwise made before main runs. --web.enable-pprof turns sampling back on.
 ENV GODEBUG=memprofilerate=0

@@ -612,9 +612,9 @@ func TestChartTemplate(t *testing.T) {
 			}
 			ic := pod.InitContainers[0]
 			sc := ic.SecurityContext
-			if ic.Image != c.Image || !slices.Equal(ic.Args, []string{"prepare-state-dir", "--conntrack.invalid-reasons.state-dir=" + stateDir, "--owner=65534:65534"}) ||
+			if ic.Image != c.Image || !slices.Equal(ic.Args, []string{"prepare-state-dir", "--conntrack.invalid-reasons.state-dir=" + stateDir, "--owner=9869:9869"}) ||
 				len(ic.VolumeMounts) != 1 || ic.VolumeMounts[0].Name != c.VolumeMounts[i].Name || ic.VolumeMounts[0].MountPath != stateDir {
-				t.Errorf("init container %+v: want the exporter's image preparing %s for 65534:65534, with that directory alone", ic, stateDir)
+				t.Errorf("init container %+v: want the exporter's image preparing %s for 9869:9869, with that directory alone", ic, stateDir)
 			}
 			if sc == nil || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) ||
 				!slices.Equal(sc.Capabilities.Add, []corev1.Capability{"CHOWN"}) || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -49,6 +50,11 @@ func deployedDaemonSet(t *testing.T) appsv1.DaemonSet {
 	return ds
 }
 
+// exporterUID is the user and group the image, the chart and deploy/ run the exporter as: the
+// project's own rather than 65534 (nobody), which many other images on a node run as, so that
+// no other workload's processes share the exporter's user and with it its /proc access.
+const exporterUID = 9869
+
 // deployedContainer returns the DaemonSet's pod security settings and its container, after
 // checking the least privilege deploy/README.md describes: a non-root user, every capability
 // dropped but those added, a read-only root filesystem, no privilege escalation. It returns
@@ -59,8 +65,8 @@ func deployedContainer(t *testing.T) (*corev1.PodSecurityContext, corev1.Contain
 	podSC, c := ds.Spec.Template.Spec.SecurityContext, ds.Spec.Template.Spec.Containers[0]
 	sc := c.SecurityContext
 	switch {
-	case podSC == nil || podSC.RunAsUser == nil || *podSC.RunAsUser != 65534 || podSC.RunAsNonRoot == nil || !*podSC.RunAsNonRoot:
-		t.Fatalf("the pod does not run as non-root user 65534: %+v", podSC)
+	case podSC == nil || podSC.RunAsUser == nil || *podSC.RunAsUser != exporterUID || podSC.RunAsGroup == nil || *podSC.RunAsGroup != exporterUID || podSC.RunAsNonRoot == nil || !*podSC.RunAsNonRoot:
+		t.Fatalf("the pod does not run as the non-root user and group %d: %+v", exporterUID, podSC)
 	case sc == nil || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}):
 		t.Fatalf("the container does not drop ALL capabilities: %+v", sc)
 	case sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem:
@@ -273,10 +279,10 @@ func TestDeployCapabilities(t *testing.T) {
 			for _, c := range cc.caps {
 				sets += ",+" + c
 			}
-			args = append(args, "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+			args = append(args, "setpriv", fmt.Sprintf("--reuid=%d", exporterUID), fmt.Sprintf("--regid=%d", exporterUID), "--clear-groups",
 				"--inh-caps="+sets, "--ambient-caps="+sets, "--bounding-set="+sets)
 		case "filecaps":
-			args = append(args, capexec, "-uid", "65534", "-gid", "65534", "-caps", capList, "--")
+			args = append(args, capexec, "-uid", strconv.Itoa(exporterUID), "-gid", strconv.Itoa(exporterUID), "-caps", capList, "--")
 			exporter = capExporter
 		}
 		args = append(args, exporter,
@@ -331,7 +337,7 @@ var capsNeededBy = map[string][]string{
 	"dac_read_search": {"node", "rules", "kubeproxy"},
 }
 
-// checkProcessCaps checks a running exporter's credentials, user 65534 and exactly caps
+// checkProcessCaps checks a running exporter's credentials, user exporterUID and exactly caps
 // effective, and returns its /proc status.
 func checkProcessCaps(t *testing.T, pid int, caps []string) string {
 	t.Helper()
@@ -343,7 +349,7 @@ func checkProcessCaps(t *testing.T, pid int, caps []string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range []string{"Uid:\t65534\t65534\t65534\t65534", fmt.Sprintf("CapEff:\t%016x", uint64(want))} {
+	for _, line := range []string{fmt.Sprintf("Uid:\t%[1]d\t%[1]d\t%[1]d\t%[1]d", exporterUID), fmt.Sprintf("CapEff:\t%016x", uint64(want))} {
 		if !strings.Contains(string(status), line+"\n") {
 			t.Fatalf("want %q in the exporter's status:\n%s", line, status)
 		}

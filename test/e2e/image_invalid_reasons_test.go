@@ -22,7 +22,7 @@ const (
 
 // TestImageInvalidReasons runs the image as the chart's invalidReasons.enabled deploys it, with
 // podman and runc in a lab node's network namespace under the DaemonSet's securityContext (user
-// 65534, NET_ADMIN through the image's file capabilities, a read-only root): the host's
+// exporterUID, NET_ADMIN through the image's file capabilities, a read-only root): the host's
 // /proc/sys/net/netfilter, and nothing else of its /proc, mounted writable at
 // /host/proc/sys/net/netfilter with --conntrack.invalid-reasons.netfilter-dir pointing there,
 // and a state directory at /run/proxyhealth that its init container, run as the chart runs it,
@@ -98,13 +98,13 @@ func TestImageInvalidReasons(t *testing.T) {
 		initArgs := append([]string{"run", "--rm", "--network=none"}, podmanUlimits(t)...)
 		initArgs = append(initArgs, "--user=0:0", "--cap-drop=all", "--cap-add=CHOWN", "--read-only",
 			"--security-opt=no-new-privileges", "-v", stateDir+":/run/proxyhealth", tag,
-			"prepare-state-dir", "--conntrack.invalid-reasons.state-dir=/run/proxyhealth", "--owner=65534:65534")
+			"prepare-state-dir", "--conntrack.invalid-reasons.state-dir=/run/proxyhealth", fmt.Sprintf("--owner=%[1]d:%[1]d", exporterUID))
 		if out, err := podman(initArgs...).CombinedOutput(); err != nil {
 			t.Fatalf("the state directory's init container: %v\n%s", err, out)
 		}
 		if fi, err := os.Stat(stateDir); err != nil || fi.Mode() != os.ModeDir|0o700 ||
-			fi.Sys().(*syscall.Stat_t).Uid != 65534 || fi.Sys().(*syscall.Stat_t).Gid != 65534 {
-			t.Fatalf("the state directory after its init container: %v, %v; want 0700 of 65534:65534", fi.Mode(), err)
+			fi.Sys().(*syscall.Stat_t).Uid != exporterUID || fi.Sys().(*syscall.Stat_t).Gid != exporterUID {
+			t.Fatalf("the state directory after its init container: %v, %v; want 0700 of %d:%d", fi.Mode(), err, exporterUID, exporterUID)
 		}
 		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "host-netfilter-sysctl",
 			VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/proc/sys/net/netfilter"}}},
