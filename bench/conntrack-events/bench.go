@@ -256,7 +256,7 @@ func bench(ctx context.Context, cfg config, argv []string) (results []phaseResul
 		out, _ := run(ctx, "", "conntrack", "--version")
 		hdr.ConntrackVersion = strings.TrimSpace(out)
 	}
-	var exporterBase []string
+	var exporterBase, invalidArgs []string
 	if exporterBin != "" && (slices.Contains(cfg.consumers, "exporter") || slices.Contains(cfg.consumers, "invalid")) {
 		out, _ := run(ctx, "", exporterBin, "--version")
 		hdr.ExporterInfo = firstLine(out)
@@ -274,6 +274,13 @@ func bench(ctx context.Context, cfg config, argv []string) (results []phaseResul
 			exporterBase = append(exporterBase, "--no-collector.node")
 		}
 		exporterBase = append(exporterBase, cfg.exporterArgs...)
+		// The invalid consumer measures the reader's cost per packet: every packet is read,
+		// unless the run sets the bound itself.
+		if strings.Contains(help, "conntrack.invalid-reasons.max-rate") && !slices.ContainsFunc(cfg.exporterArgs, func(a string) bool {
+			return strings.HasPrefix(a, "--conntrack.invalid-reasons.max-rate")
+		}) {
+			invalidArgs = []string{"--conntrack.invalid-reasons.max-rate=0"}
+		}
 	}
 
 	eventDir := tmp
@@ -284,7 +291,7 @@ func bench(ctx context.Context, cfg config, argv []string) (results []phaseResul
 		defer os.RemoveAll(eventDir)
 	}
 	hdr.EventDir = eventDir
-	env := &phaseEnv{cfg: cfg, ns: ns, tmp: tmp, eventDir: eventDir, self: self, exporterBin: exporterBin, exporterArgs: exporterBase}
+	env := &phaseEnv{cfg: cfg, ns: ns, tmp: tmp, eventDir: eventDir, self: self, exporterBin: exporterBin, exporterArgs: exporterBase, invalidArgs: invalidArgs}
 	for i, st := range cfg.steps {
 		order := slices.Clone(cfg.consumers)
 		if i%2 == 1 {
@@ -350,6 +357,7 @@ type phaseEnv struct {
 	self         string
 	exporterBin  string
 	exporterArgs []string
+	invalidArgs  []string // the invalid consumer's own, after exporterArgs
 }
 
 // phaseResult is one consumer at one step.
@@ -402,6 +410,7 @@ func (e *phaseEnv) startConsumer(kind string) (*consumer, error) {
 		args = append(append(base, e.exporterBin), e.exporterArgs...)
 	case "invalid":
 		args = append(append(append(base, e.exporterBin), e.exporterArgs...), "--conntrack.invalid-reasons", "--conntrack.invalid-reasons.state-dir="+filepath.Join(e.tmp, "state"))
+		args = append(args, e.invalidArgs...)
 	}
 	stamp := strconv.FormatInt(time.Now().UnixNano(), 36)
 	c.outPath = filepath.Join(e.eventDir, kind+"-"+stamp+".out")
