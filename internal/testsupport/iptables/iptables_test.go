@@ -390,10 +390,8 @@ func TestParseLarge(t *testing.T) {
 	if len(svcs) != 10000 {
 		t.Fatalf("services = %d", len(svcs))
 	}
+	// How fast is BenchmarkParse10kServices's to say, not a timed assertion's.
 	t.Logf("%d bytes, %d lines parsed in %v", len(in), strings.Count(in, "\n"), elapsed)
-	if !raceEnabled && elapsed > time.Second {
-		t.Errorf("parsing took %v, want well under a second", elapsed)
-	}
 }
 
 func BenchmarkParse10kServices(b *testing.B) {

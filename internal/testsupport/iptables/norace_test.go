@@ -1,5 +1,0 @@
-//go:build !race
-
-package iptables
-
-const raceEnabled = false
