@@ -6,8 +6,11 @@ set -euo pipefail
 
 # podman and runc: the image is built (make image) and run under the DaemonSet's securityContext
 # (test/e2e TestImage); crun fails on cgroup v1 hosts, so runc. chromium: the verdict labs render
-# the landing page in headless Chromium (test/e2e browser_test.go).
-packages=(iptables nftables conntrack iproute2 procps util-linux libcap2-bin make etcd-server prometheus prometheus-alertmanager podman runc chromium)
+# the landing page in headless Chromium (test/e2e browser_test.go). qemu-system-x86, mmdebstrap,
+# libarchive-tools (bsdtar), zstd and kmod (depmod): the kernel matrix builds its guests from
+# Debian's kernel packages and boots them (test/vm).
+packages=(iptables nftables conntrack iproute2 procps util-linux libcap2-bin make etcd-server prometheus prometheus-alertmanager podman runc chromium
+	qemu-system-x86 mmdebstrap libarchive-tools zstd kmod)
 missing=()
 for p in "${packages[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -22,6 +22,11 @@ import (
 // nsPrefix names every namespace the lab creates; TestMain removes leftovers with it.
 const nsPrefix = "ph-e2e-"
 
+// binariesEnv names a directory that holds the lab's binaries (labtool, proxyhealth,
+// kubectl-proxyhealth) built beforehand, for a run without a Go toolchain: the kernel
+// matrix's guests (test/vm). Unset, TestMain builds them from this tree.
+const binariesEnv = "PROXYHEALTH_E2E_BINARIES"
+
 var (
 	skipReason       string // non-empty: every lab test skips with it
 	binDir           string
@@ -49,6 +54,9 @@ func testMain(m *testing.M) int {
 	}
 	removeLeftovers()
 
+	if dir := os.Getenv(binariesEnv); dir != "" {
+		return runWithBinaries(m, dir)
+	}
 	dir, err := os.MkdirTemp("", "ph-e2e-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -84,6 +92,26 @@ func testMain(m *testing.M) int {
 	return m.Run()
 }
 
+// runWithBinaries runs the tests with the binaries in dir, built as goBuild builds them. Without
+// labtool or the exporter the run fails: whoever set binariesEnv meant them to be there. The
+// plugin is needed by its own tests only, which fail without it.
+func runWithBinaries(m *testing.M, dir string) int {
+	binDir = dir
+	labtoolBin = filepath.Join(dir, "labtool")
+	exporterBin = filepath.Join(dir, "proxyhealth")
+	for _, bin := range []string{labtoolBin, exporterBin} {
+		if _, err := os.Stat(bin); err != nil {
+			fmt.Fprintf(os.Stderr, "%s=%s: %v\n", binariesEnv, dir, err)
+			return 1
+		}
+	}
+	pluginBin = filepath.Join(dir, "kubectl-proxyhealth")
+	if _, err := os.Stat(pluginBin); err != nil {
+		pluginBuildErr = fmt.Errorf("%s=%s: %w", binariesEnv, dir, err)
+	}
+	return m.Run()
+}
+
 // goBuild builds as make build does, without cgo (the exporter raises its file capabilities in
 // every thread, which a binary linked with cgo cannot) and with -trimpath (one build cache for
 // both).
@@ -94,7 +122,13 @@ func goBuild(root, out string, args ...string) ([]byte, error) {
 	return cmd.CombinedOutput()
 }
 
+// repoRoot is the module's root directory. Without a Go toolchain (a kernel matrix guest, whose
+// payload mirrors the tree's layout) it is two directories up from the package's, where go
+// test runs it.
 func repoRoot() (string, error) {
+	if _, err := exec.LookPath("go"); err != nil {
+		return filepath.Abs("../..")
+	}
 	out, err := exec.Command("go", "env", "GOMOD").Output()
 	if err != nil {
 		return "", fmt.Errorf("go env GOMOD: %w", err)
