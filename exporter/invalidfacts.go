@@ -38,5 +38,14 @@ func invalidReasonsInput(samples []factSample) *verdict.InvalidReasonFacts {
 	}
 	out.Unlisted = delta(first.Unlisted, last.Unlisted)
 	out.Lost = delta(first.Lost, last.Lost)
+	// Read in windows at some point of the window (above --conntrack.invalid-reasons.max-rate):
+	// the share of it the counts cover.
+	sampled := false
+	for _, sm := range samples {
+		sampled = sampled || sm.invalid.Sampling
+	}
+	if elapsed := samples[len(samples)-1].at.Sub(samples[0].at); sampled && elapsed > 0 {
+		out.SampledShare = min(1, max(0, (last.Listened-first.Listened).Seconds()/elapsed.Seconds()))
+	}
 	return out
 }

@@ -90,3 +90,27 @@ func TestFactsInvalidReasons(t *testing.T) {
 		})
 	}
 }
+
+// Under a flood the log is read in windows: the verdict's input says over what share of the
+// window its counts were taken, from the time the reader listened.
+func TestFactsInvalidReasonsSampled(t *testing.T) {
+	series := func(n uint64) []conntrack.InvalidReasonSeries {
+		return []conntrack.InvalidReasonSeries{{Namespace: "lab", Name: "web", Reason: "tcp_flags", Packets: n}}
+	}
+	samples := []factSample{
+		{at: t0, invalid: conntrack.InvalidReasons{Enabled: true, Series: series(100), Listened: 50 * time.Second}},
+		{at: t0.Add(5 * time.Minute), invalid: conntrack.InvalidReasons{Enabled: true, Series: series(20100), Listened: 80 * time.Second, Sampling: true}},
+		{at: t0.Add(10 * time.Minute), invalid: conntrack.InvalidReasons{Enabled: true, Series: series(40100), Listened: 110 * time.Second, Sampling: true}},
+	}
+	got := invalidReasonsInput(samples)
+	if got == nil || got.SampledShare != 0.1 || !slices.Equal(got.Counts, []verdict.InvalidReasonCount{{Namespace: "lab", Name: "web", Reason: "tcp_flags", Packets: 40000}}) {
+		t.Errorf("got %+v, want 40000 tcp_flags packets of lab/web sampled over 0.1 of the window", got)
+	}
+	// Read throughout: no share, whatever the clocks say.
+	for i := range samples {
+		samples[i].invalid.Sampling = false
+	}
+	if got := invalidReasonsInput(samples); got.SampledShare != 0 {
+		t.Errorf("read throughout: sampled share %v", got.SampledShare)
+	}
+}

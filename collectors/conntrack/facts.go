@@ -114,6 +114,11 @@ type InvalidReasons struct {
 	// Unlisted counts the packets of Services left out of Series by
 	// --conntrack.max-service-series; Lost the logged packets that never reached the reader.
 	Unlisted, Lost uint64
+	// Listened is the time NFLOG group 0 has been bound since the reader started: less than
+	// the time elapsed while the log runs above --conntrack.invalid-reasons.max-rate and is
+	// read in windows (Sampling), when the counts are a sample over that share of the time.
+	Listened time.Duration
+	Sampling bool
 }
 
 // ErrInvalidLogNotStarted is InvalidReasons' error before conntrack's INVALID log was first read.
@@ -125,7 +130,8 @@ func (c *Collector) InvalidReasons() InvalidReasons {
 		return InvalidReasons{}
 	}
 	s := c.invalid.snapshot()
-	out := InvalidReasons{Enabled: true, Err: s.err, Lost: s.lost, Series: make([]InvalidReasonSeries, 0, len(s.counts))}
+	out := InvalidReasons{Enabled: true, Err: s.err, Lost: s.lost, Listened: s.listened, Sampling: s.sampling,
+		Series: make([]InvalidReasonSeries, 0, len(s.counts))}
 	for k, v := range s.counts {
 		out.Series = append(out.Series, InvalidReasonSeries{Namespace: k.namespace, Name: k.name, Reason: k.reason.String(), Packets: v})
 	}

@@ -170,6 +170,9 @@ type InvalidEvidence struct {
 	ByServiceReason    []InvalidReasonCount `json:"by_service_reason,omitempty"`
 	OtherLoggedPackets uint64               `json:"other_logged_packets,omitempty"`
 	LostLoggedPackets  uint64               `json:"lost_logged_packets,omitempty"`
+	// SampledShare is the share of the window the logged counts cover when the log was read
+	// in windows under a flood; absent when every packet was read.
+	SampledShare float64 `json:"sampled_share,omitempty"`
 	// ReasonsNotNamed says why the Services and reasons are not named, when they are not.
 	ReasonsNotNamed string `json:"reasons_not_named,omitempty"`
 }

@@ -187,6 +187,10 @@ type InvalidReasonFacts struct {
 	// Unlisted are the packets of Services beyond the per-service series cap, Lost those the
 	// kernel logged that never reached the reader, in the window.
 	Unlisted, Lost uint64
+	// SampledShare is, when the log was read in windows (above
+	// --conntrack.invalid-reasons.max-rate), the share of the window they cover; 0 when
+	// every packet was read.
+	SampledShare float64
 }
 
 // InvalidReasonCount is the INVALID packets of one Service and reason, labelled as the metric

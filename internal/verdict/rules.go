@@ -678,6 +678,7 @@ func invalidReasons(r *InvalidReasonFacts, ev *InvalidEvidence) string {
 		ev.OtherLoggedPackets += c.Packets
 	}
 	ev.LostLoggedPackets = r.Lost
+	ev.SampledShare = math.Round(r.SampledShare*1000) / 1000
 	if len(shown) == 0 {
 		return ""
 	}
@@ -713,7 +714,11 @@ func invalidReasons(r *InvalidReasonFacts, ev *InvalidEvidence) string {
 	if 2*bySvc[top] <= logged {
 		most = "most often"
 	}
-	return fmt.Sprintf(", %s for %s: %s%s,", most, name, strings.Join(reasons, " and "), unit)
+	sampled := ""
+	if r.SampledShare > 0 {
+		sampled = fmt.Sprintf(" (logged in %.2g%% of the window: a sample)", 100*r.SampledShare)
+	}
+	return fmt.Sprintf(", %s for %s: %s%s%s,", most, name, strings.Join(reasons, " and "), unit, sampled)
 }
 
 func suffix(err string) string {

@@ -592,6 +592,12 @@ func TestInvalidNotDroppedNamesServicesAndReasons(t *testing.T) {
 	if f, _ := finding(in); !strings.Contains(f.Summary, ", mostly for lab/web: 40 invalid_new and 40 seq_over_window packets, with") {
 		t.Errorf("summary %q", f.Summary)
 	}
+	// Read in windows under a flood: the counts are a sample, and the summary says so.
+	in.Conntrack.InvalidReasons = &InvalidReasonFacts{SampledShare: 0.0834, Counts: []InvalidReasonCount{
+		{Namespace: "lab", Name: "web", Reason: "tcp_flags", Packets: 10000}}}
+	if f, ev := finding(in); !strings.Contains(f.Summary, ", mostly for lab/web: 10000 tcp_flags packets (logged in 8.3% of the window: a sample), with") || ev.SampledShare != 0.083 {
+		t.Errorf("sampled: summary %q, share %v", f.Summary, ev.SampledShare)
+	}
 	// A top one of no Service, and not half of what was logged.
 	in.Conntrack.InvalidReasons = &InvalidReasonFacts{Counts: []InvalidReasonCount{
 		{Reason: "checksum", Packets: 1}, {Namespace: "lab", Name: "web", Reason: "tcp_flags", Packets: 1}}}
