@@ -26,7 +26,7 @@ ifeq ($(notdir $(firstword $(CONTAINER_ENGINE))),podman)
 IMAGE_ENGINE_FLAGS ?= --layers=false --ulimit nofile=$$(ulimit -Hn):$$(ulimit -Hn) --build-arg TARGETOS=linux
 endif
 
-.PHONY: all build plugin run image image-binaries cross test test-all vet unit kube alerts dashboards deploy-check deploy-generate e2e kernels bench-smoke
+.PHONY: all build plugin run image image-binaries cross test test-all vet unit kube etcd alerts dashboards deploy-check deploy-generate e2e kernels bench-smoke
 
 all: build
 
@@ -104,6 +104,11 @@ KUBE_VERSION ?= $(shell cat test/kube/VERSION)
 kube:
 	test/kube/build.sh $(KUBE_VERSION)
 
+# The etcd the control-plane lab and the benchmarks run, at the version test/etcd/go.mod pins (a
+# separate module), built into ~/.cache/proxyhealth/etcd/<version>; a no-op once built.
+etcd:
+	test/etcd/build.sh
+
 # The alert rules: promtool check rules, the promtool unit tests (alerts/tests/), and
 # promtool check metrics on a live scrape of the exporter (in a network namespace, as root).
 alerts:
@@ -147,4 +152,4 @@ test:
 	$(SUDO) test/deps.sh
 	$(SUDO) $(MAKE) test-all
 
-test-all: vet unit cross kube alerts dashboards deploy-check e2e kernels bench-smoke
+test-all: vet unit cross kube etcd alerts dashboards deploy-check e2e kernels bench-smoke

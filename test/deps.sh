@@ -9,7 +9,7 @@ set -euo pipefail
 # the landing page in headless Chromium (test/e2e browser_test.go). qemu-system-x86, mmdebstrap,
 # libarchive-tools (bsdtar), zstd and kmod (depmod): the kernel matrix builds its guests from
 # Debian's kernel packages and boots them (test/vm).
-packages=(iptables nftables conntrack iproute2 procps util-linux libcap2-bin make etcd-server prometheus prometheus-alertmanager podman runc chromium
+packages=(iptables nftables conntrack iproute2 procps util-linux libcap2-bin make prometheus prometheus-alertmanager podman runc chromium
 	qemu-system-x86 mmdebstrap libarchive-tools zstd kmod)
 missing=()
 for p in "${packages[@]}"; do

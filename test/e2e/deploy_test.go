@@ -34,6 +34,7 @@ const (
 	deployExporterPort = 19890
 	noWatchPort        = 19891
 	noListPort         = 19892
+	noListPagedPort    = 19893
 )
 
 // deployTool builds test/deploy (a separate module: kustomize, Helm and the Prometheus
@@ -352,8 +353,27 @@ func TestDeployManifests(t *testing.T) {
 	})
 
 	// The same ClusterRole less one verb on EndpointSlices, bound to another ServiceAccount.
+	// The lab's apiserver streams lists (its etcd has the watch progress requests that
+	// consistent reads from the watch cache need): a streamed list is a watch with
+	// sendInitialEvents, which watch alone allows, so the view syncs without list.
 	t.Run("rbac_without_list_on_endpointslices", func(t *testing.T) {
-		e := startWithoutVerb(t, cp, c, kinds, ns, "list", noListPort)
+		kubeconfig := accountWithoutVerb(t, cp, c, kinds, ns, "list")
+		e := l.In(t).StartExporter("proxyhealth-nolist", noListPort, nil, deployExporterArgs(kubeconfig)...)
+		e.Poll(t, 30*time.Second, "the API view fresh from streamed lists", nil, func(s Scrape) (bool, string) {
+			fresh, _, _ := s.Value(viewFresh, nil)
+			ok, _, _ := s.Value(success, rulesCollector)
+			return fresh == 1 && ok == 1, s.Series(viewFresh) + s.Series(success)
+		})
+	})
+	// Against a server that does not stream, the view lists in pages: without list it never
+	// syncs. client-go's WatchListClient off stands for such a server.
+	t.Run("rbac_without_list_on_endpointslices_paged", func(t *testing.T) {
+		kubeconfig := accountWithoutVerb(t, cp, c, kinds, ns, "list")
+		e := l.In(t).StartExporter("proxyhealth-nolist-paged", noListPagedPort, []string{"env", "KUBE_FEATURE_WatchListClient=false"}, deployExporterArgs(kubeconfig)...)
+		waitFor(t, 10*time.Second, "the forbidden list in the exporter's log", func() (bool, string) {
+			log, _ := os.ReadFile(e.p.log)
+			return strings.Contains(string(log), `cannot list resource \"endpointslices\"`), string(log)
+		})
 		// Several times the fresh-within window: the view never becomes fresh.
 		deadline := time.Now().Add(4 * apiFreshWithin)
 		for time.Now().Before(deadline) {
@@ -368,7 +388,8 @@ func TestDeployManifests(t *testing.T) {
 		}
 	})
 	t.Run("rbac_without_watch_on_endpointslices", func(t *testing.T) {
-		e := startWithoutVerb(t, cp, c, kinds, ns, "watch", noWatchPort)
+		kubeconfig := accountWithoutVerb(t, cp, c, kinds, ns, "watch")
+		e := l.In(t).StartExporter("proxyhealth-nowatch", noWatchPort, nil, deployExporterArgs(kubeconfig)...)
 		waitFor(t, 10*time.Second, "the forbidden watch in the exporter's log", func() (bool, string) {
 			log, _ := os.ReadFile(e.p.log)
 			return strings.Contains(string(log), `cannot watch resource \"endpointslices\"`), string(log)
@@ -389,9 +410,10 @@ func TestDeployManifests(t *testing.T) {
 	})
 }
 
-// startWithoutVerb creates a copy of the overlay's ClusterRole without verb on endpointslices,
-// bound to a new ServiceAccount, and starts an exporter with that account's token.
-func startWithoutVerb(t *testing.T, cp *ControlPlane, c *deployClients, kinds map[string]*unstructured.Unstructured, ns, verb string, port int) *Exporter {
+// accountWithoutVerb creates a copy of the overlay's ClusterRole without verb on
+// endpointslices, bound to a new ServiceAccount (both kept when they exist), and returns a
+// kubeconfig with that account's token.
+func accountWithoutVerb(t *testing.T, cp *ControlPlane, c *deployClients, kinds map[string]*unstructured.Unstructured, ns, verb string) string {
 	t.Helper()
 	name := "proxyhealth-no" + verb
 	role := kinds["ClusterRole"].DeepCopy()
@@ -427,8 +449,7 @@ func startWithoutVerb(t *testing.T, cp *ControlPlane, c *deployClients, kinds ma
 			t.Fatalf("creating %s: %v", describe(o), err)
 		}
 	}
-	kubeconfig := cp.tokenKubeconfig(t, ns, name, name+"-"+ns+".kubeconfig", apiserverAddr)
-	return cp.Lab.In(t).StartExporter(name, port, nil, deployExporterArgs(kubeconfig)...)
+	return cp.tokenKubeconfig(t, ns, name, name+"-"+ns+".kubeconfig", apiserverAddr)
 }
 
 func deployExporterArgs(kubeconfig string) []string {

@@ -4,7 +4,6 @@
 package kubelab
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -13,9 +12,10 @@ import (
 	"strings"
 )
 
-// Binaries are the control plane's programs and the Kubernetes version they were built at.
+// Binaries are the control plane's programs and the versions they were built at.
 type Binaries struct {
-	Version                string
+	Version                string // Kubernetes'
+	EtcdVersion            string // empty when $PROXYHEALTH_ETCD names the binary
 	Etcd, APIServer, Proxy string
 }
 
@@ -44,9 +44,33 @@ func Version(repo string) (string, error) {
 	return v, nil
 }
 
+// EtcdEnv names an etcd binary the lab runs instead of test/etcd/build.sh's.
+const EtcdEnv = "PROXYHEALTH_ETCD"
+
+// EtcdVersion is the etcd version test/etcd/go.mod under repo pins, the one test/etcd/build.sh
+// builds.
+func EtcdVersion(repo string) (string, error) {
+	p := filepath.Join(repo, "test", "etcd", "go.mod")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return "", err
+	}
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line)
+		if len(f) == 3 && f[0] == "require" && f[1] == "go.etcd.io/etcd/server/v3" && etcdVersionRE.MatchString(f[2]) {
+			return f[2], nil
+		}
+	}
+	return "", fmt.Errorf("%s: no line require go.etcd.io/etcd/server/v3 v3.<minor>.<patch>", p)
+}
+
+var etcdVersionRE = regexp.MustCompile(`^v3\.[0-9]+\.[0-9]+$`)
+
 // FindBinaries locates kube-apiserver and kube-proxy ($PROXYHEALTH_KUBE_BIN, else
 // test/kube/build.sh's cache, ${PROXYHEALTH_KUBE_CACHE:-~/.cache/proxyhealth/kube}/<version>,
-// for the version Version picks) and etcd on PATH, or says what is missing and how to get it.
+// for the version Version picks) and etcd ($PROXYHEALTH_ETCD, else test/etcd/build.sh's
+// cache, ${PROXYHEALTH_ETCD_CACHE:-~/.cache/proxyhealth/etcd}/<version>/etcd, for the version
+// EtcdVersion reads), or says what is missing and how to get it.
 func FindBinaries(repo string) (Binaries, error) {
 	var b Binaries
 	v, err := Version(repo)
@@ -56,13 +80,9 @@ func FindBinaries(repo string) (Binaries, error) {
 	b.Version = v
 	dir := os.Getenv("PROXYHEALTH_KUBE_BIN")
 	if dir == "" {
-		cache := os.Getenv("PROXYHEALTH_KUBE_CACHE")
-		if cache == "" {
-			home, err := os.UserHomeDir()
-			if err != nil {
-				return b, err
-			}
-			cache = filepath.Join(home, ".cache", "proxyhealth", "kube")
+		cache, err := cacheDir("PROXYHEALTH_KUBE_CACHE", "kube")
+		if err != nil {
+			return b, err
 		}
 		dir = filepath.Join(cache, b.Version)
 	}
@@ -72,10 +92,33 @@ func FindBinaries(repo string) (Binaries, error) {
 			return b, fmt.Errorf("%s missing; build it with test/kube/build.sh %s (or make kube KUBE_VERSION=%s; several minutes the first time)", p, b.Version, b.Version)
 		}
 	}
-	if b.Etcd, err = exec.LookPath("etcd"); err != nil {
-		return b, errors.New("etcd not found; install: apt-get install -y etcd-server")
+	if b.Etcd = os.Getenv(EtcdEnv); b.Etcd == "" {
+		if b.EtcdVersion, err = EtcdVersion(repo); err != nil {
+			return b, err
+		}
+		cache, err := cacheDir("PROXYHEALTH_ETCD_CACHE", "etcd")
+		if err != nil {
+			return b, err
+		}
+		b.Etcd = filepath.Join(cache, b.EtcdVersion, "etcd")
+	}
+	if _, err := os.Stat(b.Etcd); err != nil {
+		return b, fmt.Errorf("etcd %s missing; build it with test/etcd/build.sh (or make etcd; minutes the first time)", b.Etcd)
 	}
 	return b, nil
+}
+
+// cacheDir is $env, else ~/.cache/proxyhealth/<name>: where a build script of test/ puts
+// what it builds.
+func cacheDir(env, name string) (string, error) {
+	if dir := os.Getenv(env); dir != "" {
+		return dir, nil
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return "", fmt.Errorf("the cache of %s: %w", name, err)
+	}
+	return filepath.Join(home, ".cache", "proxyhealth", name), nil
 }
 
 // IPTablesShim makes dir/iptables-<backend>, a directory of links named iptables,
