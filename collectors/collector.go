@@ -6,7 +6,8 @@
 // switch), a Config with AddFlags and an unexported validate that New calls and that sets no
 // defaults (AddFlags sets them, those of settings that are not flags too; validate joins the
 // checks in flags.go), a New(Config, *slog.Logger), and a Collector that implements Collector
-// and, when it works in the background, Runner. Descriptors are built with NewDesc, periodic work runs in Every.
+// and, when it works in the background, Runner. Descriptors are built with
+// internal/metricdesc, periodic work runs in internal/periodic.
 package collectors
 
 import (
@@ -14,9 +15,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 )
-
-// Namespace is the first part of every proxyhealth metric name.
-const Namespace = "proxyhealth"
 
 // Collector is one named source of metrics. Update runs on every scrape; it must only read
 // cheap state (sysctls, a netlink stats query, a snapshot published by background work) and
@@ -33,13 +31,4 @@ type Collector interface {
 // check). The exporter calls Run once in its own goroutine; Run returns when ctx is done.
 type Runner interface {
 	Run(ctx context.Context)
-}
-
-// NewDesc describes the metric proxyhealth_<subsystem>_<name> (proxyhealth_<name> when
-// subsystem is empty) with the given variable labels and no constant ones.
-// Every proxyhealth descriptor is built with it, the shared readers' (internal/cluster,
-// internal/hostrules) too; a metric kept in a client_golang vector, whose descriptor the
-// vector builds, gives Namespace and its subsystem in its opts instead.
-func NewDesc(subsystem, name, help string, labels ...string) *prometheus.Desc {
-	return prometheus.NewDesc(prometheus.BuildFQName(Namespace, subsystem, name), help, labels, nil)
 }

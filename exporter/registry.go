@@ -13,12 +13,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/proxyhealth/proxyhealth/collectors"
+	"github.com/proxyhealth/proxyhealth/internal/metricdesc"
 )
 
 var (
-	collectorSuccessDesc = collectors.NewDesc("collector", "success",
+	collectorSuccessDesc = metricdesc.New("collector", "success",
 		"1 if the collector's last Update read everything it should, 0 if it failed (the log says why once).", "collector")
-	collectorDurationDesc = collectors.NewDesc("collector", "duration_seconds",
+	collectorDurationDesc = metricdesc.New("collector", "duration_seconds",
 		"How long the collector's last Update took during this scrape.", "collector")
 )
 
@@ -26,7 +27,7 @@ var (
 // exporterMetrics (no --web.disable-exporter-metrics), the process and Go runtime metrics.
 func newRegistry(set prometheus.Collector, exporterMetrics bool) *prometheus.Registry {
 	registry := prometheus.NewRegistry()
-	registry.MustRegister(versioncollector.NewCollector(collectors.Namespace), set)
+	registry.MustRegister(versioncollector.NewCollector(metricdesc.Namespace), set)
 	if exporterMetrics {
 		registry.MustRegister(
 			promcollectors.NewProcessCollector(promcollectors.ProcessCollectorOpts{}),

@@ -9,7 +9,7 @@ import (
 
 	"github.com/alecthomas/kingpin/v2"
 
-	"github.com/proxyhealth/proxyhealth/collectors"
+	"github.com/proxyhealth/proxyhealth/internal/periodic"
 	"github.com/proxyhealth/proxyhealth/internal/verdict"
 )
 
@@ -48,7 +48,7 @@ func newStatus(src *factSources, window time.Duration) *status {
 
 // run samples every interval until ctx is done.
 func (s *status) run(ctx context.Context) {
-	collectors.Every(ctx, s.interval, func() { s.record(s.src.sample()) })
+	periodic.Every(ctx, s.interval, func() { s.record(s.src.sample()) })
 }
 
 func (s *status) record(fs factSample) {

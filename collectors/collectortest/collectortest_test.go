@@ -7,12 +7,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/proxyhealth/proxyhealth/collectors"
+	"github.com/proxyhealth/proxyhealth/internal/metricdesc"
 )
 
 var (
-	upDesc     = collectors.NewDesc("test", "up", "Whether the test source answers.")
-	eventsDesc = collectors.NewDesc("test", "events_total", "Events seen, by kind.", "kind")
+	upDesc     = metricdesc.New("test", "up", "Whether the test source answers.")
+	eventsDesc = metricdesc.New("test", "events_total", "Events seen, by kind.", "kind")
 )
 
 // fake sends one gauge and two counter series, and fails as told.

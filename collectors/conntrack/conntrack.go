@@ -29,6 +29,8 @@ import (
 
 	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
+	"github.com/proxyhealth/proxyhealth/internal/metricdesc"
+	"github.com/proxyhealth/proxyhealth/internal/periodic"
 	"github.com/proxyhealth/proxyhealth/internal/sysctl"
 )
 
@@ -208,7 +210,7 @@ func (c *Collector) Run(ctx context.Context) {
 	}
 	go c.refreshViewLoop(ctx)
 	if c.cfg.SilentCheckInterval > 0 {
-		go phcollectors.Every(ctx, c.cfg.SilentCheckInterval, c.checkSilent)
+		go periodic.Every(ctx, c.cfg.SilentCheckInterval, c.checkSilent)
 	}
 	c.listenLoop(ctx)
 }
@@ -517,8 +519,8 @@ func (c *Collector) refreshViewLoop(ctx context.Context) {
 }
 
 var (
-	entriesDesc      = phcollectors.NewDesc("conntrack", "entries", "Entries in the conntrack table (netlink global stats; the same as nf_conntrack_count).")
-	entriesLimitDesc = phcollectors.NewDesc("conntrack", "entries_limit", "Size of the conntrack table (netlink global stats; nf_conntrack_max).")
+	entriesDesc      = metricdesc.New("conntrack", "entries", "Entries in the conntrack table (netlink global stats; the same as nf_conntrack_count).")
+	entriesLimitDesc = metricdesc.New("conntrack", "entries_limit", "Size of the conntrack table (netlink global stats; nf_conntrack_max).")
 	// The kernel's per-CPU statistics (netlink CTA_STATS_*; conntrack -S), summed over CPUs.
 	// nodeExporterOverlap marks the series node_exporter's conntrack collector (collector/
 	// conntrack_linux.go) also exports, from /proc/sys/net/netfilter and /proc/net/stat/
@@ -530,39 +532,39 @@ var (
 		value               func(*cpuStats) uint64
 		nodeExporterOverlap bool
 	}{
-		{phcollectors.NewDesc("conntrack", "invalid_packets_total", "Packets conntrack could not track and marked INVALID (kernel per-CPU stat invalid, summed). Unless dropped, such a reply leaves the node un-NATed."), func(s *cpuStats) uint64 { return s.invalid }, true},
-		{phcollectors.NewDesc("conntrack", "insert_failed_total", "Entries that could not be inserted, e.g. a clash of two racing packets (kernel stat insert_failed)."), func(s *cpuStats) uint64 { return s.insertFailed }, true},
-		{phcollectors.NewDesc("conntrack", "drop_total", "Packets dropped because a new entry could not be created, e.g. the table was full (kernel stat drop)."), func(s *cpuStats) uint64 { return s.drop }, true},
-		{phcollectors.NewDesc("conntrack", "early_drop_total", "Entries evicted early to make room in a full table (kernel stat early_drop)."), func(s *cpuStats) uint64 { return s.earlyDrop }, true},
-		{phcollectors.NewDesc("conntrack", "found_total", "Lookups that found an existing entry (kernel stat found; always 0 on recent kernels)."), func(s *cpuStats) uint64 { return s.found }, true},
-		{phcollectors.NewDesc("conntrack", "ignore_total", "Packets conntrack did not look at, e.g. already tracked or untracked (kernel stat ignore)."), func(s *cpuStats) uint64 { return s.ignore }, true},
-		{phcollectors.NewDesc("conntrack", "insert_total", "Entries inserted (kernel stat insert; always 0 on recent kernels)."), func(s *cpuStats) uint64 { return s.insert }, true},
-		{phcollectors.NewDesc("conntrack", "error_total", "ICMP error packets that could not be matched to an entry (kernel stat error)."), func(s *cpuStats) uint64 { return s.error }, false},
-		{phcollectors.NewDesc("conntrack", "search_restart_total", "Table lookups restarted because the table was resized (kernel stat search_restart)."), func(s *cpuStats) uint64 { return s.searchRestart }, true},
+		{metricdesc.New("conntrack", "invalid_packets_total", "Packets conntrack could not track and marked INVALID (kernel per-CPU stat invalid, summed). Unless dropped, such a reply leaves the node un-NATed."), func(s *cpuStats) uint64 { return s.invalid }, true},
+		{metricdesc.New("conntrack", "insert_failed_total", "Entries that could not be inserted, e.g. a clash of two racing packets (kernel stat insert_failed)."), func(s *cpuStats) uint64 { return s.insertFailed }, true},
+		{metricdesc.New("conntrack", "drop_total", "Packets dropped because a new entry could not be created, e.g. the table was full (kernel stat drop)."), func(s *cpuStats) uint64 { return s.drop }, true},
+		{metricdesc.New("conntrack", "early_drop_total", "Entries evicted early to make room in a full table (kernel stat early_drop)."), func(s *cpuStats) uint64 { return s.earlyDrop }, true},
+		{metricdesc.New("conntrack", "found_total", "Lookups that found an existing entry (kernel stat found; always 0 on recent kernels)."), func(s *cpuStats) uint64 { return s.found }, true},
+		{metricdesc.New("conntrack", "ignore_total", "Packets conntrack did not look at, e.g. already tracked or untracked (kernel stat ignore)."), func(s *cpuStats) uint64 { return s.ignore }, true},
+		{metricdesc.New("conntrack", "insert_total", "Entries inserted (kernel stat insert; always 0 on recent kernels)."), func(s *cpuStats) uint64 { return s.insert }, true},
+		{metricdesc.New("conntrack", "error_total", "ICMP error packets that could not be matched to an entry (kernel stat error)."), func(s *cpuStats) uint64 { return s.error }, false},
+		{metricdesc.New("conntrack", "search_restart_total", "Table lookups restarted because the table was resized (kernel stat search_restart)."), func(s *cpuStats) uint64 { return s.searchRestart }, true},
 	}
 
-	eventsDesc = phcollectors.NewDesc("conntrack", "events_total",
+	eventsDesc = metricdesc.New("conntrack", "events_total",
 		"Conntrack events received from the kernel's event stream (netlink groups NEW, UPDATE, DESTROY), by event.", "event")
-	eventsLostDesc        = phcollectors.NewDesc("conntrack", "events_lost_total", "Conntrack events the kernel dropped for the exporter's socket because its buffer was full (the socket's sk_drops, the Drops column of /proc/net/netlink), over all sockets this process opened.")
-	receiveErrorsDesc     = phcollectors.NewDesc("conntrack", "receive_errors_total", "Errors receiving or decoding the conntrack event stream; after a receive error the exporter opens a new socket and re-reads the table.")
-	resyncsDesc           = phcollectors.NewDesc("conntrack", "table_resyncs_total", "Times the exporter re-read the conntrack table to re-seed flow tracking (at start, after a receive error, after lost events).")
-	untrackedDesc         = phcollectors.NewDesc("conntrack", "untracked_flows_total", "New unreplied DNAT'ed flows not followed because --conntrack.max-tracked-flows were already followed; they still count when they end unreplied.")
-	trackedDesc           = phcollectors.NewDesc("conntrack", "tracked_flows", "Unreplied DNAT'ed flows being followed right now.")
+	eventsLostDesc        = metricdesc.New("conntrack", "events_lost_total", "Conntrack events the kernel dropped for the exporter's socket because its buffer was full (the socket's sk_drops, the Drops column of /proc/net/netlink), over all sockets this process opened.")
+	receiveErrorsDesc     = metricdesc.New("conntrack", "receive_errors_total", "Errors receiving or decoding the conntrack event stream; after a receive error the exporter opens a new socket and re-reads the table.")
+	resyncsDesc           = metricdesc.New("conntrack", "table_resyncs_total", "Times the exporter re-read the conntrack table to re-seed flow tracking (at start, after a receive error, after lost events).")
+	untrackedDesc         = metricdesc.New("conntrack", "untracked_flows_total", "New unreplied DNAT'ed flows not followed because --conntrack.max-tracked-flows were already followed; they still count when they end unreplied.")
+	trackedDesc           = metricdesc.New("conntrack", "tracked_flows", "Unreplied DNAT'ed flows being followed right now.")
 	serviceLabels         = []string{"service_namespace", "service_name", "service_port", "protocol", "reason"}
-	unrepliedDesc         = phcollectors.NewDesc("conntrack", "unreplied_flows_total", "DNAT'ed flows (Service traffic) that ended without ever seeing a reply (conntrack DESTROY without SEEN_REPLY), by Service port and where the endpoint was: same_bridge (client and endpoint on one local bridge: check bridge-nf-call-iptables), local_endpoint, remote_endpoint, no_service.", serviceLabels...)
-	openUnrepliedDesc     = phcollectors.NewDesc("conntrack", "open_unreplied_flows", "DNAT'ed flows open right now that have had no reply for longer than --conntrack.unreplied-after, by Service port and reason (as proxyhealth_conntrack_unreplied_flows_total).", serviceLabels...)
+	unrepliedDesc         = metricdesc.New("conntrack", "unreplied_flows_total", "DNAT'ed flows (Service traffic) that ended without ever seeing a reply (conntrack DESTROY without SEEN_REPLY), by Service port and where the endpoint was: same_bridge (client and endpoint on one local bridge: check bridge-nf-call-iptables), local_endpoint, remote_endpoint, no_service.", serviceLabels...)
+	openUnrepliedDesc     = metricdesc.New("conntrack", "open_unreplied_flows", "DNAT'ed flows open right now that have had no reply for longer than --conntrack.unreplied-after, by Service port and reason (as proxyhealth_conntrack_unreplied_flows_total).", serviceLabels...)
 	overflowLabels        = []string{"protocol", "reason"}
-	unrepliedUnlistedDesc = phcollectors.NewDesc("conntrack", "unreplied_flows_unlisted_total", "Unreplied flows of Service ports left out of the per-service series by --conntrack.max-service-series.", overflowLabels...)
-	openUnlistedDesc      = phcollectors.NewDesc("conntrack", "open_unreplied_flows_unlisted", "Open unreplied flows of Service ports left out of the per-service series by --conntrack.max-service-series.", overflowLabels...)
-	tcpBeLiberalDesc      = phcollectors.NewDesc("conntrack", "tcp_be_liberal", "net.netfilter.nf_conntrack_tcp_be_liberal, read from <procfs>/sys/net/netfilter/nf_conntrack_tcp_be_liberal: 1 when conntrack does not mark out-of-window TCP packets INVALID.")
-	eventsSettingDesc     = phcollectors.NewDesc("conntrack", "events_setting", "net.netfilter.nf_conntrack_events, read from <procfs>/sys/net/netfilter/nf_conntrack_events: 0 off (the conntrack event listener sees nothing), 1 on, 2 on while a listener exists.")
-	invalidReasonDesc     = phcollectors.NewDesc("conntrack", "invalid_reason_packets_total", "With --conntrack.invalid-reasons: packets conntrack marked INVALID and logged, from its log on NFLOG group 0, by the kernel's reason (tcp_flags, checksum, invalid_new, icmp_type, seq_over_window, seq_under_window, ack_over_window, ack_under_window, ignored, other) and the Service whose address or endpoint the packet carried (empty when none). Not every INVALID packet is logged and some logged ones (ignored) are not counted INVALID: proxyhealth_conntrack_invalid_packets_total stays the total.", "reason", "service_namespace", "service_name")
-	invalidUnlistedDesc   = phcollectors.NewDesc("conntrack", "invalid_reason_packets_unlisted_total", "With --conntrack.invalid-reasons: logged INVALID packets of Services left out of proxyhealth_conntrack_invalid_reason_packets_total by --conntrack.max-service-series, by reason.", "reason")
-	invalidLostDesc       = phcollectors.NewDesc("conntrack", "invalid_reason_packets_lost_total", "With --conntrack.invalid-reasons: logged INVALID packets that never reached the exporter (gaps in the log's sequence numbers: the socket's buffer was full) or could not be decoded.")
-	invalidListenedDesc   = phcollectors.NewDesc("conntrack", "invalid_log_listened_seconds_total", "With --conntrack.invalid-reasons: seconds NFLOG group 0 was bound and read. Its rate is the share of the time the INVALID log's counts cover: 1 while every packet is read, less while the log runs above --conntrack.invalid-reasons.max-rate and is read in windows.")
-	invalidSamplingDesc   = phcollectors.NewDesc("conntrack", "invalid_log_sampling", "With --conntrack.invalid-reasons: 1 while conntrack's INVALID log runs above --conntrack.invalid-reasons.max-rate and is read in windows (its counts are a sample), 0 while every packet is read.")
-	invalidForeignDesc    = phcollectors.NewDesc("conntrack", "invalid_log_foreign_messages_total", "With --conntrack.invalid-reasons: messages read from NFLOG group 0 that are not conntrack's INVALID log (no nf_ct_proto_N prefix: an NFLOG rule without --nflog-group, a conntrack helper's drop), counted here and in no INVALID series.")
-	servicesKnownDesc     = phcollectors.NewDesc("conntrack", "service_ports_known", "Service addresses (cluster IP, port, protocol) the exporter can attribute flows to, from its API view or, without a synced one, from kube-proxy's KUBE-SERVICES rules; 0 means every flow is no_service.")
+	unrepliedUnlistedDesc = metricdesc.New("conntrack", "unreplied_flows_unlisted_total", "Unreplied flows of Service ports left out of the per-service series by --conntrack.max-service-series.", overflowLabels...)
+	openUnlistedDesc      = metricdesc.New("conntrack", "open_unreplied_flows_unlisted", "Open unreplied flows of Service ports left out of the per-service series by --conntrack.max-service-series.", overflowLabels...)
+	tcpBeLiberalDesc      = metricdesc.New("conntrack", "tcp_be_liberal", "net.netfilter.nf_conntrack_tcp_be_liberal, read from <procfs>/sys/net/netfilter/nf_conntrack_tcp_be_liberal: 1 when conntrack does not mark out-of-window TCP packets INVALID.")
+	eventsSettingDesc     = metricdesc.New("conntrack", "events_setting", "net.netfilter.nf_conntrack_events, read from <procfs>/sys/net/netfilter/nf_conntrack_events: 0 off (the conntrack event listener sees nothing), 1 on, 2 on while a listener exists.")
+	invalidReasonDesc     = metricdesc.New("conntrack", "invalid_reason_packets_total", "With --conntrack.invalid-reasons: packets conntrack marked INVALID and logged, from its log on NFLOG group 0, by the kernel's reason (tcp_flags, checksum, invalid_new, icmp_type, seq_over_window, seq_under_window, ack_over_window, ack_under_window, ignored, other) and the Service whose address or endpoint the packet carried (empty when none). Not every INVALID packet is logged and some logged ones (ignored) are not counted INVALID: proxyhealth_conntrack_invalid_packets_total stays the total.", "reason", "service_namespace", "service_name")
+	invalidUnlistedDesc   = metricdesc.New("conntrack", "invalid_reason_packets_unlisted_total", "With --conntrack.invalid-reasons: logged INVALID packets of Services left out of proxyhealth_conntrack_invalid_reason_packets_total by --conntrack.max-service-series, by reason.", "reason")
+	invalidLostDesc       = metricdesc.New("conntrack", "invalid_reason_packets_lost_total", "With --conntrack.invalid-reasons: logged INVALID packets that never reached the exporter (gaps in the log's sequence numbers: the socket's buffer was full) or could not be decoded.")
+	invalidListenedDesc   = metricdesc.New("conntrack", "invalid_log_listened_seconds_total", "With --conntrack.invalid-reasons: seconds NFLOG group 0 was bound and read. Its rate is the share of the time the INVALID log's counts cover: 1 while every packet is read, less while the log runs above --conntrack.invalid-reasons.max-rate and is read in windows.")
+	invalidSamplingDesc   = metricdesc.New("conntrack", "invalid_log_sampling", "With --conntrack.invalid-reasons: 1 while conntrack's INVALID log runs above --conntrack.invalid-reasons.max-rate and is read in windows (its counts are a sample), 0 while every packet is read.")
+	invalidForeignDesc    = metricdesc.New("conntrack", "invalid_log_foreign_messages_total", "With --conntrack.invalid-reasons: messages read from NFLOG group 0 that are not conntrack's INVALID log (no nf_ct_proto_N prefix: an NFLOG rule without --nflog-group, a conntrack helper's drop), counted here and in no INVALID series.")
+	servicesKnownDesc     = metricdesc.New("conntrack", "service_ports_known", "Service addresses (cluster IP, port, protocol) the exporter can attribute flows to, from its API view or, without a synced one, from kube-proxy's KUBE-SERVICES rules; 0 means every flow is no_service.")
 )
 
 // Describe sends every descriptor Update may use.

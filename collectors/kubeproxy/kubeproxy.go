@@ -26,6 +26,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
+	"github.com/proxyhealth/proxyhealth/internal/metricdesc"
+	"github.com/proxyhealth/proxyhealth/internal/periodic"
 	"github.com/proxyhealth/proxyhealth/internal/proxyversion"
 )
 
@@ -152,7 +154,7 @@ var _ phcollectors.Runner = (*Collector)(nil)
 func (c *Collector) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() { c.runFollower(ctx) })
-	wg.Go(func() { phcollectors.Every(ctx, c.cfg.PollInterval, func() { c.pollOnce(ctx) }) })
+	wg.Go(func() { periodic.Every(ctx, c.cfg.PollInterval, func() { c.pollOnce(ctx) }) })
 	wg.Wait()
 }
 
@@ -170,7 +172,7 @@ func (c *Collector) newFollower() *follower {
 func (c *Collector) runFollower(ctx context.Context) {
 	fl := c.newFollower()
 	defer fl.close()
-	phcollectors.Every(ctx, c.cfg.LogPollInterval, fl.poll)
+	periodic.Every(ctx, c.cfg.LogPollInterval, fl.poll)
 }
 
 // pollOnce asks kube-proxy once and publishes the answer.
@@ -293,35 +295,35 @@ func scanNote(res *probeResult) string {
 }
 
 var (
-	listErrorsDesc = phcollectors.NewDesc("kubeproxy", "list_errors_total",
+	listErrorsDesc = metricdesc.New("kubeproxy", "list_errors_total",
 		"Reflector (list/watch) failures in kube-proxy's log since the exporter started, per resource (services, endpoints, endpointslices, nodes, servicecidrs, other) and verb (list or watch, from the inner error: a \"Failed to watch\" whose error says \"failed to list\" is a list failure). Lines written before the exporter started are not counted.", "resource", "verb")
-	lastListErrorDesc = phcollectors.NewDesc("kubeproxy", "last_list_error_timestamp_seconds",
+	lastListErrorDesc = metricdesc.New("kubeproxy", "last_list_error_timestamp_seconds",
 		"Time of the last reflector failure read from kube-proxy's log (from the line's CRI or klog time when readable, else when it was read); absent until one is read.")
-	logLinesDesc = phcollectors.NewDesc("kubeproxy", "log_lines_total",
+	logLinesDesc = metricdesc.New("kubeproxy", "log_lines_total",
 		"Lines read from kube-proxy's log files.")
-	logSkippedDesc = phcollectors.NewDesc("kubeproxy", "log_lines_skipped_total",
+	logSkippedDesc = metricdesc.New("kubeproxy", "log_lines_skipped_total",
 		"kube-proxy log lines (or joined CRI partial records) longer than --kubeproxy.log-max-line-bytes, skipped unread.")
-	logFilesDesc = phcollectors.NewDesc("kubeproxy", "log_files_followed",
+	logFilesDesc = metricdesc.New("kubeproxy", "log_files_followed",
 		"kube-proxy log files followed now (matched by --kubeproxy.log-path); 0 when none is found, which is not a failure.")
-	upDesc = phcollectors.NewDesc("kubeproxy", "up",
+	upDesc = metricdesc.New("kubeproxy", "up",
 		"1 when kube-proxy's metrics endpoint (--kubeproxy.metrics-url) answered the last poll with its metrics, 0 when it did not (kube-proxy absent, down, or on another address).")
-	healthyDesc = phcollectors.NewDesc("kubeproxy", "healthy",
+	healthyDesc = metricdesc.New("kubeproxy", "healthy",
 		"kube-proxy's own verdict on its health: 1 when --kubeproxy.health-url (/livez) answered 200 at the last poll, or /healthz on versions without /livez. /healthz also fails while the node is being deleted, /livez does not. kube-proxy stays healthy while its API watches fail (incident 3).")
-	lastSyncAgeDesc = phcollectors.NewDesc("kubeproxy", "last_sync_age_seconds",
+	lastSyncAgeDesc = metricdesc.New("kubeproxy", "last_sync_age_seconds",
 		"Now minus kube-proxy's kubeproxy_sync_proxy_rules_last_timestamp_seconds (its last applied rules sync; the oldest IP family). A quiet node syncs only hourly, so an old sync alone is no fault.")
-	syncPendingDesc = phcollectors.NewDesc("kubeproxy", "sync_pending_seconds",
+	syncPendingDesc = metricdesc.New("kubeproxy", "sync_pending_seconds",
 		"How long a queued change has waited unapplied: now minus kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds when that is ahead of its last applied sync, else 0. Growing means kube-proxy is stuck.")
-	endpointsPendingDesc = phcollectors.NewDesc("kubeproxy", "endpoint_changes_pending",
+	endpointsPendingDesc = metricdesc.New("kubeproxy", "endpoint_changes_pending",
 		"Endpoint changes kube-proxy has received but not yet applied (kubeproxy_sync_proxy_rules_endpoint_changes_pending).")
-	servicesPendingDesc = phcollectors.NewDesc("kubeproxy", "service_changes_pending",
+	servicesPendingDesc = metricdesc.New("kubeproxy", "service_changes_pending",
 		"Service changes kube-proxy has received but not yet applied (kubeproxy_sync_proxy_rules_service_changes_pending).")
-	restoreFailuresDesc = phcollectors.NewDesc("kubeproxy", "sync_failures_total",
+	restoreFailuresDesc = metricdesc.New("kubeproxy", "sync_failures_total",
 		"Rule syncs kube-proxy failed to apply: iptables-restore failures (kubeproxy_sync_proxy_rules_iptables_restore_failures_total) plus nftables sync failures (kubeproxy_sync_proxy_rules_nftables_sync_failures_total), over IP families; resets when kube-proxy restarts.")
-	syncFailingDesc = phcollectors.NewDesc("kubeproxy", "sync_failing_seconds",
+	syncFailingDesc = metricdesc.New("kubeproxy", "sync_failing_seconds",
 		"How long kube-proxy's rule syncs have been failing: now minus the first failure seen with no sync applied since (kube-proxy's start when it has applied none since it started); 0 while they are not failing. kube-proxy retries a failed sync every sync period and stays healthy meanwhile; a restart does not mend a cause on the node, such as a kernel module it lacks.")
-	buildInfoDesc = phcollectors.NewDesc("kubeproxy", "build_info",
+	buildInfoDesc = metricdesc.New("kubeproxy", "build_info",
 		"1, labelled with the version kube-proxy reports (the git_version of its kubernetes_build_info) at the last poll it answered, kept while it does not answer; absent when it reports none. proxyhealth is tested with kube-proxy v1.34 to v1.37.", "version")
-	invalidDroppedDesc = phcollectors.NewDesc("kubeproxy", "invalid_dropped_packets_total",
+	invalidDroppedDesc = metricdesc.New("kubeproxy", "invalid_dropped_packets_total",
 		"Packets kube-proxy's conntrack INVALID drop rule dropped (kubeproxy_iptables_ct_state_invalid_dropped_packets_total, iptables mode with nfacct); absent when kube-proxy does not export it.")
 )
 

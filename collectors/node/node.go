@@ -20,6 +20,7 @@ import (
 
 	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
 	"github.com/proxyhealth/proxyhealth/internal/hostrules"
+	"github.com/proxyhealth/proxyhealth/internal/metricdesc"
 	"github.com/proxyhealth/proxyhealth/internal/sysctl"
 )
 
@@ -52,13 +53,13 @@ func (c *Config) validate() error {
 }
 
 var (
-	bridgeNFCallIptablesDesc = phcollectors.NewDesc("", "bridge_nf_call_iptables",
+	bridgeNFCallIptablesDesc = metricdesc.New("", "bridge_nf_call_iptables",
 		"net.bridge.bridge-nf-call-iptables, read from <procfs>/sys/net/bridge/bridge-nf-call-iptables: 1 when bridged IPv4 traffic passes iptables, 0 when it does not (replies between pods on the same bridge then escape un-NATed), -1 when the file does not exist (br_netfilter not loaded, same effect as 0).")
-	bridgeNFCallIp6tablesDesc = phcollectors.NewDesc("", "bridge_nf_call_ip6tables",
+	bridgeNFCallIp6tablesDesc = metricdesc.New("", "bridge_nf_call_ip6tables",
 		"net.bridge.bridge-nf-call-ip6tables, read from <procfs>/sys/net/bridge/bridge-nf-call-ip6tables: 1 when bridged IPv6 traffic passes ip6tables, 0 when it does not, -1 when the file does not exist (br_netfilter not loaded).")
-	invalidDropDesc = phcollectors.NewDesc("", "invalid_drop_rule_present",
+	invalidDropDesc = metricdesc.New("", "invalid_drop_rule_present",
 		"1 when a rule dropping conntrack INVALID packets is reachable from the forward path in any active backend: the filter FORWARD chain of iptables-legacy or iptables-nft, or a native nftables base chain on the forward hook. Followed as the rules change.")
-	rulesLastCheckDesc = phcollectors.NewDesc("node", "rules_last_check_timestamp_seconds",
+	rulesLastCheckDesc = metricdesc.New("node", "rules_last_check_timestamp_seconds",
 		"Unix time when the node's netfilter rules behind proxyhealth_invalid_drop_rule_present were last read.")
 )
 

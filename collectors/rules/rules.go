@@ -21,6 +21,7 @@ import (
 	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
 	"github.com/proxyhealth/proxyhealth/internal/hostrules"
+	"github.com/proxyhealth/proxyhealth/internal/metricdesc"
 )
 
 // Name is the collector's name (--[no-]collector.rules).
@@ -277,20 +278,20 @@ func (c *Collector) publish(res *checkResult) {
 }
 
 var (
-	modeDesc = phcollectors.NewDesc("", "proxy_mode",
+	modeDesc = metricdesc.New("", "proxy_mode",
 		"kube-proxy's mode on this node, found from its rules: 1 for the mode in use (iptables, nftables, ipvs, or none when there are no kube-proxy rules).", "mode")
-	servicesCheckedDesc = phcollectors.NewDesc("rules", "services_checked", "Service ports whose programmed endpoints were compared with the API in the last check (0 while the exporter's API view is not fresh).")
-	servicesDriftedDesc = phcollectors.NewDesc("rules", "services_drifted", "Service ports with endpoints that have differed between kube-proxy's rules and the API for longer than --rules.grace-period.")
-	endpointsStaleDesc  = phcollectors.NewDesc("rules", "endpoints_stale", "Endpoints that one of a service port's chains (or IPVS virtual servers) in kube-proxy's rules holds though the API does not give them to it, past the grace period; each counts once per service port, over all service ports. A real server kube-proxy keeps at weight 0 while its connections drain is not stale.")
-	endpointsMissDesc   = phcollectors.NewDesc("rules", "endpoints_missing", "Endpoints that the API gives to one of a service port's chains (or IPVS virtual servers) though it does not hold them in kube-proxy's rules (one held by the cluster chain but not by the local chain is missing), past the grace period; each counts once per service port, over all service ports.")
-	serviceDriftDesc    = phcollectors.NewDesc("", "service_drift_endpoints",
+	servicesCheckedDesc = metricdesc.New("rules", "services_checked", "Service ports whose programmed endpoints were compared with the API in the last check (0 while the exporter's API view is not fresh).")
+	servicesDriftedDesc = metricdesc.New("rules", "services_drifted", "Service ports with endpoints that have differed between kube-proxy's rules and the API for longer than --rules.grace-period.")
+	endpointsStaleDesc  = metricdesc.New("rules", "endpoints_stale", "Endpoints that one of a service port's chains (or IPVS virtual servers) in kube-proxy's rules holds though the API does not give them to it, past the grace period; each counts once per service port, over all service ports. A real server kube-proxy keeps at weight 0 while its connections drain is not stale.")
+	endpointsMissDesc   = metricdesc.New("rules", "endpoints_missing", "Endpoints that the API gives to one of a service port's chains (or IPVS virtual servers) though it does not hold them in kube-proxy's rules (one held by the cluster chain but not by the local chain is missing), past the grace period; each counts once per service port, over all service ports.")
+	serviceDriftDesc    = metricdesc.New("", "service_drift_endpoints",
 		"Endpoints of one drifting service port that are stale (held by one of its chains in the rules, not given to that chain by the API) or missing (given to one of its chains by the API, not held by that chain in the rules) past the grace period, each counted once per kind. Only drifting service ports have series, at most --rules.max-service-series.", "service_namespace", "service_name", "service_port", "protocol", "kind")
-	driftUnlistedDesc = phcollectors.NewDesc("rules", "drift_unlisted", "Drifting service ports left out of proxyhealth_service_drift_endpoints by --rules.max-service-series.")
-	driftAgeDesc      = phcollectors.NewDesc("rules", "drift_age_seconds", "How long the oldest current drift has lasted (0 when none).")
-	orphanChainsDesc  = phcollectors.NewDesc("rules", "orphan_chains", "kube-proxy service port chains (iptables KUBE-SVC-*, KUBE-SVL-*; nftables service-*, local-* with rules), or IPVS virtual servers, that no Service port in the API accounts for: rules left for deleted Services.")
-	checkDurationDesc = phcollectors.NewDesc("rules", "check_duration_seconds", "How long the last drift check took (reading the rules and comparing).")
-	lastCheckDesc     = phcollectors.NewDesc("rules", "last_check_timestamp_seconds", "When the last drift check ran.")
-	checkErrorsDesc   = phcollectors.NewDesc("rules", "check_errors_total", "Drift checks that failed to read kube-proxy's rules or the API view.")
+	driftUnlistedDesc = metricdesc.New("rules", "drift_unlisted", "Drifting service ports left out of proxyhealth_service_drift_endpoints by --rules.max-service-series.")
+	driftAgeDesc      = metricdesc.New("rules", "drift_age_seconds", "How long the oldest current drift has lasted (0 when none).")
+	orphanChainsDesc  = metricdesc.New("rules", "orphan_chains", "kube-proxy service port chains (iptables KUBE-SVC-*, KUBE-SVL-*; nftables service-*, local-* with rules), or IPVS virtual servers, that no Service port in the API accounts for: rules left for deleted Services.")
+	checkDurationDesc = metricdesc.New("rules", "check_duration_seconds", "How long the last drift check took (reading the rules and comparing).")
+	lastCheckDesc     = metricdesc.New("rules", "last_check_timestamp_seconds", "When the last drift check ran.")
+	checkErrorsDesc   = metricdesc.New("rules", "check_errors_total", "Drift checks that failed to read kube-proxy's rules or the API view.")
 )
 
 // Describe sends every descriptor Update may use.

@@ -3,13 +3,13 @@ package cluster
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
+	"github.com/proxyhealth/proxyhealth/internal/metricdesc"
 )
 
 var (
-	lastHeardDesc = phcollectors.NewDesc("api", "last_heard_timestamp_seconds",
+	lastHeardDesc = metricdesc.New("api", "last_heard_timestamp_seconds",
 		"When the exporter's own API view last heard from the API server (a watch event or a probe on the same connection).")
-	viewFreshDesc = phcollectors.NewDesc("api", "view_fresh",
+	viewFreshDesc = metricdesc.New("api", "view_fresh",
 		"1 while the exporter's own API view is synced and recently heard from; drift is only reported while it is.")
 )
 

@@ -7,7 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
+	"github.com/proxyhealth/proxyhealth/internal/metricdesc"
 )
 
 // stats counts the Source's own work, for its metrics.
@@ -35,15 +35,15 @@ func (s *stats) observe(backend string, took time.Duration, err error) {
 }
 
 var (
-	readsDesc = phcollectors.NewDesc("netfilter", "reads_total",
+	readsDesc = metricdesc.New("netfilter", "reads_total",
 		"Reads of the node's netfilter tables, by source: iptables-legacy (the legacy tables through their socket options), nftables (every nf_tables table over netlink, iptables-nft's included) or ipvs (kube-proxy's IPVS virtual servers over generic netlink, in its IPVS mode only). nf_tables when a change is committed (only the chains and sets it touched), the legacy tables and IPVS when the legacy tables' size moved or a kube-proxy sync applied Service or EndpointSlice changes, and at --netfilter.resync-interval.", "source")
-	readErrorsDesc = phcollectors.NewDesc("netfilter", "read_errors_total",
+	readErrorsDesc = metricdesc.New("netfilter", "read_errors_total",
 		"Reads of the node's netfilter tables that failed in part or whole, by source.", "source")
-	readDurationDesc = phcollectors.NewDesc("netfilter", "read_duration_seconds",
+	readDurationDesc = metricdesc.New("netfilter", "read_duration_seconds",
 		"How long the last read of the node's netfilter tables took, by source.", "source")
-	resyncsDesc = phcollectors.NewDesc("netfilter", "watch_resyncs_total",
+	resyncsDesc = metricdesc.New("netfilter", "watch_resyncs_total",
 		"nf_tables changes that may have been missed (the change notification socket overran, or a ruleset generation was skipped), each answered by a whole read.")
-	lastReadDesc = phcollectors.NewDesc("netfilter", "last_read_timestamp_seconds",
+	lastReadDesc = metricdesc.New("netfilter", "last_read_timestamp_seconds",
 		"When the node's netfilter state was last read (the newest of its sources).")
 )
 

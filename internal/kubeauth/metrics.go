@@ -3,7 +3,7 @@ package kubeauth
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
+	"github.com/proxyhealth/proxyhealth/internal/metricdesc"
 )
 
 // Label values of the metrics.
@@ -30,15 +30,15 @@ type metrics struct {
 func newMetrics() *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: phcollectors.Namespace, Subsystem: "kubernetes_auth", Name: "requests_total",
+			Namespace: metricdesc.Namespace, Subsystem: "kubernetes_auth", Name: "requests_total",
 			Help: "HTTP requests checked with Kubernetes authentication and authorization (--web.kubernetes-auth), by result: allowed, unauthenticated (401), forbidden (403), throttled (429: too many new credentials were waiting for review, the exporter's own limit), unavailable (503: the API server did not answer a review).",
 		}, []string{"result"}),
 		reviews: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: phcollectors.Namespace, Subsystem: "kubernetes_auth", Name: "reviews_total",
+			Namespace: metricdesc.Namespace, Subsystem: "kubernetes_auth", Name: "reviews_total",
 			Help: "Reviews sent to the Kubernetes API server, by review (token: TokenReview, access: SubjectAccessReview) and result (authenticated, unauthenticated, allowed, denied, error).",
 		}, []string{"review", "result"}),
 		cacheHits: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: phcollectors.Namespace, Subsystem: "kubernetes_auth", Name: "cache_hits_total",
+			Namespace: metricdesc.Namespace, Subsystem: "kubernetes_auth", Name: "cache_hits_total",
 			Help: "Reviews answered from the cache instead of the Kubernetes API server, by review (token, access).",
 		}, []string{"review"}),
 	}

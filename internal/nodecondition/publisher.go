@@ -14,7 +14,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	phcollectors "github.com/proxyhealth/proxyhealth/collectors"
+	"github.com/proxyhealth/proxyhealth/internal/metricdesc"
+	"github.com/proxyhealth/proxyhealth/internal/periodic"
 	"github.com/proxyhealth/proxyhealth/internal/verdict"
 )
 
@@ -94,15 +95,15 @@ func New(api API, cfg Config, logger *slog.Logger) (*Publisher, error) {
 		cfg: cfg, api: api, logger: logger, now: time.Now,
 		critical: map[findingKey]struct{}{},
 		patches: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: phcollectors.Namespace, Subsystem: "node_condition", Name: "patches_total",
+			Namespace: metricdesc.Namespace, Subsystem: "node_condition", Name: "patches_total",
 			Help: "Patches of this node's ProxyHealthy condition (--node-conditions), by result (success, error).",
 		}, []string{"result"}),
 		sent: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: phcollectors.Namespace, Subsystem: "node", Name: "events_total",
+			Namespace: metricdesc.Namespace, Subsystem: "node", Name: "events_total",
 			Help: "Events for new critical findings and recoveries (--node-conditions), by result: sent, suppressed (rate-limited), error.",
 		}, []string{"result"}),
 		succeeded: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: phcollectors.Namespace, Subsystem: "node_condition", Name: "last_patch_success",
+			Namespace: metricdesc.Namespace, Subsystem: "node_condition", Name: "last_patch_success",
 			Help: "1 if the last patch of this node's ProxyHealthy condition (--node-conditions) succeeded, 0 if it failed (the log says why once); absent before the first.",
 		}),
 	}
@@ -134,7 +135,7 @@ func (p *Publisher) Collect(ch chan<- prometheus.Metric) {
 
 // Run publishes report() every interval until ctx is done; each round's API calls get timeout.
 func (p *Publisher) Run(ctx context.Context, interval, timeout time.Duration, report func() verdict.Report) {
-	phcollectors.Every(ctx, interval, func() {
+	periodic.Every(ctx, interval, func() {
 		rctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
 		p.Publish(rctx, report())

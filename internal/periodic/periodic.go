@@ -1,4 +1,6 @@
-package collectors
+// Package periodic runs background work on an interval: the collectors' polls and checks, and
+// the exporter's and the node condition publisher's own.
+package periodic
 
 import (
 	"context"
