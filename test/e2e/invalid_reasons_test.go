@@ -269,7 +269,14 @@ func TestExporterInvalidReasons(t *testing.T) {
 			b, _ := os.ReadFile(h2.p.log)
 			t.Errorf("the connection ended with the drop rule in place: %s", b)
 		}
-		checkValue(t, e.Scrape(t), invalidReasonLost, nil, 0)
+		s = e.Scrape(t)
+		checkValue(t, s, invalidReasonLost, nil, 0)
+		// A handful of packets is far under --conntrack.invalid-reasons.max-rate: every one was
+		// read, with the group bound throughout.
+		checkValue(t, s, "proxyhealth_conntrack_invalid_log_sampling", nil, 0)
+		if got := s.Sum("proxyhealth_conntrack_invalid_log_listened_seconds_total", nil); got <= 0 {
+			t.Errorf("proxyhealth_conntrack_invalid_log_listened_seconds_total %g, want the time the reader has been bound", got)
+		}
 	})
 
 	t.Run("incident2_verdict_names_service_and_reason", func(t *testing.T) {

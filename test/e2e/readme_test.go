@@ -52,6 +52,7 @@ func testScrapeMatchesReadme(t *testing.T, s Scrape) {
 		"proxyhealth_kubeproxy_endpoint_changes_pending":          true,
 		"proxyhealth_kubeproxy_service_changes_pending":           true,
 		"proxyhealth_kubeproxy_sync_failures_total":               true,
+		"proxyhealth_kubeproxy_sync_failing_seconds":              true,
 		"proxyhealth_kubeproxy_invalid_dropped_packets_total":     true,
 		"proxyhealth_kubeproxy_healthy":                           true,
 		"proxyhealth_kubeproxy_build_info":                        true,
@@ -63,6 +64,8 @@ func testScrapeMatchesReadme(t *testing.T, s Scrape) {
 		"proxyhealth_conntrack_invalid_reason_packets_total":       true,
 		"proxyhealth_conntrack_invalid_reason_packets_lost_total":  true,
 		"proxyhealth_conntrack_invalid_log_foreign_messages_total": true,
+		"proxyhealth_conntrack_invalid_log_sampling":               true,
+		"proxyhealth_conntrack_invalid_log_listened_seconds_total": true,
 		// Served with --node-conditions only (TestVerdictStaleRules).
 		"proxyhealth_node_condition_patches_total":      true,
 		"proxyhealth_node_condition_last_patch_success": true,
