@@ -19,7 +19,7 @@ vm_timeout=${VM_TIMEOUT:-30m}
 test_timeout=15m
 # What the tests need of the kernel, loaded before they start: a kernel without one of these
 # fails the run there and then, rather than letting a test skip or fail obscurely.
-modules="nf_conntrack nf_conntrack_netlink nf_tables nft_compat nfnetlink_log br_netfilter veth ip_tables ip6_tables iptable_nat iptable_filter iptable_raw"
+modules="nf_conntrack nf_conntrack_netlink nf_tables nft_compat nfnetlink_log br_netfilter veth ip_tables ip6_tables iptable_nat iptable_filter iptable_raw ip_vs ip_vs_rr"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/proxyhealth-matrix.XXXXXX")
 trap 'rm -rf "$work"' EXIT
