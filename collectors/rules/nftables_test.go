@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/promslog"
-
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
 	"github.com/proxyhealth/proxyhealth/internal/hostrules"
 	"github.com/proxyhealth/proxyhealth/internal/kubeproxynames"
@@ -183,12 +181,7 @@ func TestCollectorNFTablesExposition(t *testing.T) {
 	}
 	dnsPort.ClusterEndpoints = []netip.AddrPort{ap("10.244.1.3:53"), ap("10.244.4.1:53"), ap("10.244.4.2:53")}
 	rules := fakeRules{stateOf(hostrules.ModeNFTables, parseNFTRules(t, js, "ip").chains)}
-	c, err := New(Config{View: fakeView{snap}, Rules: rules, CheckInterval: time.Second, GracePeriod: 0, MaxSeries: 10}, promslog.NewNopLogger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.now = func() time.Time { return time.Unix(5000, 0) }
-	c.check()
+	c := checkedOnce(t, fakeView{snap}, rules)
 
 	want := `
 # TYPE proxyhealth_proxy_mode gauge

@@ -183,12 +183,7 @@ func TestCollectorExposition(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := New(Config{View: view, Rules: fakeRules{stateOf(hostrules.ModeIPTables, read.chains)}, CheckInterval: time.Second, GracePeriod: 0, MaxSeries: 10}, promslog.NewNopLogger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.now = func() time.Time { return time.Unix(5000, 0) }
-	c.check()
+	c := checkedOnce(t, view, fakeRules{stateOf(hostrules.ModeIPTables, read.chains)})
 
 	want := `
 # TYPE proxyhealth_proxy_mode gauge
@@ -265,4 +260,17 @@ func TestNewNeedsViewAndRules(t *testing.T) {
 			t.Errorf("error %q does not say %q", err, want)
 		}
 	}
+}
+
+// checkedOnce builds a collector comparing rules with view, with no grace period, and runs one
+// check at a fixed time: a test then reads what that check published.
+func checkedOnce(t *testing.T, view cluster.View, rules Rules) *Collector {
+	t.Helper()
+	c, err := New(Config{View: view, Rules: rules, CheckInterval: time.Second, GracePeriod: 0, MaxSeries: 10}, promslog.NewNopLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.now = func() time.Time { return time.Unix(5000, 0) }
+	c.check()
+	return c
 }

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/promslog"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -397,12 +396,7 @@ func TestCollectorIPVSExposition(t *testing.T) {
 	table := ipvs.NewTable(nil, []ipvs.VirtualServer{apiServer, udp("10.96.0.10", 53, "10.244.1.5:53", "10.244.2.6:53", "10.244.3.7:53")},
 		[]netip.Addr{netip.MustParseAddr("10.96.0.10"), api.ClusterIPs[0]}, time.Unix(4000, 0))
 	st := &hostrules.State{Seq: 1, Mode: hostrules.ModeIPVS, Backend: hostrules.BackendIPVS, IPVS: table}
-	c, err := New(Config{View: view, Rules: fakeRules{st}, CheckInterval: time.Second, GracePeriod: 0, MaxSeries: 10}, promslog.NewNopLogger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.now = func() time.Time { return time.Unix(5000, 0) }
-	c.check()
+	c := checkedOnce(t, view, fakeRules{st})
 	want := `
 # TYPE proxyhealth_proxy_mode gauge
 proxyhealth_proxy_mode{mode="iptables"} 0
