@@ -40,10 +40,6 @@ func addPathFlags(app *kingpin.Application) *Paths {
 	return p
 }
 
-func collectorFlag(app *kingpin.Application, name, help string) *bool {
-	return app.Flag("collector."+name, "Enable the "+name+" collector: "+help).Default("true").Bool()
-}
-
 // apiView is the exporter's one view of the Kubernetes API, shared by the collectors that need
 // it and built only if one of them is enabled.
 type apiView struct {
@@ -169,52 +165,96 @@ type collectorFlags struct {
 	api   *apiView
 	host  *hostRules
 
-	conntrackOn, nodeOn, rulesOn, kubeproxyOn *bool
-	conntrack                                 conntrack.Config
-	node                                      node.Config
-	rules                                     rules.Config
-	kubeproxy                                 kubeproxy.Config
+	conntrack conntrack.Config
+	node      node.Config
+	rules     rules.Config
+	kubeproxy kubeproxy.Config
+
+	// wired is every collector, in the order of their switches.
+	wired []wiredCollector
+}
+
+// wiredCollector is one collector's place in the exporter: its --[no-]collector.<name>
+// switch, its flags and how it is built from them and the shared readers. A new collector is
+// its own package and one entry in addCollectorFlags.
+type wiredCollector struct {
+	name     string
+	help     string // the switch's help, after "Enable the <name> collector: "
+	addFlags func(*kingpin.Application)
+	build    func(*slog.Logger) (phcollectors.Collector, error)
+	on       *bool // set by the switch
 }
 
 // addCollectorFlags adds every collector's flags to app. paths is filled in by the time build
 // runs.
 func addCollectorFlags(app *kingpin.Application, paths *Paths) *collectorFlags {
 	f := &collectorFlags{paths: paths, api: &apiView{}, host: &hostRules{}}
+	f.wired = []wiredCollector{
+		{
+			name:     conntrack.Name,
+			help:     "table fill, per-CPU stats, the event stream and unreplied Service flows, and conntrack's settings (needs CAP_NET_ADMIN).",
+			addFlags: f.conntrack.AddFlags,
+			build:    built(f.buildConntrack),
+		},
+		{
+			name:     node.Name,
+			help:     "bridge netfilter sysctls, and whether a conntrack INVALID drop rule is on the forward path (reading the rules needs CAP_NET_ADMIN, and CAP_NET_RAW for iptables-legacy).",
+			addFlags: f.node.AddFlags,
+			build:    built(f.buildNode),
+		},
+		{
+			name:     rules.Name,
+			help:     "kube-proxy's programmed endpoints against the API, per Service port (needs the API: --kubeconfig or in-cluster; CAP_NET_ADMIN to read the rules, and CAP_NET_RAW for iptables-legacy).",
+			addFlags: f.rules.AddFlags,
+			build:    built(f.buildRules),
+		},
+		{
+			name:     kubeproxy.Name,
+			help:     "kube-proxy's list/watch failures from its log (needs read access to the host's /var/log), and its metrics and health endpoints.",
+			addFlags: f.kubeproxy.AddFlags,
+			build:    built(f.buildKubeProxy),
+		},
+	}
 	f.api.cfg.AddFlags(app)
 	f.host.addFlags(app)
-	f.conntrack.AddFlags(app)
-	f.node.AddFlags(app)
-	f.rules.AddFlags(app)
-	f.kubeproxy.AddFlags(app)
-	f.conntrackOn = collectorFlag(app, conntrack.Name, "table fill, per-CPU stats, the event stream and unreplied Service flows, and conntrack's settings (needs CAP_NET_ADMIN).")
-	f.nodeOn = collectorFlag(app, node.Name, "bridge netfilter sysctls, and whether a conntrack INVALID drop rule is on the forward path (reading the rules needs CAP_NET_ADMIN, and CAP_NET_RAW for iptables-legacy).")
-	f.rulesOn = collectorFlag(app, rules.Name, "kube-proxy's programmed endpoints against the API, per Service port (needs the API: --kubeconfig or in-cluster; CAP_NET_ADMIN to read the rules, and CAP_NET_RAW for iptables-legacy).")
-	f.kubeproxyOn = collectorFlag(app, kubeproxy.Name, "kube-proxy's list/watch failures from its log (needs read access to the host's /var/log), and its metrics and health endpoints.")
+	for _, w := range f.wired {
+		w.addFlags(app)
+	}
+	for i := range f.wired {
+		w := &f.wired[i]
+		w.on = app.Flag("collector."+w.name, "Enable the "+w.name+" collector: "+w.help).Default("true").Bool()
+	}
 	return f
+}
+
+// built adapts a collector package's constructor to wiredCollector.build. A failed build
+// returns a nil interface, not an interface holding a nil *C.
+func built[C phcollectors.Collector](build func(*slog.Logger) (C, error)) func(*slog.Logger) (phcollectors.Collector, error) {
+	return func(l *slog.Logger) (phcollectors.Collector, error) {
+		c, err := build(l)
+		if err != nil {
+			return nil, err
+		}
+		return c, nil
+	}
 }
 
 // disabled names the collectors switched off, in the order of their switches.
 func (f *collectorFlags) disabled() []string {
 	var out []string
-	for _, c := range []struct {
-		name string
-		on   *bool
-	}{{conntrack.Name, f.conntrackOn}, {node.Name, f.nodeOn}, {rules.Name, f.rulesOn}, {kubeproxy.Name, f.kubeproxyOn}} {
-		if !*c.on {
-			out = append(out, c.name)
+	for _, w := range f.wired {
+		if !*w.on {
+			out = append(out, w.name)
 		}
 	}
 	return out
 }
 
-// builtCollectors are the exporter's collectors, made in one place (collectorFlags.build); a
-// nil one is switched off. api and host are the readers they share, nil when no enabled
+// builtCollectors are the exporter's enabled collectors, made in one place
+// (collectorFlags.build). api and host are the readers they share, nil when no enabled
 // collector needs them.
 type builtCollectors struct {
-	conntrack *conntrack.Collector
-	node      *node.Collector
-	rules     *rules.Collector
-	kubeproxy *kubeproxy.Collector
+	collectors []namedCollector // in the order of their switches
 
 	api  *cluster.Cluster
 	host *hostrules.Source
@@ -224,33 +264,16 @@ type builtCollectors struct {
 // them needs it. On an error it returns what it built so far, for Close.
 func (f *collectorFlags) build(logger *slog.Logger) (*builtCollectors, error) {
 	b := &builtCollectors{}
-	if *f.conntrackOn {
-		c, err := f.buildConntrack(logger.With("collector", conntrack.Name))
-		if err != nil {
-			return b.withReaders(f), &buildError{conntrack.Name, err}
+	for _, w := range f.wired {
+		if !*w.on {
+			continue
 		}
-		b.conntrack = c
-	}
-	if *f.nodeOn {
-		c, err := f.buildNode(logger.With("collector", node.Name))
+		c, err := w.build(logger.With("collector", w.name))
 		if err != nil {
-			return b.withReaders(f), &buildError{node.Name, err}
+			return b.withReaders(f), &buildError{w.name, err}
 		}
-		b.node = c
-	}
-	if *f.rulesOn {
-		c, err := f.buildRules(logger.With("collector", rules.Name))
-		if err != nil {
-			return b.withReaders(f), &buildError{rules.Name, err}
-		}
-		b.rules = c
-	}
-	if *f.kubeproxyOn {
-		c, err := f.buildKubeProxy(logger.With("collector", kubeproxy.Name))
-		if err != nil {
-			return b.withReaders(f), &buildError{kubeproxy.Name, err}
-		}
-		b.kubeproxy = c
+		runner, _ := c.(phcollectors.Runner)
+		b.collectors = append(b.collectors, namedCollector{name: w.name, collector: c, runner: runner})
 	}
 	return b.withReaders(f), nil
 }
@@ -354,21 +377,18 @@ type namedCollector struct {
 }
 
 // named lists the enabled collectors in the order of their switches.
-func (b *builtCollectors) named() []namedCollector {
-	var out []namedCollector
-	if b.conntrack != nil {
-		out = append(out, namedCollector{conntrack.Name, b.conntrack, b.conntrack})
+func (b *builtCollectors) named() []namedCollector { return b.collectors }
+
+// enabled returns the enabled collector of type C, if there is one: for the exporter's parts
+// that need one collector's own methods (the verdict's facts, diagnose).
+func enabled[C phcollectors.Collector](b *builtCollectors) (C, bool) {
+	for _, n := range b.collectors {
+		if c, ok := n.collector.(C); ok {
+			return c, true
+		}
 	}
-	if b.node != nil {
-		out = append(out, namedCollector{node.Name, b.node, nil})
-	}
-	if b.rules != nil {
-		out = append(out, namedCollector{rules.Name, b.rules, b.rules})
-	}
-	if b.kubeproxy != nil {
-		out = append(out, namedCollector{kubeproxy.Name, b.kubeproxy, b.kubeproxy})
-	}
-	return out
+	var zero C
+	return zero, false
 }
 
 // byName is the enabled collectors by name, for the registry's collector set.

@@ -65,9 +65,9 @@ func runDiagnose(ctx context.Context, cfg diagnose.Config, flags *collectorFlags
 // kube-proxy is asked at the window's ends and its log read back rather than followed.
 func newDiagnosis(cfg diagnose.Config, built *builtCollectors, nodeName string) *diagnose.Diagnosis[factSample] {
 	src := sourcesOf(built, nodeName)
-	kp := built.kubeproxy
+	kp, kpOn := enabled[*kubeproxy.Collector](built)
 	var scanLog func(since time.Time) kubeproxy.LogScan
-	if kp != nil {
+	if kpOn {
 		scanLog = func(since time.Time) kubeproxy.LogScan { return kp.ScanLog(since, maxLogScanBytes) }
 	}
 	d := &diagnose.Diagnosis[factSample]{
@@ -85,10 +85,10 @@ func newDiagnosis(cfg diagnose.Config, built *builtCollectors, nodeName string) 
 		}
 	}
 	d.Ready = func(ctx context.Context) { waitReady(ctx, cfg.SyncTimeout, src) }
-	if kp != nil {
+	if kpOn {
 		d.PollKubeProxy = kp.Poll
 	}
-	if rc := built.rules; rc != nil {
+	if rc, ok := enabled[*rules.Collector](built); ok {
 		d.DriftReady = func() time.Time {
 			if lc := rc.LastCheck(); lc.Compared && lc.Fresh && lc.Err == nil {
 				return lc.At

@@ -50,18 +50,18 @@ type factSources struct {
 // sourcesOf picks the verdict's sources from the exporter's built collectors.
 func sourcesOf(built *builtCollectors, nodeName string) *factSources {
 	s := &factSources{node: nodeName, now: time.Now}
-	// A nil collector stays a nil interface: the verdict reads it as switched off.
-	if built.conntrack != nil {
-		s.conntrack = built.conntrack
-	}
-	if built.node != nil {
-		s.settings = built.node
-	}
-	if built.rules != nil {
-		s.rules = built.rules
-	}
-	if built.kubeproxy != nil {
-		s.kubeproxy = built.kubeproxy
+	// A collector switched off leaves its interface nil: the verdict reads it as such.
+	for _, n := range built.named() {
+		switch c := n.collector.(type) {
+		case *conntrack.Collector:
+			s.conntrack = c
+		case *node.Collector:
+			s.settings = c
+		case *rules.Collector:
+			s.rules = c
+		case *kubeproxy.Collector:
+			s.kubeproxy = c
+		}
 	}
 	if built.api != nil {
 		s.api = built.api
