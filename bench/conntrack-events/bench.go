@@ -49,6 +49,7 @@ type config struct {
 	listenPort   int
 	keepTmp      bool
 	eventDir     string
+	lockWait     time.Duration
 }
 
 type stringList []string
@@ -106,6 +107,7 @@ func runMain(args []string) int {
 	fs.DurationVar(&cfg.drainTimeout, "drain-timeout", 20*time.Second, "how long to wait for the conntrack table to empty after a phase")
 	fs.IntVar(&cfg.listenPort, "listen-port", 9869, "exporter port on 127.0.0.1 inside the namespace")
 	fs.BoolVar(&cfg.keepTmp, "keep-tmp", false, "keep the temporary directory (consumer logs)")
+	fs.DurationVar(&cfg.lockWait, "lock-wait", 0, "wait up to this long for another benchmark to release "+benchns.BenchLock+" (0: fail at once)")
 	fs.StringVar(&cfg.eventDir, "event-dir", "/dev/shm", "directory (tmpfs, so that disk writeback never stalls it) for the file conntrack -E writes; the default temporary directory if empty or missing")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -183,7 +185,9 @@ type header struct {
 
 // bench sets up the namespace, runs every step and phase and always tears down what it made.
 func bench(ctx context.Context, cfg config, argv []string) (results []phaseResult, hdr *header, err error) {
-	unlock, err := benchns.Lock()
+	unlock, err := benchns.LockWithin(ctx, cfg.lockWait, func(err error) {
+		fmt.Fprintf(os.Stderr, "conntrack-events: %v; waiting up to %s\n", err, cfg.lockWait)
+	})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -375,6 +379,7 @@ type phaseResult struct {
 	HWMKB     uint64
 	Table     ctStats // deltas of drop/early_drop/insert_failed
 	MaxEnt    uint64
+	QueuedMax uint64 // the most bytes seen queued on its conntrack sockets (Rmem), sampled
 	Err       error
 }
 
@@ -522,6 +527,7 @@ type dropTracker struct {
 	base map[uint64]uint64
 	max  map[uint64]uint64
 	ent  uint64
+	rmem uint64 // the largest Rmem sum of the sockets seen
 }
 
 func newDropTracker(pid int) *dropTracker {
@@ -544,11 +550,17 @@ func (d *dropTracker) sample() error {
 	st, stErr := nsCTStats(d.pid)
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	var rmem uint64
 	for _, r := range rows {
-		if r.Proto == netlinkNetfilter && inodes[r.Inode] && r.Drops >= d.max[r.Inode] {
+		if r.Proto != netlinkNetfilter || !inodes[r.Inode] {
+			continue
+		}
+		rmem += r.Rmem
+		if r.Drops >= d.max[r.Inode] {
 			d.max[r.Inode] = r.Drops
 		}
 	}
+	d.rmem = max(d.rmem, rmem)
 	if d.base == nil {
 		d.base = make(map[uint64]uint64)
 		for k, v := range d.max {
@@ -761,6 +773,7 @@ func (e *phaseEnv) runPhase(ctx context.Context, st step, kind string) (res phas
 	res.Ticks = u1 - u0 + s1 - s0
 	res.SysTicks = s1 - s0
 	res.MaxEnt = dt.ent
+	res.QueuedMax = dt.rmem
 	res.Table = ctStats{Drop: st1.Drop - st0.Drop, EarlyDrop: st1.EarlyDrop - st0.EarlyDrop, InsertFailed: st1.InsertFailed - st0.InsertFailed}
 	switch kind {
 	case "exporter":

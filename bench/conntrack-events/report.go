@@ -22,15 +22,15 @@ func renderReport(h *header, rs []phaseResult) string {
 	}
 	fmt.Fprintf(&b, "Command: `%s`\n\n", h.Cmdline)
 
-	b.WriteString("| target flows/s | consumer | flows/s sent | events/s handled | events handled | lost (kernel Drops) | lost (exporter metric) | delivered | CPU µs/event | of which sys | CPU % of a core | peak RSS MiB | notes |\n")
-	b.WriteString("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+	b.WriteString("| target flows/s | consumer | flows/s sent | events/s handled | events handled | lost (kernel Drops) | lost (exporter metric) | delivered | CPU µs/event | of which sys | CPU % of a core | peak RSS MiB | peak socket queue KiB | notes |\n")
+	b.WriteString("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 	for _, r := range rs {
 		target := r.Step.Label
 		if r.Step.Rate > 0 {
 			target = fmt.Sprintf("%.0f", r.Step.Rate)
 		}
 		if r.Err != nil {
-			fmt.Fprintf(&b, "| %s | %s | | | | | | | | | | | error: %s |\n", target, r.Consumer, oneLine(r.Err.Error()))
+			fmt.Fprintf(&b, "| %s | %s | | | | | | | | | | | | error: %s |\n", target, r.Consumer, oneLine(r.Err.Error()))
 			continue
 		}
 		secs := r.Gen.Seconds
@@ -70,11 +70,11 @@ func renderReport(h *header, rs []phaseResult) string {
 		if r.Ticks > 0 {
 			sysShare = fmt.Sprintf("%.0f%%", 100*float64(r.SysTicks)/float64(r.Ticks))
 		}
-		fmt.Fprintf(&b, "| %s | %s | %.0f | %.0f | %d | %d | %s | %s | %.2f | %s | %.0f | %.1f | %s |\n",
+		fmt.Fprintf(&b, "| %s | %s | %.0f | %.0f | %d | %d | %s | %s | %.2f | %s | %.0f | %.1f | %.0f | %s |\n",
 			target, r.Consumer, flowsPerS, evPerS, r.Handled, r.Lost, expLost, delivered,
-			r.usPerEvent(), sysShare, cpuPct, float64(r.HWMKB)/1024, strings.Join(notes, "; "))
+			r.usPerEvent(), sysShare, cpuPct, float64(r.HWMKB)/1024, float64(r.QueuedMax)/1024, strings.Join(notes, "; "))
 	}
-	b.WriteString("\nevents/s handled = events handled / generator seconds; CPU µs/event = utime+stime delta of the consumer over the measured window (from just before the generator starts until the consumer's socket queue is empty and its count stable) / events handled; of which sys = stime share; delivered = handled / (handled + kernel Drops of the consumer's conntrack sockets).\n")
+	b.WriteString("\nevents/s handled = events handled / generator seconds; CPU µs/event = utime+stime delta of the consumer over the measured window (from just before the generator starts until the consumer's socket queue is empty and its count stable) / events handled; of which sys = stime share; delivered = handled / (handled + kernel Drops of the consumer's conntrack sockets); peak socket queue = the most bytes (skb truesize, the Rmem column of /proc/net/netlink) seen waiting in the consumer's conntrack sockets, sampled every 100 ms: what its receive buffer held.\n")
 	return b.String()
 }
 

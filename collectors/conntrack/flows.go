@@ -73,14 +73,50 @@ type attribution interface {
 	attribute(orig, reply *tuple) seriesKey
 }
 
-// trackedFlow is a DNAT'ed flow that has not been answered yet.
+// trackedFlow is a DNAT'ed flow that has not been answered yet: what attributing it needs,
+// and when it was first seen. It is kept small and free of pointers (addresses as 16-byte
+// arrays, not netip.Addr, whose zone handle is a pointer): the tracker holds up to
+// --conntrack.max-tracked-flows of them, and a map whose entries hold no pointers is never
+// scanned by the garbage collector. 64 bytes, half of the two tuples it replaces
+// (BENCHMARKS.md, "Conntrack event stream").
 type trackedFlow struct {
-	since       int64 // unix nanoseconds when first seen unreplied
-	orig, reply tuple
+	since int64 // unix nanoseconds when first seen unreplied
+	// client is the original source, service the original destination (the address the
+	// client used) and endpoint the reply's source (the DNAT target); IPv4 ones mapped.
+	client, service, endpoint [16]byte
+	servicePort               uint16
+	proto                     uint8
+	ipv4                      bool
 	// silent flows were found in the table at start-up. With nf_conntrack_events=2 a flow
 	// created while nobody listened never sends events, not even its end, so these are
 	// re-checked against table dumps instead (checkSilent).
 	silent bool
+}
+
+func newTrackedFlow(ev *flowEvent, since int64, silent bool) trackedFlow {
+	return trackedFlow{
+		since:       since,
+		client:      ev.orig.src.As16(),
+		service:     ev.orig.dst.As16(),
+		endpoint:    ev.reply.src.As16(),
+		servicePort: ev.orig.dstPort,
+		proto:       ev.orig.proto,
+		ipv4:        ev.orig.dst.Is4(),
+		silent:      silent,
+	}
+}
+
+// tuples gives back the parts of the flow's tuples that attribution reads.
+func (f *trackedFlow) tuples() (orig, reply tuple) {
+	addr := func(b *[16]byte) netip.Addr {
+		if f.ipv4 {
+			return netip.AddrFrom4([4]byte(b[12:]))
+		}
+		return netip.AddrFrom16(*b)
+	}
+	orig = tuple{src: addr(&f.client), dst: addr(&f.service), dstPort: f.servicePort, proto: f.proto}
+	reply = tuple{src: addr(&f.endpoint), proto: f.proto}
+	return orig, reply
 }
 
 // flowTracker follows DNAT'ed flows from their first event until a reply or their end, counts
@@ -133,7 +169,7 @@ func (t *flowTracker) handle(ev *flowEvent, now int64, attr attribution) {
 			}
 		} else {
 			if len(t.flows) < t.maxTracked {
-				t.flows[ev.id] = trackedFlow{since: now, orig: ev.orig, reply: ev.reply}
+				t.flows[ev.id] = newTrackedFlow(ev, now, false)
 			} else if ev.typ == eventNew {
 				t.untracked++
 			}
@@ -150,7 +186,7 @@ func (t *flowTracker) handle(ev *flowEvent, now int64, attr attribution) {
 		case wasTracked:
 			// Without a status in the event the last state we saw decides.
 			unreplied = true
-			ev.orig, ev.reply = tracked.orig, tracked.reply
+			ev.orig, ev.reply = tracked.tuples()
 		}
 		if unreplied {
 			t.countUnrepliedLocked(attr.attribute(&ev.orig, &ev.reply))
@@ -186,30 +222,38 @@ func (t *flowTracker) countUnrepliedLocked(k seriesKey) {
 // or a socket was replaced; a tracked flow missing from the table ended while we could not see
 // it, and is dropped without being counted, since whether it was answered is unknown. Flows
 // new to the tracker are marked silent when they may predate every listener (at start-up).
-func (t *flowTracker) resync(dump []flowEvent, now int64, newAreSilent bool) {
+// dump streams the table's entries; the new set is built from it without the lock, which is
+// held only to merge it with the tracked one.
+func (t *flowTracker) resync(dump func(fn func(*flowEvent)) error, now int64, newAreSilent bool) error {
+	next := make(map[uint32]trackedFlow)
+	var untracked uint64
+	err := dump(func(ev *flowEvent) {
+		switch {
+		case ev.seenReply() || !ev.dnat():
+		case len(next) >= t.maxTracked:
+			untracked++
+		default:
+			next[ev.id] = newTrackedFlow(ev, now, newAreSilent)
+		}
+	})
+	if err != nil {
+		return err
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	next := make(map[uint32]trackedFlow, len(t.flows))
 	t.silent = 0
-	for i := range dump {
-		ev := &dump[i]
-		if ev.seenReply() || !ev.dnat() {
-			continue
-		}
-		if len(next) >= t.maxTracked {
-			t.untracked++
-			continue
-		}
-		f, ok := t.flows[ev.id]
-		if !ok {
-			f = trackedFlow{since: now, orig: ev.orig, reply: ev.reply, silent: newAreSilent}
+	for id, f := range next {
+		if known, ok := t.flows[id]; ok {
+			f = known
+			next[id] = f
 		}
 		if f.silent {
 			t.silent++
 		}
-		next[ev.id] = f
 	}
 	t.flows = next
+	t.untracked += untracked
+	return nil
 }
 
 // hasSilent reports whether any tracked flow needs checkSilent.
@@ -274,7 +318,8 @@ func (t *flowTracker) snapshot(openBefore int64, attr attribution) snapshot {
 	open := make(map[seriesKey]uint64)
 	for _, f := range t.flows {
 		if f.since <= openBefore {
-			open[attr.attribute(&f.orig, &f.reply)]++
+			orig, reply := f.tuples()
+			open[attr.attribute(&orig, &reply)]++
 		}
 	}
 	t.mu.Unlock()

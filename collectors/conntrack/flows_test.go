@@ -33,6 +33,16 @@ func event(typ eventType, id, status uint32, orig, reply tuple) *flowEvent {
 	return &flowEvent{typ: typ, id: id, status: status, hasStatus: true, orig: orig, reply: reply}
 }
 
+// dumpOf is a table dump of events.
+func dumpOf(events ...*flowEvent) func(fn func(*flowEvent)) error {
+	return func(fn func(*flowEvent)) error {
+		for _, ev := range events {
+			fn(ev)
+		}
+		return nil
+	}
+}
+
 func TestTrackerCountsUnrepliedDestroy(t *testing.T) {
 	tr := newFlowTracker(10, 10)
 	view := labView()
@@ -239,11 +249,14 @@ func TestTrackerResync(t *testing.T) {
 	tr.handle(event(eventNew, 1, statusDstNAT, o1, r1), 10, view)
 	tr.handle(event(eventNew, 2, statusDstNAT, o2, r2), 10, view)
 	// The table now has flow 1 (still unreplied), flow 2 answered, and flow 3 we never saw.
-	tr.resync([]flowEvent{
-		*event(eventNone, 1, statusDstNAT, o1, r1),
-		*event(eventNone, 2, statusDstNAT|statusSeenReply, o2, r2),
-		*event(eventNone, 3, statusDstNAT, o3, r3),
-	}, 50, false)
+	err := tr.resync(dumpOf(
+		event(eventNone, 1, statusDstNAT, o1, r1),
+		event(eventNone, 2, statusDstNAT|statusSeenReply, o2, r2),
+		event(eventNone, 3, statusDstNAT, o3, r3),
+	), 50, false)
+	if err != nil {
+		t.Fatal(err)
+	}
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	if len(tr.flows) != 2 || tr.flows[1].since != 10 || tr.flows[3].since != 50 {
@@ -337,11 +350,14 @@ func TestTrackerSilentFlows(t *testing.T) {
 	o1, r1 := dnatTuples(1)
 	o2, r2 := dnatTuples(2)
 	o3, r3 := dnatTuples(3)
-	tr.resync([]flowEvent{
-		*event(eventNone, 1, statusDstNAT, o1, r1),
-		*event(eventNone, 2, statusDstNAT, o2, r2),
-		*event(eventNone, 3, statusDstNAT, o3, r3),
-	}, 0, true)
+	err := tr.resync(dumpOf(
+		event(eventNone, 1, statusDstNAT, o1, r1),
+		event(eventNone, 2, statusDstNAT, o2, r2),
+		event(eventNone, 3, statusDstNAT, o3, r3),
+	), 0, true)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if !tr.hasSilent() {
 		t.Fatal("flows found at start-up are not silent")
 	}
@@ -515,5 +531,36 @@ func TestTrackerAttributesIPv6(t *testing.T) {
 	s := tr.snapshot(200, view)
 	if want := (seriesCount{seriesKey{webService, 6, reasonSameBridge}, 2}); len(s.unreplied) != 1 || s.unreplied[0] != want {
 		t.Errorf("unreplied = %+v, want %+v", s.unreplied, want)
+	}
+}
+
+func TestTrackerDestroyWithoutStatusUsesTrackedFlow(t *testing.T) {
+	tr := newFlowTracker(10, 10)
+	view := labView()
+	orig, reply := dnatTuples(1)
+	tr.handle(event(eventNew, 1, statusDstNAT, orig, reply), 0, view)
+	// An end without a status or tuples: the tracked flow says what it was.
+	tr.handle(&flowEvent{typ: eventDestroy, id: 1}, 1, view)
+	want := seriesCount{view.attribute(&orig, &reply), 1}
+	if s := tr.snapshot(1, view); len(s.unreplied) != 1 || s.unreplied[0] != want {
+		t.Errorf("unreplied = %+v, want %+v", s.unreplied, want)
+	}
+}
+
+func TestTrackedFlowKeepsWhatAttributionReads(t *testing.T) {
+	for _, tc := range []struct{ client, service, endpoint string }{
+		{"10.244.1.2", "10.96.0.10", "10.244.2.3"},
+		{"fd00:10:244:1::2", "fd00:10:96::a", "fd00:10:244:2::3"},
+		{"::ffff:10.244.1.2", "::ffff:10.96.0.10", "::ffff:10.244.2.3"}, // IPv6 family, mapped
+	} {
+		a := netip.MustParseAddr
+		ev := event(eventNew, 1, statusDstNAT,
+			tuple{src: a(tc.client), dst: a(tc.service), srcPort: 40000, dstPort: 53, proto: 17},
+			tuple{src: a(tc.endpoint), dst: a(tc.client), srcPort: 5353, dstPort: 40000, proto: 17})
+		f := newTrackedFlow(ev, 7, false)
+		orig, reply := f.tuples()
+		if orig.src != ev.orig.src || orig.dst != ev.orig.dst || orig.dstPort != 53 || orig.proto != 17 || reply.src != ev.reply.src {
+			t.Errorf("%s: tuples() = %+v, %+v from %+v, %+v", tc.client, orig, reply, ev.orig, ev.reply)
+		}
 	}
 }
