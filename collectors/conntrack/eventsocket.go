@@ -26,6 +26,9 @@ type eventSocket struct {
 
 	batch []unix.Mmsghdr
 	slots []byte // len(batch) slots of batchSlotBytes each
+	// pause is how long to wait after a short batch before reading again, so that the next
+	// read takes many datagrams rather than one (see shortBatchPause).
+	pause time.Duration
 }
 
 const (
@@ -36,13 +39,26 @@ const (
 	batchSlotBytes = 8 << 10
 	// How long a blocked read waits before looking whether the socket is being closed.
 	closeCheckInterval = 250 * time.Millisecond
+	// How long the event listener waits after a read that took less than half a batch. Read
+	// as they come, tens of thousands of events a second cost a wake-up and a system call
+	// each, more than the events themselves (BENCHMARKS.md, "Conntrack event stream").
+	// Waiting lets them queue up to be taken by one recvmmsg. The kernel holds them
+	// meanwhile: at the 230k events/s one core generates here, 1 ms queues about 230
+	// events, a few hundred KiB of the socket's buffer; a read of half a batch or more is
+	// followed by the next at once. Nothing the events feed needs them sooner.
+	shortBatchPause = time.Millisecond
 )
 
 var errSocketClosed = errors.New("conntrack event socket closed")
 
 // openEventSocket subscribes to the conntrack event groups with a receive buffer of bufBytes.
 func openEventSocket(bufBytes int) (*eventSocket, error) {
-	return openBatchSocket(eventGroups, bufBytes, nil)
+	s, err := openBatchSocket(eventGroups, bufBytes, nil)
+	if err != nil {
+		return nil, err
+	}
+	s.pause = shortBatchPause
+	return s, nil
 }
 
 // openBatchSocket opens a netfilter netlink socket bound to the multicast groups (a bitmask),
@@ -99,7 +115,8 @@ func openBatchSocket(groups uint32, bufBytes int, configure func(fd int) error) 
 
 // receiveBatches reads datagrams in batches (recvmmsg with MSG_WAITFORONE: block for the
 // first, take what else is queued) and calls fn with each netlink message, until fn fails, the
-// socket fails, or Close is called. A truncated datagram is passed to fn as it is, for fn to
+// socket fails, or Close is called. After a batch of less than half of len(s.batch) it waits
+// s.pause. A truncated datagram is passed to fn as it is, for fn to
 // reject. fn's slice is only valid during the call.
 func (s *eventSocket) receiveBatches(fn func(msg []byte) error) error {
 	s.mu.Lock()
@@ -151,6 +168,9 @@ func (s *eventSocket) receiveBatches(fn func(msg []byte) error) error {
 				}
 				b = b[span:]
 			}
+		}
+		if s.pause > 0 && int(r) < len(s.batch)/2 {
+			time.Sleep(s.pause)
 		}
 	}
 }
