@@ -73,52 +73,6 @@ type attribution interface {
 	attribute(orig, reply *tuple) seriesKey
 }
 
-// trackedFlow is a DNAT'ed flow that has not been answered yet: what attributing it needs,
-// and when it was first seen. It is kept small and free of pointers (addresses as 16-byte
-// arrays, not netip.Addr, whose zone handle is a pointer): the tracker holds up to
-// --conntrack.max-tracked-flows of them, and a map whose entries hold no pointers is never
-// scanned by the garbage collector. 64 bytes, half of the two tuples it replaces
-// (BENCHMARKS.md, "Conntrack event stream").
-type trackedFlow struct {
-	since int64 // unix nanoseconds when first seen unreplied
-	// client is the original source, service the original destination (the address the
-	// client used) and endpoint the reply's source (the DNAT target); IPv4 ones mapped.
-	client, service, endpoint [16]byte
-	servicePort               uint16
-	proto                     uint8
-	ipv4                      bool
-	// silent flows were found in the table at start-up. With nf_conntrack_events=2 a flow
-	// created while nobody listened never sends events, not even its end, so these are
-	// re-checked against table dumps instead (checkSilent).
-	silent bool
-}
-
-func newTrackedFlow(ev *flowEvent, since int64, silent bool) trackedFlow {
-	return trackedFlow{
-		since:       since,
-		client:      ev.orig.src.As16(),
-		service:     ev.orig.dst.As16(),
-		endpoint:    ev.reply.src.As16(),
-		servicePort: ev.orig.dstPort,
-		proto:       ev.orig.proto,
-		ipv4:        ev.orig.dst.Is4(),
-		silent:      silent,
-	}
-}
-
-// tuples gives back the parts of the flow's tuples that attribution reads.
-func (f *trackedFlow) tuples() (orig, reply tuple) {
-	addr := func(b *[16]byte) netip.Addr {
-		if f.ipv4 {
-			return netip.AddrFrom4([4]byte(b[12:]))
-		}
-		return netip.AddrFrom16(*b)
-	}
-	orig = tuple{src: addr(&f.client), dst: addr(&f.service), dstPort: f.servicePort, proto: f.proto}
-	reply = tuple{src: addr(&f.endpoint), proto: f.proto}
-	return orig, reply
-}
-
 // flowTracker follows DNAT'ed flows from their first event until a reply or their end, counts
 // those that end unreplied, and knows which are open and unreplied right now. Its memory is
 // bounded by maxTracked flows and maxSeries label sets whatever the flow rate.
@@ -127,7 +81,7 @@ type flowTracker struct {
 	maxSeries  int
 
 	mu        sync.Mutex
-	flows     map[uint32]trackedFlow
+	flows     flowSet
 	silent    int // how many of flows are silent
 	untracked uint64
 	unreplied map[seriesKey]*prunedSeries
@@ -139,7 +93,7 @@ func newFlowTracker(maxTracked, maxSeries int) *flowTracker {
 	return &flowTracker{
 		maxTracked: maxTracked,
 		maxSeries:  maxSeries,
-		flows:      make(map[uint32]trackedFlow),
+		flows:      newFlowSet(),
 		unreplied:  make(map[seriesKey]*prunedSeries),
 		unlisted:   make(map[overflowKey]uint64),
 	}
@@ -161,15 +115,14 @@ func (t *flowTracker) handle(ev *flowEvent, now int64, attr attribution) {
 			return
 		}
 		t.mu.Lock()
-		if f, ok := t.flows[ev.id]; ok {
-			if f.silent { // it does send events after all
-				f.silent = false
-				t.flows[ev.id] = f
+		if f, ok := t.flows.get(ev.id); ok {
+			if f.silent() { // it does send events after all
+				t.flows.clearSilent(ev.id)
 				t.silent--
 			}
 		} else {
-			if len(t.flows) < t.maxTracked {
-				t.flows[ev.id] = newTrackedFlow(ev, now, false)
+			if t.flows.len() < t.maxTracked {
+				t.flows.add(ev, now, false)
 			} else if ev.typ == eventNew {
 				t.untracked++
 			}
@@ -177,7 +130,10 @@ func (t *flowTracker) handle(ev *flowEvent, now int64, attr attribution) {
 		t.mu.Unlock()
 	case eventDestroy:
 		t.mu.Lock()
-		tracked, wasTracked := t.flows[ev.id]
+		tracked, wasTracked := t.flows.get(ev.id)
+		if wasTracked && !ev.hasStatus {
+			ev.orig, ev.reply = t.flows.tuples(ev.id, &tracked)
+		}
 		t.deleteLocked(ev.id)
 		var unreplied bool
 		switch {
@@ -186,7 +142,6 @@ func (t *flowTracker) handle(ev *flowEvent, now int64, attr attribution) {
 		case wasTracked:
 			// Without a status in the event the last state we saw decides.
 			unreplied = true
-			ev.orig, ev.reply = tracked.tuples()
 		}
 		if unreplied {
 			t.countUnrepliedLocked(attr.attribute(&ev.orig, &ev.reply))
@@ -196,11 +151,11 @@ func (t *flowTracker) handle(ev *flowEvent, now int64, attr attribution) {
 }
 
 func (t *flowTracker) deleteLocked(id uint32) {
-	if f, ok := t.flows[id]; ok {
-		if f.silent {
+	if f, ok := t.flows.get(id); ok {
+		if f.silent() {
 			t.silent--
 		}
-		delete(t.flows, id)
+		t.flows.delete(id, &f)
 	}
 }
 
@@ -225,15 +180,15 @@ func (t *flowTracker) countUnrepliedLocked(k seriesKey) {
 // dump streams the table's entries; the new set is built from it without the lock, which is
 // held only to merge it with the tracked one.
 func (t *flowTracker) resync(dump func(fn func(*flowEvent)) error, now int64, newAreSilent bool) error {
-	next := make(map[uint32]trackedFlow)
+	next := newFlowSet()
 	var untracked uint64
 	err := dump(func(ev *flowEvent) {
 		switch {
 		case ev.seenReply() || !ev.dnat():
-		case len(next) >= t.maxTracked:
+		case next.len() >= t.maxTracked:
 			untracked++
 		default:
-			next[ev.id] = newTrackedFlow(ev, now, newAreSilent)
+			next.add(ev, now, newAreSilent)
 		}
 	})
 	if err != nil {
@@ -242,12 +197,12 @@ func (t *flowTracker) resync(dump func(fn func(*flowEvent)) error, now int64, ne
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.silent = 0
-	for id, f := range next {
-		if known, ok := t.flows[id]; ok {
+	for id, f := range next.flows {
+		if known, ok := t.flows.get(id); ok {
+			next.adopt(id, known, &t.flows)
 			f = known
-			next[id] = f
 		}
-		if f.silent {
+		if f.silent() {
 			t.silent++
 		}
 	}
@@ -268,8 +223,8 @@ func (t *flowTracker) hasSilent() bool {
 func (t *flowTracker) checkSilent(stillUnreplied map[uint32]bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for id, f := range t.flows {
-		if f.silent && !stillUnreplied[id] {
+	for id, f := range t.flows.flows {
+		if f.silent() && !stillUnreplied[id] {
 			t.deleteLocked(id)
 		}
 	}
@@ -308,7 +263,7 @@ type snapshot struct {
 // nanoseconds) by series, applying the same cap to the gauge: the largest groups are listed.
 func (t *flowTracker) snapshot(openBefore int64, attr attribution) snapshot {
 	t.mu.Lock()
-	s := snapshot{tracked: len(t.flows), untracked: t.untracked}
+	s := snapshot{tracked: t.flows.len(), untracked: t.untracked}
 	for k, v := range t.unreplied {
 		s.unreplied = append(s.unreplied, seriesCount{k, v.count})
 	}
@@ -316,9 +271,9 @@ func (t *flowTracker) snapshot(openBefore int64, attr attribution) snapshot {
 		s.unlisted = append(s.unlisted, overflowCount{k, v})
 	}
 	open := make(map[seriesKey]uint64)
-	for _, f := range t.flows {
+	for id, f := range t.flows.flows {
 		if f.since <= openBefore {
-			orig, reply := f.tuples()
+			orig, reply := t.flows.tuples(id, &f)
 			open[attr.attribute(&orig, &reply)]++
 		}
 	}

@@ -259,8 +259,8 @@ func TestTrackerResync(t *testing.T) {
 	}
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
-	if len(tr.flows) != 2 || tr.flows[1].since != 10 || tr.flows[3].since != 50 {
-		t.Errorf("after resync: %+v, want flow 1 since 10 and flow 3 since 50", tr.flows)
+	if f := tr.flows.flows; len(f) != 2 || f[1].since != 10 || f[3].since != 50 {
+		t.Errorf("after resync: %+v, want flow 1 since 10 and flow 3 since 50", f)
 	}
 }
 
@@ -557,10 +557,39 @@ func TestTrackedFlowKeepsWhatAttributionReads(t *testing.T) {
 		ev := event(eventNew, 1, statusDstNAT,
 			tuple{src: a(tc.client), dst: a(tc.service), srcPort: 40000, dstPort: 53, proto: 17},
 			tuple{src: a(tc.endpoint), dst: a(tc.client), srcPort: 5353, dstPort: 40000, proto: 17})
-		f := newTrackedFlow(ev, 7, false)
-		orig, reply := f.tuples()
+		s := newFlowSet()
+		s.add(ev, 7, false)
+		f, _ := s.get(1)
+		orig, reply := s.tuples(1, &f)
 		if orig.src != ev.orig.src || orig.dst != ev.orig.dst || orig.dstPort != 53 || orig.proto != 17 || reply.src != ev.reply.src {
 			t.Errorf("%s: tuples() = %+v, %+v from %+v, %+v", tc.client, orig, reply, ev.orig, ev.reply)
 		}
+		s.delete(1, &f)
+		if s.len() != 0 || len(s.ipv6) != 0 {
+			t.Errorf("%s: %d flows and %d IPv6 addresses left after delete", tc.client, s.len(), len(s.ipv6))
+		}
+	}
+}
+
+func TestTrackerResyncKeepsIPv6Addresses(t *testing.T) {
+	tr := newFlowTracker(10, 10)
+	view := labView()
+	a := netip.MustParseAddr
+	orig := tuple{src: a("fd00:10:244:1::2"), dst: a("fd00:10:96::a"), srcPort: 40000, dstPort: 80, proto: 6}
+	reply := tuple{src: a("fd00:10:244:2::3"), dst: orig.src, srcPort: 8080, dstPort: 40000, proto: 6}
+	tr.handle(event(eventNew, 1, statusDstNAT, orig, reply), 10, view)
+	if err := tr.resync(dumpOf(event(eventNone, 1, statusDstNAT, orig, reply)), 50, false); err != nil {
+		t.Fatal(err)
+	}
+	tr.mu.Lock()
+	f, ok := tr.flows.get(1)
+	gotOrig, gotReply := tr.flows.tuples(1, &f)
+	tr.mu.Unlock()
+	if !ok || f.since != 10 || gotOrig.src != orig.src || gotOrig.dst != orig.dst || gotReply.src != reply.src {
+		t.Errorf("after resync: %+v (%v) with %+v, %+v, want the flow since 10 with %+v, %+v", f, ok, gotOrig, gotReply, orig, reply)
+	}
+	tr.handle(event(eventDestroy, 1, statusDstNAT|statusSeenReply, orig, reply), 60, view)
+	if tr.flows.len() != 0 || len(tr.flows.ipv6) != 0 {
+		t.Errorf("%d flows and %d IPv6 addresses left after the end", tr.flows.len(), len(tr.flows.ipv6))
 	}
 }
