@@ -1,10 +1,12 @@
 #!/bin/sh
 # Builds kube-apiserver and kube-proxy of one Kubernetes version for the control-plane lab into
-# a cache directory keyed by version and prints that directory. Skips the build when both
-# binaries are already there. The first build takes several minutes.
+# a cache directory keyed by version and prints that directory. Skips the build of a binary
+# already there. The first build takes several minutes.
 #
 #   test/kube/build.sh            # the lab's default version (test/kube/VERSION)
 #   test/kube/build.sh v1.34.4    # any version with a module directory here
+#   test/kube/build.sh v1.34.4 kube-proxy   # only these commands (an older kube-proxy
+#                                           # against the default kube-apiserver: version skew)
 #
 # Each version is a module of its own (test/kube/<version>/: go.mod requiring
 # k8s.io/kubernetes at that version, each staging module replaced by its published v0.<minor>.<patch>,
@@ -13,6 +15,14 @@ set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
 version=${1:-$(cat "$here/VERSION")}
+[ $# -gt 0 ] && shift
+cmds=${*:-kube-apiserver kube-proxy}
+for cmd in $cmds; do
+	case $cmd in
+	kube-apiserver | kube-proxy) ;;
+	*) echo "build.sh: $cmd is not built here (kube-apiserver, kube-proxy)" >&2; exit 1 ;;
+	esac
+done
 mod="$here/$version"
 if [ ! -f "$mod/go.mod" ]; then
 	echo "build.sh: no module for $version; versions: $(cd "$here" && ls -d v*/ | tr -d / | tr '\n' ' ')" >&2
@@ -33,7 +43,7 @@ done
 
 mkdir -p "$out"
 cd "$mod"
-for cmd in kube-apiserver kube-proxy; do
+for cmd in $cmds; do
 	if [ -x "$out/$cmd" ]; then
 		continue
 	fi

@@ -2,10 +2,11 @@
 # Boots one kernel of test/vm/kernels in QEMU, runs a command there as root, and exits with
 # its status. test/vm/README.md describes the guest; in short:
 #
-#   test/vm/run.sh -k 6.1 [-p DIR] [-o DIR] [-e NAME=VALUE]... [-M 'mod ...'] [-t 20m] \
+#   test/vm/run.sh -k 6.1 [-n NAME] [-p DIR] [-o DIR] [-e NAME=VALUE]... [-M 'mod ...'] [-t 20m] \
 #       [-m 2048] [-c 2] -- COMMAND [ARG...]
 #
 #   -k NAME       the kernel (a name in test/vm/kernels)
+#   -n NAME       the guest's name in its output (default: the kernel's)
 #   -p DIR        copied into the guest as /vm/payload, the command's working directory
 #   -o DIR        receives what the command left in the guest's /vm/out
 #   -e NAME=VALUE the command's environment (repeatable)
@@ -14,8 +15,9 @@
 #   -m MIB, -c N  the guest's memory and CPUs
 #
 # The command's output, and the kernel's warnings, stream to stdout, each line prefixed
-# "[NAME] ". Exit status: the command's; 124 when the guest ran out of time; 125 when the
-# guest did not boot, a module did not load, or it stopped before the command ended.
+# "[NAME] " (-n, else the kernel's name). Exit status: the command's; 124 when the guest ran
+# out of time; 125 when the guest did not boot, a module did not load, or it stopped before
+# the command ended.
 #
 # QEMU uses KVM where /dev/kvm works, else TCG (PROXYHEALTH_VM_ACCEL=kvm or tcg to choose).
 # Images come from build.sh, cached.
@@ -23,15 +25,16 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 
-kernel= payload= out= modules= timeout=20m memory=2048 cpus=2
+kernel= name= payload= out= modules= timeout=20m memory=2048 cpus=2
 envs=()
 usage() {
-	sed -n '5,12p' "$0" >&2
+	sed -n '5,13p' "$0" >&2
 	exit 125
 }
-while getopts k:p:o:e:M:t:m:c: opt; do
+while getopts k:n:p:o:e:M:t:m:c: opt; do
 	case $opt in
 	k) kernel=$OPTARG ;;
+	n) name=$OPTARG ;;
 	p) payload=$OPTARG ;;
 	o) out=$OPTARG ;;
 	e) envs+=("$OPTARG") ;;
@@ -46,7 +49,7 @@ shift $((OPTIND - 1))
 [ -n "$kernel" ] && [ $# -gt 0 ] || usage
 [ -z "$payload" ] || [ -d "$payload" ] || { echo "run.sh: no directory $payload" >&2; exit 125; }
 
-tag="[$kernel]"
+tag="[${name:-$kernel}]"
 say() { echo "$tag run.sh: $*" >&2; }
 
 kdir=$("$here/build.sh" kernel "$kernel")
@@ -133,8 +136,9 @@ fi
 [ -n "$qemu_pid" ] || boot "$accel"
 say "booting $(cat "$kdir/release") ($accel, $cpus CPU, $memory MiB, timeout $timeout)"
 
-# The console, live, until QEMU exits.
-tail -n +1 -F --pid="$qemu_pid" "$work/console" 2>/dev/null | tr -d '\r' | sed -u "s/^/$tag /" &
+# The console, live, until QEMU exits: sed -u passes each line on at once (tr, or sed without
+# -u, would hold the output in its buffer until the guest ends).
+tail -n +1 -F --pid="$qemu_pid" "$work/console" 2>/dev/null | sed -u "s/\r$//; s/^/$tag /" &
 tail_pid=$!
 set +e
 wait "$qemu_pid"
