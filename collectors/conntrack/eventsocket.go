@@ -39,15 +39,26 @@ const (
 	batchSlotBytes = 8 << 10
 	// How long a blocked read waits before looking whether the socket is being closed.
 	closeCheckInterval = 250 * time.Millisecond
-	// How long the event listener waits after a read that took less than half a batch. Read
-	// as they come, tens of thousands of events a second cost a wake-up and a system call
-	// each, more than the events themselves (BENCHMARKS.md, "Conntrack event stream").
-	// Waiting lets them queue up to be taken by one recvmmsg. The kernel holds them
-	// meanwhile: at the 230k events/s one core generates here, 1 ms queues about 230
-	// events, a few hundred KiB of the socket's buffer; a read of half a batch or more is
-	// followed by the next at once. Nothing the events feed needs them sooner.
-	shortBatchPause = time.Millisecond
+	// The longest the event listener waits after a read that took less than half a batch.
+	// Read as they come, tens of thousands of events a second cost a wake-up and a system
+	// call each, more than the events themselves, and each wait costs a timer's wake-up
+	// (tens of µs on the loaded 2-core VM): above conntrack -E's CPU per event at 10k
+	// flows/s with a 1 ms wait (BENCHMARKS.md, "Conntrack event stream"). Waiting lets the
+	// events queue up to be taken by one recvmmsg; a read of half a batch or more is followed
+	// by the next at once. Nothing the events feed needs them sooner.
+	maxShortBatchPause = 5 * time.Millisecond
+	// What the wait may fill of the socket's buffer at most: a quarter, at eventQueueRate.
+	// At 5 ms that is 5 MiB, a sixth of the default 32 MiB buffer.
+	eventQueueRate = 1 << 30 // bytes/s: 250k events/s (one core's most here) of up to 4 KiB queued each
 )
+
+// shortBatchPause is how long the event listener waits after a short read with a receive
+// buffer of bufBytes: maxShortBatchPause, less if a quarter of the buffer would fill sooner at
+// eventQueueRate.
+func shortBatchPause(bufBytes int) time.Duration {
+	fill := time.Duration(float64(bufBytes) / 4 / eventQueueRate * float64(time.Second))
+	return min(maxShortBatchPause, fill)
+}
 
 var errSocketClosed = errors.New("conntrack event socket closed")
 
@@ -57,7 +68,7 @@ func openEventSocket(bufBytes int) (*eventSocket, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.pause = shortBatchPause
+	s.pause = shortBatchPause(bufBytes)
 	return s, nil
 }
 

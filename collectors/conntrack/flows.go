@@ -177,37 +177,51 @@ func (t *flowTracker) countUnrepliedLocked(k seriesKey) {
 // or a socket was replaced; a tracked flow missing from the table ended while we could not see
 // it, and is dropped without being counted, since whether it was answered is unknown. Flows
 // new to the tracker are marked silent when they may predate every listener (at start-up).
-// dump streams the table's entries; the new set is built from it without the lock, which is
-// held only to merge it with the tracked one.
+// The set is updated in place, marking the flows the dump shows and then dropping the others,
+// rather than built anew beside the old one: after lost events most flows are known already,
+// and two sets at the cap would double the tracker's memory at the moment it is largest. The
+// lock is taken per entry, so that a scrape is not held up for the whole dump.
 func (t *flowTracker) resync(dump func(fn func(*flowEvent)) error, now int64, newAreSilent bool) error {
-	next := newFlowSet()
-	var untracked uint64
+	t.mu.Lock()
+	t.flows.clearMarks()
+	t.mu.Unlock()
+	shown := 0 // flows of the dump followed
 	err := dump(func(ev *flowEvent) {
-		switch {
-		case ev.seenReply() || !ev.dnat():
-		case next.len() >= t.maxTracked:
-			untracked++
-		default:
-			next.add(ev, now, newAreSilent)
+		if ev.seenReply() || !ev.dnat() {
+			return
 		}
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if f, ok := t.flows.get(ev.id); ok {
+			if !f.marked() {
+				t.flows.mark(ev.id)
+				shown++
+			}
+			return
+		}
+		if shown >= t.maxTracked {
+			t.untracked++
+			return
+		}
+		t.flows.add(ev, now, newAreSilent)
+		t.flows.mark(ev.id)
+		shown++
 	})
 	if err != nil {
+		// The flows the dump did not reach stay until the next re-read.
 		return err
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.flows.deleteUnmarked()
+	// Known flows the dump showed after the cap was reached with new ones.
+	t.untracked += uint64(t.flows.trim(t.maxTracked))
 	t.silent = 0
-	for id, f := range next.flows {
-		if known, ok := t.flows.get(id); ok {
-			next.adopt(id, known, &t.flows)
-			f = known
-		}
+	for _, f := range t.flows.flows {
 		if f.silent() {
 			t.silent++
 		}
 	}
-	t.flows = next
-	t.untracked += untracked
 	return nil
 }
 

@@ -593,3 +593,33 @@ func TestTrackerResyncKeepsIPv6Addresses(t *testing.T) {
 		t.Errorf("%d flows and %d IPv6 addresses left after the end", tr.flows.len(), len(tr.flows.ipv6))
 	}
 }
+
+func TestTrackerResyncAtTheCap(t *testing.T) {
+	tr := newFlowTracker(2, 10)
+	view := labView()
+	var o, r [6]tuple
+	for i := 1; i <= 5; i++ {
+		o[i], r[i] = dnatTuples(uint16(i))
+	}
+	// Flows 1 and 2 ended while events were lost; the table holds 3, 4 and 5.
+	tr.handle(event(eventNew, 1, statusDstNAT, o[1], r[1]), 10, view)
+	tr.handle(event(eventNew, 2, statusDstNAT, o[2], r[2]), 10, view)
+	err := tr.resync(dumpOf(
+		event(eventNone, 3, statusDstNAT, o[3], r[3]),
+		event(eventNone, 4, statusDstNAT, o[4], r[4]),
+		event(eventNone, 5, statusDstNAT, o[5], r[5]),
+	), 50, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := tr.snapshot(0, view)
+	_, has3 := tr.flows.get(3)
+	_, has4 := tr.flows.get(4)
+	if s.tracked != 2 || !has3 || !has4 || s.untracked != 1 {
+		t.Errorf("after resync: %d tracked (3: %v, 4: %v), %d untracked; want flows 3 and 4, and 5 untracked", s.tracked, has3, has4, s.untracked)
+	}
+	// The stale flows were dropped, not counted as unreplied.
+	if len(s.unreplied) != 0 {
+		t.Errorf("unreplied = %+v, want none", s.unreplied)
+	}
+}

@@ -28,10 +28,13 @@ const (
 	// while nobody listened never sends events, not even its end, so these are re-checked
 	// against table dumps instead (checkSilent).
 	flowSilent
+	// flowMarked: shown by the table dump being read (flowTracker.resync).
+	flowMarked
 )
 
 func (f *trackedFlow) silent() bool { return f.flags&flowSilent != 0 }
 func (f *trackedFlow) ipv6() bool   { return f.flags&flowIPv6 != 0 }
+func (f *trackedFlow) marked() bool { return f.flags&flowMarked != 0 }
 
 // ipv6Addrs are an IPv6 flow's client, service and endpoint addresses.
 type ipv6Addrs struct{ client, service, endpoint [16]byte }
@@ -77,14 +80,42 @@ func as4(a netip.Addr) [4]byte {
 	return a.As4()
 }
 
-// adopt makes id's flow the one from holds as f, addresses included.
-func (s *flowSet) adopt(id uint32, f trackedFlow, from *flowSet) {
-	s.flows[id] = f
-	if f.ipv6() {
-		s.ipv6[id] = from.ipv6[id]
-	} else {
-		delete(s.ipv6, id)
+func (s *flowSet) mark(id uint32) {
+	if f, ok := s.flows[id]; ok {
+		f.flags |= flowMarked
+		s.flows[id] = f
 	}
+}
+
+func (s *flowSet) clearMarks() {
+	for id, f := range s.flows {
+		if f.marked() {
+			f.flags &^= flowMarked
+			s.flows[id] = f
+		}
+	}
+}
+
+// deleteUnmarked stops following the flows not marked.
+func (s *flowSet) deleteUnmarked() {
+	for id, f := range s.flows {
+		if !f.marked() {
+			s.delete(id, &f)
+		}
+	}
+}
+
+// trim stops following flows until at most n are left, and returns how many it dropped.
+func (s *flowSet) trim(n int) int {
+	dropped := 0
+	for id, f := range s.flows {
+		if len(s.flows) <= n {
+			break
+		}
+		s.delete(id, &f)
+		dropped++
+	}
+	return dropped
 }
 
 func (s *flowSet) clearSilent(id uint32) {

@@ -138,3 +138,15 @@ func TestListenerReportsOpenFailure(t *testing.T) {
 		t.Error("Update succeeded while the event socket cannot be opened")
 	}
 }
+
+func TestShortBatchPause(t *testing.T) {
+	if got := shortBatchPause(32 << 20); got != maxShortBatchPause {
+		t.Errorf("with the default 32 MiB buffer: %v, want the most, %v", got, maxShortBatchPause)
+	}
+	// A small buffer gets a wait that fills at most a quarter of it.
+	small := 212992 // net.core.rmem_default's usual value
+	if got := shortBatchPause(small); got <= 0 || got >= maxShortBatchPause ||
+		float64(eventQueueRate)*got.Seconds() > float64(small)/4 {
+		t.Errorf("with a %d-byte buffer: %v", small, got)
+	}
+}
