@@ -83,6 +83,7 @@ func runFanout(args []string) int {
 	cfg.Register(fs, "process logs, builds")
 	cfg.LockWaitFlag(fs)
 	fs.StringVar(&cfg.etcdData, "etcd-data", "", "keep etcd's data in this directory, and reuse it when a run of the same shape loaded it")
+	fs.BoolVar(&cfg.watchList, "watch-list", true, "kube-apiserver streams lists (sendInitialEvents); false starts it with --feature-gates=WatchList=false, so that lists are paged")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}

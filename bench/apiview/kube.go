@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/proxyhealth/proxyhealth/bench/apiview/internal/memrun"
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchns"
 	"github.com/proxyhealth/proxyhealth/bench/internal/benchrun"
 	"github.com/proxyhealth/proxyhealth/bench/internal/controlplane"
@@ -104,6 +105,7 @@ func startKube(ctx context.Context, cfg config, bins kubelab.Binaries, tmp strin
 	cp, err := controlplane.Start(ctx, k.ns, bins, controlplane.Options{
 		Dir: k.dir, EtcdDir: k.etcdDir, Token: token,
 		Bind: "127.0.0.1", Advertise: synthcluster.NodeIP, ServiceCIDR: synthcluster.ServiceCIDR, Start: k.start,
+		APIServerArgs: apiserverArgs(cfg.watchList),
 	})
 	if err != nil {
 		return k, err
@@ -169,6 +171,17 @@ func (k *kube) count(ctx context.Context, client kubernetes.Interface, cfg confi
 	return nil
 }
 
+// apiserverArgs are kube-apiserver's flags beyond the control plane's own: without
+// watchList, its WatchList feature is off, so that a request for a streamed list is refused
+// and clients list instead (an API server on an etcd too old for consistent reads from its
+// watch cache refuses them alike).
+func apiserverArgs(watchList bool) []string {
+	if watchList {
+		return nil
+	}
+	return []string{"--feature-gates=WatchList=false"}
+}
+
 func (k *kube) removeEtcd() {
 	if !k.keepEtcd {
 		os.RemoveAll(k.etcdDir)
@@ -217,35 +230,15 @@ func (k *kube) stop() {
 	k.removeEtcd()
 }
 
-// viewResult is viewrun's output (the same JSON field names).
+// viewResult is a run's figures: viewrun's or informerrun's output (memrun.Result), and what
+// the control plane spent meanwhile.
 type viewResult struct {
-	Ports          int     `json:"ports"`
-	Endpoints      int     `json:"endpoints"`
-	SyncSeconds    float64 `json:"sync_seconds"`
-	FreshSeconds   float64 `json:"fresh_seconds"`
-	SyncRSSKiB     int64   `json:"sync_rss_kib"`
-	SyncHeapInuse  uint64  `json:"sync_heap_inuse_bytes"`
-	SyncHeapAlloc  uint64  `json:"sync_heap_alloc_bytes"`
-	SyncHeapSys    uint64  `json:"sync_heap_sys_bytes"`
-	SyncTotalAlloc uint64  `json:"sync_total_alloc_bytes"`
-	SettledRSSKiB  int64   `json:"settled_rss_kib"`
-	HWMKiB         int64   `json:"hwm_kib"`
-	LiveHeap       uint64  `json:"live_heap_bytes"`
-	LiveHeapInuse  uint64  `json:"live_heap_inuse_bytes"`
-	GoSys          uint64  `json:"go_sys_bytes"`
-	NumGC          uint32  `json:"num_gc"`
-	BaselineRSSKiB int64   `json:"baseline_rss_kib"`
-	BaselineHeap   uint64  `json:"baseline_heap_alloc_bytes"`
-	Peak           struct {
-		AtSeconds    float64 `json:"at_seconds"`
-		RSSKiB       int64   `json:"rss_kib"`
-		HeapObjects  uint64  `json:"heap_objects_bytes"`
-		HeapUnused   uint64  `json:"heap_unused_bytes"`
-		HeapFree     uint64  `json:"heap_free_bytes"`
-		Stacks       uint64  `json:"stacks_bytes"`
-		RuntimeOther uint64  `json:"runtime_other_bytes"`
-		Profiling    uint64  `json:"profiling_bytes"`
-	} `json:"peak"`
+	memrun.Result
+	// From the run's start until its process ended (its sync and settle time): the CPU
+	// seconds kube-apiserver and etcd used, and the LIST requests kube-apiserver served on
+	// Services and EndpointSlices (each page one; a streamed list is a WATCH).
+	APIServerCPU, EtcdCPU float64
+	Lists                 int
 }
 
 // runView runs one viewrun binary in the namespace until its view holds every port and
@@ -273,11 +266,23 @@ func (k *kube) runView(ctx context.Context, bin, cpuProfile string) (viewResult,
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Run(); err != nil {
-		return r, fmt.Errorf("viewrun: %w: %s", err, benchrun.Truncate(errb.String(), 3000))
+	lists0, err := k.lists(ctx)
+	if err != nil {
+		return r, err
 	}
-	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
-		return r, fmt.Errorf("viewrun's output %q: %w", benchrun.Truncate(out.String(), 500), err)
+	apiserver, etcd := k.proc("kube-apiserver").Pid(), k.proc("etcd").Pid()
+	api0, etcd0 := cpuSeconds(apiserver), cpuSeconds(etcd)
+	if err := cmd.Run(); err != nil {
+		return r, fmt.Errorf("%s: %w: %s", filepath.Base(bin), err, benchrun.Truncate(errb.String(), 3000))
+	}
+	r.APIServerCPU, r.EtcdCPU = cpuSeconds(apiserver)-api0, cpuSeconds(etcd)-etcd0
+	lists1, err := k.lists(ctx)
+	if err != nil {
+		return r, err
+	}
+	r.Lists = lists1 - lists0
+	if err := json.Unmarshal(out.Bytes(), &r.Result); err != nil {
+		return r, fmt.Errorf("%s's output %q: %w", filepath.Base(bin), benchrun.Truncate(out.String(), 500), err)
 	}
 	return r, nil
 }

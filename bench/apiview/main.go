@@ -34,6 +34,10 @@ type config struct {
 	godebug  string
 	etcdData string
 	profiles string
+	// watchList is whether kube-apiserver offers streamed lists (its WatchList feature);
+	// without, the views and informers list in pages or whole.
+	watchList bool
+	informers bool
 }
 
 // imageGODEBUG is the GODEBUG the exporter's image (Dockerfile) sets: no allocation profile
@@ -60,6 +64,8 @@ func runMain(args []string) int {
 	fs.StringVar(&cfg.gogc, "gogc", "", "GOGC for viewrun (default: unset, Go's 100, as the exporter runs)")
 	fs.StringVar(&cfg.godebug, "godebug", imageGODEBUG, "GODEBUG for viewrun (default: what the exporter's image sets; empty: unset)")
 	fs.StringVar(&cfg.profiles, "profiles", "", "write each run's CPU profile until sync into this directory (viewrun-<build>-<run>.pprof, build 0 being --base when given)")
+	fs.BoolVar(&cfg.watchList, "watch-list", true, "kube-apiserver streams lists (sendInitialEvents); false starts it with --feature-gates=WatchList=false, so that lists are paged")
+	fs.BoolVar(&cfg.informers, "informers", true, "run a client-go informer pair (informerrun) next to the builds, as their anchor")
 	fs.StringVar(&cfg.etcdData, "etcd-data", "", "keep etcd's data in this directory (on /dev/shm, say), and reuse it when a run of the same shape loaded it: skips the load")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -123,6 +129,13 @@ func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
 		}
 		builds = append([]*build{b}, builds...)
 	}
+	if cfg.informers {
+		b := &build{Name: "informer pair", Rev: "client-go, " + rep.Commit, Informers: true}
+		if b.Bin, err = buildCommand(ctx, cfg.Repo, "./bench/apiview/informerrun", filepath.Join(tmp, "informerrun")); err != nil {
+			return rep, err
+		}
+		builds = append(builds, b)
+	}
 	rep.Builds = builds
 
 	k, err := startKube(ctx, cfg, bins, tmp)
@@ -141,10 +154,11 @@ func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
 				profile = filepath.Join(cfg.profiles, fmt.Sprintf("viewrun-%d-%d.pprof", j, i+1))
 			}
 			r, err := k.runView(ctx, b.Bin, profile)
+
 			if err != nil {
 				return rep, fmt.Errorf("%s: %w", b.Name, err)
 			}
-			benchrun.Logf("  synced in %.1f s, VmHWM %.1f MiB, live heap %.1f MiB", r.SyncSeconds, mib(r.HWMKiB), float64(r.LiveHeap)/(1<<20))
+			benchrun.Logf("  synced in %.1f s, VmHWM %.1f MiB, live heap %.1f MiB, apiserver %.2f CPU s", r.SyncSeconds, mib(r.HWMKiB), float64(r.LiveHeap)/(1<<20), r.APIServerCPU)
 			b.Runs = append(b.Runs, r)
 		}
 	}
@@ -152,16 +166,22 @@ func bench(ctx context.Context, cfg config, argv []string) (*report, error) {
 	return rep, nil
 }
 
-// build is one viewrun binary and its runs.
+// build is one viewrun (or informerrun) binary and its runs.
 type build struct {
 	Name, Rev string
 	Bin       string
+	Informers bool // informerrun: the client-go informer pair
 	Runs      []viewResult
 }
 
-// buildViewrun builds viewrun's source file in src (a repository tree) into out.
+// buildViewrun builds viewrun in src (a repository tree) into out.
 func buildViewrun(ctx context.Context, src, out string) (string, error) {
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", out, "./bench/apiview/viewrun")
+	return buildCommand(ctx, src, "./bench/apiview/viewrun", out)
+}
+
+// buildCommand builds the command pkg in src (a repository tree) into out.
+func buildCommand(ctx context.Context, src, pkg, out string) (string, error) {
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", out, pkg)
 	cmd.Dir = src
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0") // as the Makefile builds the exporter
 	if b, err := cmd.CombinedOutput(); err != nil {
@@ -171,7 +191,7 @@ func buildViewrun(ctx context.Context, src, out string) (string, error) {
 }
 
 // buildBase exports cfg.base's tree (git archive: no checkout, no worktree), puts this tree's
-// viewrun into it, and builds it there: viewrun uses only the API view's exported API that
+// viewrun and memrun into it, and builds it there: viewrun uses only the API view's exported API that
 // both share, so the difference between the two binaries is the view itself.
 func buildBase(ctx context.Context, cfg config, tmp string) (string, error) {
 	dir := filepath.Join(tmp, "base")
@@ -189,15 +209,14 @@ func buildBase(ctx context.Context, cfg config, tmp string) (string, error) {
 	if out, err := untar.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("tar: %w: %s", err, out)
 	}
-	src, err := os.ReadFile(filepath.Join(cfg.Repo, "bench", "apiview", "viewrun", "main.go"))
-	if err != nil {
-		return "", err
-	}
-	if err := os.MkdirAll(filepath.Join(dir, "bench", "apiview", "viewrun"), 0o755); err != nil {
-		return "", err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "bench", "apiview", "viewrun", "main.go"), src, 0o644); err != nil {
-		return "", err
+	// viewrun and its measuring package as in this tree: the base may predate either.
+	for _, d := range []string{"bench/apiview/viewrun", "bench/apiview/internal/memrun"} {
+		if err := os.RemoveAll(filepath.Join(dir, d)); err != nil {
+			return "", err
+		}
+		if err := os.CopyFS(filepath.Join(dir, d), os.DirFS(filepath.Join(cfg.Repo, d))); err != nil {
+			return "", fmt.Errorf("copying %s into %s's tree: %w", d, cfg.base, err)
+		}
 	}
 	return buildViewrun(ctx, dir, filepath.Join(tmp, "viewrun-base"))
 }

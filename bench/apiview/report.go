@@ -50,11 +50,18 @@ func (r *report) render() string {
 			k.Services, k.Slices, k.Endpoints, k.LocalEndpoints, r.cfg.workers, k.Load.Seconds(), k.LoadRetries)
 	}
 	b.WriteString("Each figure is the median of the runs, with the range when there are several. The peak is the process's VmHWM, read by itself once the view held every service port and endpoint and 5 s more had passed; ")
-	b.WriteString("the floor is its VmRSS before the view started (binary, runtime, client-go's package state); the live heap is HeapAlloc after a forced collection.\n\n")
-	b.WriteString("| build | runs | peak RSS (VmHWM) MiB | RSS at sync MiB | floor RSS MiB | heap in use at sync MiB | live heap after sync MiB | allocated until sync MiB | sync s | GCs |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("the floor is its VmRSS before the view started (binary, runtime, client-go's package state); the live heap is HeapAlloc after a forced collection. ")
+	b.WriteString("The informer pair (informerrun) is client-go's shared informers on Services and EndpointSlices from a clientset, holding every object whole. ")
+	b.WriteString("kube-apiserver's and etcd's CPU seconds and the LIST requests (each page one; a streamed list is a watch) are counted from each run's start to its end (sync, then 5 s of quiet watches).\n\n")
+	if r.cfg.watchList {
+		b.WriteString("kube-apiserver offers streamed lists (its WatchList feature, on by default).\n\n")
+	} else {
+		b.WriteString("kube-apiserver runs with `--feature-gates=WatchList=false`: it refuses streamed lists, and clients list.\n\n")
+	}
+	b.WriteString("| build | runs | peak RSS (VmHWM) MiB | RSS at sync MiB | floor RSS MiB | heap in use at sync MiB | live heap after sync MiB | allocated until sync MiB | sync s | GCs | apiserver CPU s | etcd CPU s | LIST requests |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, bd := range r.Builds {
-		fmt.Fprintf(&b, "| %s (%s) | %d | %s | %s | %s | %s | %s | %s | %s | %s |\n", bd.Name, bd.Rev, len(bd.Runs),
+		fmt.Fprintf(&b, "| %s (%s) | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", bd.Name, bd.Rev, len(bd.Runs),
 			spread.Format(bd.field(func(v viewResult) float64 { return mib(v.HWMKiB) }), "%.1f"),
 			spread.Format(bd.field(func(v viewResult) float64 { return mib(v.SyncRSSKiB) }), "%.1f"),
 			spread.Format(bd.field(func(v viewResult) float64 { return mib(v.BaselineRSSKiB) }), "%.1f"),
@@ -63,6 +70,9 @@ func (r *report) render() string {
 			spread.Format(bd.field(func(v viewResult) float64 { return mibBytes(v.SyncTotalAlloc) }), "%.0f"),
 			spread.Format(bd.field(func(v viewResult) float64 { return v.SyncSeconds }), "%.2f"),
 			spread.Format(bd.field(func(v viewResult) float64 { return float64(v.NumGC) }), "%.0f"),
+			spread.Format(bd.field(func(v viewResult) float64 { return v.APIServerCPU }), "%.2f"),
+			spread.Format(bd.field(func(v viewResult) float64 { return v.EtcdCPU }), "%.2f"),
+			spread.Format(bd.field(func(v viewResult) float64 { return float64(v.Lists) }), "%.0f"),
 		)
 	}
 	b.WriteString("\nEach run's highest VmRSS sample (every 5 ms), and how the Go runtime accounted its memory at that moment (MiB): heap objects (live and not yet swept), free space in the spans in use, free spans not yet returned to the OS, stacks, runtime metadata, the memory profiler's buckets (Go's default sampling). The rest of VmRSS is the binary's pages and what the runtime does not account.\n\n")

@@ -68,7 +68,7 @@ func TestPagedListLimitsOnlyTheFirstPage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lw := newListWatch(api.endpointSlices, kindSlice, "node-a", false, kindStore{newState("node-a"), kindSlice}.Transformer())
+	lw := newListWatch(api.endpointSlices, kindSlice, "node-a", false, kindStore{newState("node-a"), kindSlice}.Transformer(), nil)
 	obj, err := lw.(cache.ListerWatcherWithContext).ListWithContext(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)

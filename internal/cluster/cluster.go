@@ -54,6 +54,10 @@ type Cluster struct {
 	// kubeProxy is kube-proxy's version as last told (SetKubeProxyVersion).
 	kubeProxy proxyversion.Version
 
+	// endInitialSyncGC restores the collector's target lowered for the initial sync (Run);
+	// nil outside Run.
+	endInitialSyncGC func()
+
 	// Owned by the recompute goroutine.
 	zone     string
 	nodeSeen bool
@@ -174,6 +178,14 @@ func (c *Cluster) Run(ctx context.Context) {
 	if c.api == nil && !c.waitForConfig(ctx) {
 		return
 	}
+	// The initial sync is the view's peak: every object decoded and dropped while the lists
+	// are read, then the store replaced and every Service's ports computed, each allocating
+	// garbage on top of the view. The collector's target stays lowered (listGCPercent) from
+	// the first list until the first synced snapshot is out, not only while each list is
+	// read: restored to the default between the lists' end and the first recompute, the heap
+	// grew to twice the view there (bench/apiview).
+	c.endInitialSyncGC = sync.OnceFunc(lowerGCForList())
+	defer c.endInitialSyncGC()
 	var wg sync.WaitGroup
 	wg.Go(func() { c.runReflectors(ctx) })
 	wg.Go(func() { c.recomputeLoop(ctx) })
@@ -356,6 +368,9 @@ func (c *Cluster) recompute() {
 	}
 	c.state.Store(&published{ports: ports, synced: synced, generation: prev.generation + 1})
 	c.changes.Notify()
+	if c.endInitialSyncGC != nil {
+		c.endInitialSyncGC()
+	}
 }
 
 // probeLoop asks the API server for /version every probe interval on the watches' own

@@ -70,8 +70,10 @@ func listOptions(k kind, nodeName string) func(*metav1.ListOptions) {
 }
 
 // newListWatch lists and watches kind k through rc; convert turns the objects of a paged
-// list into their compact form (the store's Transformer).
-func newListWatch(rc resourceClient, k kind, nodeName string, noWatchList bool, convert cache.TransformFunc) cache.ListerWatcher {
+// list into their compact form (the store's Transformer). A streamed list's watch lowers the
+// collector's target through gc (nil: never), until the list is stored (streamedListStore)
+// or the watch stops.
+func newListWatch(rc resourceClient, k kind, nodeName string, noWatchList bool, convert cache.TransformFunc, gc *streamGC) cache.ListerWatcher {
 	tweak := listOptions(k, nodeName)
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
@@ -80,7 +82,16 @@ func newListWatch(rc resourceClient, k kind, nodeName string, noWatchList bool, 
 		},
 		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 			tweak(&opts)
-			return rc.watch(ctx, opts)
+			if gc == nil || opts.SendInitialEvents == nil || !*opts.SendInitialEvents {
+				return rc.watch(ctx, opts)
+			}
+			gc.started()
+			w, err := rc.watch(ctx, opts)
+			if err != nil {
+				gc.ended() // refused (a server without streaming): the reflector lists instead
+				return nil, err
+			}
+			return stopEndsGC{w, gc}, nil
 		},
 	}
 	return cache.ToListWatcherWithWatchListSemantics(lw, watchListSupport(!noWatchList))

@@ -3,16 +3,21 @@ package cluster
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime/debug"
 	"runtime/metrics"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -39,7 +44,7 @@ func TestPagedListConvertsPageByPage(t *testing.T) {
 			return l, nil
 		},
 	}
-	lw := newListWatch(rc, kindSlice, "node-a", true, kindStore{newState("node-a"), kindSlice}.Transformer())
+	lw := newListWatch(rc, kindSlice, "node-a", true, kindStore{newState("node-a"), kindSlice}.Transformer(), nil)
 	obj, err := lw.(cache.ListerWatcherWithContext).ListWithContext(context.Background(), metav1.ListOptions{ResourceVersion: "0", Limit: 0})
 	if err != nil {
 		t.Fatal(err)
@@ -136,7 +141,7 @@ func TestListWatchSelectors(t *testing.T) {
 				return watch.NewEmptyWatch(), nil
 			},
 		}
-		lw := newListWatch(rc, tc.kind, "node-a", false, kindStore{newState("node-a"), tc.kind}.Transformer()).(cache.ListerWatcherWithContext)
+		lw := newListWatch(rc, tc.kind, "node-a", false, kindStore{newState("node-a"), tc.kind}.Transformer(), nil).(cache.ListerWatcherWithContext)
 		if _, err := lw.ListWithContext(context.Background(), metav1.ListOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -148,5 +153,111 @@ func TestListWatchSelectors(t *testing.T) {
 				t.Errorf("kind %d: options %+v, want label %q, field %q", tc.kind, o, tc.label, tc.field)
 			}
 		}
+	}
+}
+
+// A streamed list (a watch with sendInitialEvents) lowers the collector's target from the
+// watch's start until the list is stored, or until the watch is refused or stopped first;
+// other watches leave it alone.
+func TestStreamedListLowersGC(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	refuse := false
+	rc := resourceClient{
+		watch: func(context.Context, metav1.ListOptions) (watch.Interface, error) {
+			if refuse {
+				return nil, errors.New("sendInitialEvents is forbidden")
+			}
+			return watch.NewFake(), nil
+		},
+	}
+	gc := &streamGC{}
+	store := streamedListStore{kindStore{newState("node-a"), kindSlice}, gc}
+	lw := newListWatch(rc, kindSlice, "node-a", false, store.Transformer(), gc).(cache.ListerWatcherWithContext)
+	stream := func() (watch.Interface, error) {
+		yes := true
+		return lw.WatchWithContext(context.Background(), metav1.ListOptions{SendInitialEvents: &yes, AllowWatchBookmarks: true})
+	}
+	wantGC := func(when string, want int64) {
+		t.Helper()
+		if p := gcPercent(t); p != want {
+			t.Errorf("GC target %d %s, want %d", p, when, want)
+		}
+	}
+
+	if _, err := stream(); err != nil {
+		t.Fatal(err)
+	}
+	wantGC("while a list streams", listGCPercent)
+	if err := store.Replace(nil, "7"); err != nil {
+		t.Fatal(err)
+	}
+	wantGC("once the streamed list is stored", 100)
+
+	w, err := lw.WatchWithContext(context.Background(), metav1.ListOptions{ResourceVersion: "7"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantGC("during a watch from a version", 100)
+	w.Stop()
+
+	w, err = stream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Stop()
+	wantGC("after a streamed list's watch stopped before the list was stored", 100)
+
+	refuse = true
+	if _, err := stream(); err == nil {
+		t.Fatal("a refused watch returned no error")
+	}
+	wantGC("after a streamed list was refused", 100)
+}
+
+// The view keeps the collector's target lowered from its start until its first synced
+// snapshot is published, the lists, the store's replacement and the first computation of
+// every Service included, and restores it then.
+func TestInitialSyncLowersGC(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	cfg := Config{NodeName: "node-a", FreshWithin: time.Minute, ProbeInterval: time.Second, RecomputeInterval: 10 * time.Millisecond}
+	if err := cfg.setDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	client := fake.NewClientset(node("node-a", "zone-a"))
+	src := fakeSource(client)
+	release := make(chan struct{})
+	var gcWhileListing atomic.Int64
+	list := src.services.list
+	src.services.list = func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+		gcWhileListing.Store(gcPercent(t))
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return list(ctx, o)
+	}
+	c := newCluster(cfg, testLogger())
+	c.api = src
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { c.Run(ctx) })
+	defer func() { cancel(); wg.Wait() }()
+
+	waitFor(t, "the Services' list", func() (bool, string) {
+		return gcWhileListing.Load() != 0, "not asked yet"
+	})
+	if p := gcWhileListing.Load(); p != listGCPercent {
+		t.Errorf("GC target %d while the Services were listed, want %d", p, listGCPercent)
+	}
+	if p := gcPercent(t); p != listGCPercent {
+		t.Errorf("GC target %d before the view synced, want %d", p, listGCPercent)
+	}
+	close(release)
+	waitFor(t, "synced", func() (bool, string) {
+		s := c.Snapshot()
+		return s.Synced, fmt.Sprintf("%+v", s)
+	})
+	if p := gcPercent(t); p != 100 {
+		t.Errorf("GC target %d once the view synced, want 100 back", p)
 	}
 }

@@ -42,8 +42,9 @@ func (c *Cluster) runReflectors(ctx context.Context) {
 		{kindSlice, c.api.endpointSlices, "endpointslices", &discoveryv1.EndpointSlice{}},
 		{kindNode, c.api.nodes, "nodes", &corev1.Node{}},
 	} {
-		store := kindStore{c.st, r.kind}
-		lw := newListWatch(r.rc, r.kind, c.cfg.NodeName, c.api.noWatchList, store.Transformer())
+		gc := &streamGC{}
+		store := streamedListStore{kindStore{c.st, r.kind}, gc}
+		lw := newListWatch(r.rc, r.kind, c.cfg.NodeName, c.api.noWatchList, store.Transformer(), gc)
 		reflector := cache.NewReflectorWithOptions(lw, r.example, store, cache.ReflectorOptions{Name: r.name})
 		wg.Go(func() { c.runReflector(ctx, reflector) })
 	}

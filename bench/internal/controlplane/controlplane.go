@@ -48,6 +48,8 @@ type Options struct {
 	Bind, Advertise string
 	// ServiceCIDR is the apiserver's --service-cluster-ip-range.
 	ServiceCIDR string
+	// APIServerArgs are added to kube-apiserver's command line (feature gates, say).
+	APIServerArgs []string
 	// Start runs a process in the namespace; nil is nsproc.Start in the namespace, logging
 	// to Dir. A benchmark passes its own to account for the processes (cgroups, a list).
 	Start func(name string, args ...string) (*nsproc.Proc, error)
@@ -94,8 +96,8 @@ func Start(ctx context.Context, ns string, bins kubelab.Binaries, o Options) (*C
 	); err != nil {
 		return nil, err
 	}
-	if cp.APIServer, err = start("kube-apiserver", bins.APIServer,
-		"--etcd-servers", "http://"+EtcdClientAddr,
+	apiserverArgs := []string{bins.APIServer,
+		"--etcd-servers", "http://" + EtcdClientAddr,
 		"--bind-address", o.Bind,
 		"--secure-port", strings.Split(APIServerAddr, ":")[1],
 		"--advertise-address", o.Advertise,
@@ -112,7 +114,8 @@ func Start(ctx context.Context, ns string, bins kubelab.Binaries, o Options) (*C
 		"--disable-admission-plugins", "ServiceAccount,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy,MutatingAdmissionPolicy,ResourceQuota,LimitRanger,StorageObjectInUseProtection,PersistentVolumeClaimResize,RuntimeClass,DefaultIngressClass",
 		"--profiling=false",
 		"--v", "1",
-	); err != nil {
+	}
+	if cp.APIServer, err = start("kube-apiserver", append(apiserverArgs, o.APIServerArgs...)...); err != nil {
 		cp.Stop()
 		return nil, err
 	}
