@@ -7,12 +7,12 @@ import (
 )
 
 // BenchmarkTrackerFull reports what the tracker's flows cost in heap at the default
-// --conntrack.max-tracked-flows (65536), the most it holds: live heap bytes per flow and in
+// --conntrack.max-tracked-flows (57344), the most it holds: live heap bytes per flow and in
 // all, after a collection, IPv4 flows. One op fills a new tracker. Reproduce:
 //
 //	go test -run '^$' -bench TrackerFull -benchtime 5x ./collectors/conntrack/
 func BenchmarkTrackerFull(b *testing.B) {
-	const flows = 65536
+	const flows = 57344
 	view := benchView()
 	events := make([]flowEvent, flows)
 	for i := range events {
