@@ -24,6 +24,7 @@ type commandLine struct {
 	paths          *Paths
 	statusCfg      *statusConfig
 	conditions     *nodeConditionsConfig
+	report         *nodeReportConfig
 	collectors     *collectorFlags
 	promslogConfig *promslog.Config
 }
@@ -41,6 +42,7 @@ func newCommandLine() *commandLine {
 	cl.paths = addPathFlags(app)
 	cl.statusCfg = addStatusFlags(app)
 	cl.conditions = addNodeConditionsFlags(app)
+	cl.report = addNodeReportFlags(app)
 	cl.collectors = addCollectorFlags(app, cl.paths)
 	promslogflag.AddFlags(app, cl.promslogConfig)
 	app.Version(version.Print("proxyhealth"))

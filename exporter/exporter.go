@@ -101,7 +101,10 @@ func (cl *commandLine) validateServe() error {
 	if cl.statusCfg.Window <= 0 {
 		return errors.New("--status.window must be positive")
 	}
-	return cl.conditions.validate()
+	if err := cl.conditions.validate(); err != nil {
+		return err
+	}
+	return cl.report.validate()
 }
 
 // serve runs the exporter until SIGINT/SIGTERM: it builds the collectors, starts their
@@ -188,8 +191,8 @@ func (cl *commandLine) build(logger *slog.Logger) (*builtCollectors, *kubeauth.A
 	return built, auth, nil
 }
 
-// start starts the collectors' background work, the verdict and, with --node-conditions, its
-// publication, and returns the handler of every path served.
+// start starts the collectors' background work, the verdict and, with --node-conditions and
+// --node-report, its publication, and returns the handler of every path served.
 func (cl *commandLine) start(ctx context.Context, built *builtCollectors, auth *kubeauth.Auth, logger *slog.Logger) http.Handler {
 	srv := cl.srv
 	for _, c := range built.named() {
@@ -209,6 +212,11 @@ func (cl *commandLine) start(ctx context.Context, built *builtCollectors, auth *
 	if cl.conditions.Enabled {
 		if pub := startNodeConditions(ctx, cl.conditions, cl.collectors.api, judge, logger); pub != nil {
 			registry.MustRegister(pub)
+		}
+	}
+	if cl.report.Enabled {
+		if w := startNodeReport(ctx, cl.report, cl.collectors.api, judge, logger); w != nil {
+			registry.MustRegister(w)
 		}
 	}
 

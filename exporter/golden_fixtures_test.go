@@ -479,3 +479,7 @@ func (acceptingAPI) GetService(_ context.Context, namespace, name string) (*core
 }
 
 func (acceptingAPI) CreateEvent(context.Context, *corev1.Event) error { return nil }
+
+func (acceptingAPI) UpdateConfigMap(context.Context, *corev1.ConfigMap) error { return nil }
+
+func (acceptingAPI) CreateConfigMap(context.Context, *corev1.ConfigMap) error { return nil }

@@ -30,6 +30,7 @@ import (
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
 	"github.com/proxyhealth/proxyhealth/internal/kubeauth"
 	"github.com/proxyhealth/proxyhealth/internal/nodecondition"
+	"github.com/proxyhealth/proxyhealth/internal/reportwriter"
 	"github.com/proxyhealth/proxyhealth/internal/verdict"
 	authenticationv1 "k8s.io/api/authentication/v1"
 )
@@ -158,6 +159,13 @@ func testGoldenScrape(t *testing.T, g golden) {
 	}
 	conditions.Publish(context.Background(), verdict.Report{Node: "lab-node", Verdict: verdict.Healthy})
 	registry.MustRegister(conditions)
+	// --node-report's, after its first write.
+	report, err := reportwriter.New(acceptingAPI{}, reportwriter.Config{NodeName: "lab-node", Namespace: "proxyhealth", MinInterval: 30 * time.Second, Heartbeat: 5 * time.Minute}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	report.Write(context.Background(), verdict.Report{Node: "lab-node", Verdict: verdict.Healthy})
+	registry.MustRegister(report)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup

@@ -18,6 +18,7 @@ import (
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
 	"github.com/proxyhealth/proxyhealth/internal/kubeauth"
 	"github.com/proxyhealth/proxyhealth/internal/nodecondition"
+	"github.com/proxyhealth/proxyhealth/internal/reportwriter"
 	"github.com/proxyhealth/proxyhealth/internal/testsupport/metricsref"
 )
 
@@ -87,6 +88,11 @@ func describedDescs(t *testing.T) []describedDesc {
 		t.Fatal(err)
 	}
 	pub.Describe(ch)
+	rw, err := reportwriter.New(nil, reportwriter.Config{NodeName: "node", Namespace: "proxyhealth", MinInterval: time.Second, Heartbeat: time.Minute}, promslog.NewNopLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rw.Describe(ch)
 	cluster.NewHealthCollector(built.api).Describe(ch)
 	auth, err := kubeauth.New(kubeauth.Config{}, nil, promslog.NewNopLogger())
 	if err != nil {

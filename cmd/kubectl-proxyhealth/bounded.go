@@ -6,17 +6,17 @@ import (
 	"net/http"
 )
 
-// defaultMaxStatusBytes bounds one exporter's answer: a /status lists at most a few dozen
-// findings (verdict.Thresholds.MaxServiceFindings) and is some kilobytes; an answer of
-// megabytes is not an exporter's, and reading thousands of them whole could exhaust the
-// engineer's machine.
-const defaultMaxStatusBytes = 4 << 20
+// defaultMaxStatusBytes bounds one node's report: the exporters write at most
+// nodereport.MaxBytes (32 KiB); one much larger is not an exporter's, and reading thousands of
+// them whole could exhaust the engineer's machine. Each list response is bounded by a page of
+// reports at twice this (JSON escaping) and their objects' metadata.
+const defaultMaxStatusBytes = 64 << 10
 
 // answerTooLargeError is a response body cut at its limit.
 type answerTooLargeError struct{ limit int64 }
 
 func (e *answerTooLargeError) Error() string {
-	return fmt.Sprintf("the answer is larger than %d bytes (--max-status-bytes); not read further", e.limit)
+	return fmt.Sprintf("the API server's answer is larger than %d bytes (a page of reports at --max-status-bytes); not read further", e.limit)
 }
 
 // boundBodies wraps a transport so that reading a response body fails with

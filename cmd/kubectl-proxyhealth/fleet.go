@@ -2,16 +2,15 @@ package main
 
 import (
 	"cmp"
-	"context"
 	"encoding/json"
 	"fmt"
 	"slices"
-	"strconv"
-	"sync"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/proxyhealth/proxyhealth/internal/nodereport"
 	"github.com/proxyhealth/proxyhealth/internal/verdict"
 )
 
@@ -20,68 +19,109 @@ const (
 	exitHealthy   = verdict.ExitHealthy  // every node healthy
 	exitWarnings  = verdict.ExitWarnings // only warnings, every node checked throughout
 	exitCritical  = verdict.ExitCritical // a critical finding somewhere (whatever could not be read)
-	exitCannotRun = verdict.ExitUnknown  // usage, the API, no exporter found, or a node unknown: not read, or not checked
+	exitCannotRun = verdict.ExitUnknown  // usage, the API, nothing found, or a node unknown: no report to believe, or not checked
 )
 
-// nodeStatus is one exporter pod's node: its /status, or why it could not be read.
+// nodeStatus is one node: its report, or why there is none to believe.
 type nodeStatus struct {
-	Node   string          `json:"node"`
-	Pod    string          `json:"pod"` // namespace/name
+	Node string `json:"node"`
+	// Pod is the node's exporter pod (namespace/name), "" when none was found.
+	Pod string `json:"pod"`
+	// Object is the node's report ConfigMap (namespace/name), "" when none was found.
+	Object string          `json:"report,omitempty"`
 	Report *verdict.Report `json:"status,omitempty"`
 	Err    string          `json:"error,omitempty"`
 }
 
-// statusReader reads one pod's /status body.
-type statusReader func(ctx context.Context, pod *corev1.Pod) ([]byte, error)
+// defaultHeartbeat is the exporters' --node-report.heartbeat-interval, for a report that does
+// not say its own.
+const defaultHeartbeat = 5 * time.Minute
 
-// readAll reads every pod's /status, at most parallel at a time, each within timeout. The
-// result has one entry per pod, in pods' order.
-func readAll(ctx context.Context, pods []corev1.Pod, read statusReader, parallel int, timeout time.Duration) []nodeStatus {
-	out := make([]nodeStatus, len(pods))
-	sem := make(chan struct{}, max(parallel, 1))
-	var wg sync.WaitGroup
-	for i := range pods {
-		pod := &pods[i]
-		out[i] = nodeStatus{Node: pod.Spec.NodeName, Pod: pod.Namespace + "/" + pod.Name}
-		if reason := notReadable(pod); reason != "" {
-			out[i].Err = reason
-			continue
-		}
-		wg.Go(func() {
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			rctx, cancel := context.WithTimeout(ctx, timeout)
-			defer cancel()
-			body, err := read(rctx, pod)
-			if err != nil {
-				out[i].Err = err.Error()
-				return
-			}
-			var rep verdict.Report
-			if err := json.Unmarshal(body, &rep); err != nil {
-				out[i].Err = fmt.Sprintf("decoding /status: %v", err)
-				return
-			}
-			if rep.Verdict == "" {
-				out[i].Err = "/status has no verdict: not a proxyhealth exporter, or one too old to serve /status"
-				return
-			}
-			// The verdict is judged here as the exporter judges it, from the findings and what
-			// was not checked: an exporter older than the one health model said "healthy" for
-			// a node it could not check throughout (and "degraded", "broken").
-			rep.Verdict = verdict.Judge(rep.Findings, rep.NotChecked)
-			out[i].Report = &rep
-			if out[i].Node == "" {
-				out[i].Node = rep.Node
-			}
-		})
+// staleAfter is how old a report may be before it is not believed: two heartbeats missed,
+// and a minute for the clocks of the node and the engineer's machine.
+func staleAfter(heartbeat time.Duration) time.Duration {
+	if heartbeat <= 0 {
+		heartbeat = defaultHeartbeat
 	}
-	wg.Wait()
-	return out
+	return 2*heartbeat + time.Minute
 }
 
-// notReadable says why a pod's /status cannot be asked for, "" when it can.
-func notReadable(pod *corev1.Pod) string {
+// join puts the node reports and the exporter pods together, one entry per node: its report
+// when there is one to believe (read whole, at most limit bytes, and not older than
+// staleAfter at now); otherwise why not: none written yet, none read, or one left by an
+// exporter that stopped. A pod not yet Running says so.
+func join(reports []corev1.ConfigMap, pods []corev1.Pod, limit int, now time.Time) []nodeStatus {
+	byNode := map[string]*nodeStatus{}
+	var out []*nodeStatus
+	entry := func(node string) *nodeStatus {
+		if n, ok := byNode[node]; ok {
+			return n
+		}
+		n := &nodeStatus{Node: node}
+		byNode[node] = n
+		out = append(out, n)
+		return n
+	}
+	for i := range reports {
+		cm := &reports[i]
+		node := reportNode(cm)
+		n := entry(node)
+		n.Object = cm.Namespace + "/" + cm.Name
+		r, err := nodereport.Decode(cm, limit)
+		switch {
+		case err != nil:
+			n.Err = fmt.Sprintf("report %s: %v", n.Object, err)
+		case r.Report.Verdict == "":
+			n.Err = fmt.Sprintf("report %s has no verdict", n.Object)
+		case now.Sub(r.Report.Time) > staleAfter(r.Heartbeat):
+			n.Err = fmt.Sprintf("report %s is %s old, written at %s (its exporter rewrites it every %s while it runs): the exporter stopped or cannot write it",
+				n.Object, verdict.FormatDuration(now.Sub(r.Report.Time)), r.Report.Time.UTC().Format(time.RFC3339), verdict.FormatDuration(max(r.Heartbeat, 0)))
+		default:
+			rep := r.Report
+			// Judged again from the findings and what was not checked, as the exporter judges.
+			rep.Verdict = verdict.Judge(rep.Findings, rep.NotChecked)
+			n.Report = &rep
+		}
+	}
+	for i := range pods {
+		pod := &pods[i]
+		if pod.Spec.NodeName == "" {
+			continue
+		}
+		n := entry(pod.Spec.NodeName)
+		if n.Pod != "" && pod.DeletionTimestamp != nil {
+			continue // a pod being replaced: the other one is the node's
+		}
+		n.Pod = pod.Namespace + "/" + pod.Name
+		if n.Object != "" {
+			continue
+		}
+		if reason := notRunning(pod); reason != "" {
+			n.Err = reason
+			continue
+		}
+		n.Err = "no report from exporter pod " + n.Pod + " yet (is it run with --node-report, and allowed to write ConfigMaps in its namespace?)"
+	}
+	nodes := make([]nodeStatus, 0, len(out))
+	for _, n := range out {
+		nodes = append(nodes, *n)
+	}
+	return nodes
+}
+
+// reportNode is the node a report ConfigMap is of: its owner Node's name, else what its name
+// says.
+func reportNode(cm *corev1.ConfigMap) string {
+	for _, o := range cm.OwnerReferences {
+		if o.Kind == "Node" && o.APIVersion == "v1" {
+			return o.Name
+		}
+	}
+	return strings.TrimPrefix(cm.Name, "proxyhealth-node-")
+}
+
+// notRunning says why a pod's exporter cannot be reporting, "" when it can.
+func notRunning(pod *corev1.Pod) string {
 	switch {
 	case pod.DeletionTimestamp != nil:
 		return "pod " + pod.Name + " is terminating"
@@ -91,8 +131,6 @@ func notReadable(pod *corev1.Pod) string {
 			phase = "Unknown"
 		}
 		return "pod " + pod.Name + " is " + phase + ", not Running"
-	case pod.Status.PodIP == "":
-		return "pod " + pod.Name + " has no IP yet"
 	}
 	return ""
 }
@@ -264,20 +302,4 @@ func serviceExitCode(nodes []serviceNode) int {
 		return exitCannotRun
 	}
 	return code
-}
-
-// podPort finds the pod's port to read /status on: port, a number or the name of a container
-// port.
-func podPort(pod *corev1.Pod, port string) (string, error) {
-	if _, err := strconv.ParseUint(port, 10, 16); err == nil {
-		return port, nil
-	}
-	for _, c := range pod.Spec.Containers {
-		for _, p := range c.Ports {
-			if p.Name == port {
-				return strconv.Itoa(int(p.ContainerPort)), nil
-			}
-		}
-	}
-	return "", fmt.Errorf("pod %s has no container port named %q (--port)", pod.Name, port)
 }

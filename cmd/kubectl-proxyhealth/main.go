@@ -1,18 +1,16 @@
 // Command kubectl-proxyhealth is a kubectl plugin (`kubectl proxyhealth` once it is on PATH):
-// from an engineer's machine it reads every proxyhealth exporter's verdict (GET /status)
-// through the API server's pod proxy and prints one line per node: its verdict, its causes and
-// its worst Service. With --service it shows which nodes have stale rules for that Service.
+// from an engineer's machine it reads every node's report (the ConfigMap each exporter writes
+// with --node-report: its verdict as /status gives it, internal/nodereport) and prints one line
+// per node: its verdict, its causes and its worst Service. With --service it shows which nodes
+// have stale rules for that Service; with --node, one node's findings with their evidence.
 //
-// It needs, in the API: list pods (in the exporters' namespace, or everywhere), get pods/proxy,
-// and, for exporters with --web.kubernetes-auth, create on the viewer ServiceAccount's token
-// (deploy/components/kubectl-plugin, or the chart's kubectlPlugin.clusterRole): the API server's
-// pod proxy lets no Authorization header through, so the plugin sends a short-lived token of
-// the viewer ServiceAccount in X-Proxyhealth-Token, which the exporter reviews as any other.
+// It needs, in the API: get and list ConfigMaps and list pods, in the exporters' namespace
+// (deploy/components/kubectl-plugin, or the chart's kubectlPlugin.clusterRole). It reaches no
+// exporter itself: no proxy right, no token, and scrape auth on the exporters changes nothing.
 package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -26,33 +24,36 @@ import (
 	"github.com/prometheus/common/version"
 	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	utilnet "k8s.io/apimachinery/pkg/util/net"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
 	"github.com/proxyhealth/proxyhealth/internal/buildinfo"
-	"github.com/proxyhealth/proxyhealth/internal/podproxy"
+	"github.com/proxyhealth/proxyhealth/internal/nodereport"
 )
 
 // defaultSelector matches the exporter pods of the Helm chart and of deploy/.
 const defaultSelector = "app.kubernetes.io/name=proxyhealth"
 
-const usage = `kubectl proxyhealth: the proxyhealth verdict of every node, read from each exporter's /status
-through the API server's pod proxy.
+// listPage is how many objects one list request asks for: each response is bounded
+// (boundBodies) by this many reports at --max-status-bytes.
+const listPage = 100
+
+const usage = `kubectl proxyhealth: the proxyhealth verdict of every node, read from the reports the
+exporters write (--node-report) in their namespace.
 
 Usage:
   kubectl proxyhealth [flags]                          one line per node: verdict, causes, worst Service
+  kubectl proxyhealth --node=NODE [flags]              that node's findings with their evidence
   kubectl proxyhealth --service=NAMESPACE/NAME [flags] the nodes with stale rules for that Service
 
 Exit code, the worst node's verdict: 0 every node healthy; 1 only warnings; 2 a critical
 finding on some node (with --service: stale rules for it on some node); 3 unknown: it could not
-run, found no exporter, could not read some node, or some node could not check a cause (with
---service, could not judge stale rules for it).
+run, found no report, could not read some node's, found one too old (its exporter stopped), or
+some node could not check a cause (with --service, could not judge stale rules for it).
 
 Flags:
 `
@@ -60,18 +61,13 @@ Flags:
 // options are the plugin's own flags.
 type options struct {
 	selector string
-	port     string
-	scheme   string
 	service  string
+	node     string
 	output   string
 	timeout  time.Duration
-	parallel int
-	// maxStatusBytes bounds each exporter's answer read through the pod proxy.
+	// maxStatusBytes bounds each node's report read.
 	maxStatusBytes int64
-	// viewer and audience: the ServiceAccount whose token is sent to the exporters ("" for
-	// none), and the token's audience.
-	viewer, audience string
-	clientConfig     clientcmd.ClientConfig
+	clientConfig   clientcmd.ClientConfig
 	// namespace is --namespace: only an explicit one narrows the search (the exporters live
 	// in a namespace of their own, rarely the context's); "" is every namespace.
 	namespace string
@@ -111,15 +107,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.SetOutput(stderr)
 	o := &options{}
 	fs.StringVarP(&o.selector, "selector", "l", defaultSelector, "Label selector of the exporter pods.")
-	fs.StringVar(&o.port, "port", "metrics", "The exporters' port: a number, or the name of a container port.")
-	fs.StringVar(&o.scheme, "scheme", "http", "http, or https when the exporters serve TLS (--web.config.file); the API server does not verify their certificates.")
 	fs.StringVar(&o.service, "service", "", "NAMESPACE/NAME: show which nodes have stale rules for this Service, per port.")
+	fs.StringVar(&o.node, "node", "", "NODE: show that node's findings with their evidence, what it could not check, and its notes.")
 	fs.StringVarP(&o.output, "output", "o", "text", "Output format: text or json.")
-	fs.DurationVar(&o.timeout, "timeout", 15*time.Second, "Limit on reading one exporter's /status, and on listing the exporter pods.")
-	fs.IntVar(&o.parallel, "parallel", 16, "Exporters read at once.")
-	fs.Int64Var(&o.maxStatusBytes, "max-status-bytes", defaultMaxStatusBytes, "Largest answer read from one exporter (bytes); a larger one is not read, and the node is reported unknown with the reason.")
-	fs.StringVar(&o.viewer, "viewer-serviceaccount", "proxyhealth-viewer", "The ServiceAccount, in each exporter's namespace, whose short-lived token is sent to exporters with --web.kubernetes-auth (in the X-Proxyhealth-Token header; the pod proxy passes no Authorization). Empty: send none.")
-	fs.StringVar(&o.audience, "token-audience", "proxyhealth", "The audience of that token: one the exporters' --web.kubernetes-auth.audience accepts. Empty: the API server's own.")
+	fs.DurationVar(&o.timeout, "timeout", 30*time.Second, "Limit on reading the reports and listing the exporter pods, in all.")
+	fs.Int64Var(&o.maxStatusBytes, "max-status-bytes", defaultMaxStatusBytes, "Largest node report read (bytes; the exporters write at most 32 KiB); a larger one is not read, and its node is reported unknown with the reason.")
 	fs.BoolVar(&o.version, "version", false, "Print the version and exit.")
 
 	// kubectl's connection flags: --kubeconfig, --context, --namespace/-n, --server, --token,
@@ -141,12 +133,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	switch {
 	case o.output != "text" && o.output != "json":
 		return nil, fmt.Errorf("--output %q: want text or json", o.output)
-	case o.scheme != "http" && o.scheme != "https":
-		return nil, fmt.Errorf("--scheme %q: want http or https", o.scheme)
+	case o.service != "" && o.node != "":
+		return nil, errors.New("--service and --node: give one")
 	case o.timeout <= 0:
 		return nil, errors.New("--timeout must be positive")
-	case o.parallel <= 0:
-		return nil, errors.New("--parallel must be positive")
 	case o.maxStatusBytes <= 0:
 		return nil, errors.New("--max-status-bytes must be positive")
 	}
@@ -177,34 +167,47 @@ func (o *options) run(ctx context.Context, stdout io.Writer) (int, error) {
 		return exitCannotRun, fmt.Errorf("kubeconfig: %w", err)
 	}
 	cfg.UserAgent = "kubectl-proxyhealth"
+	// Every response is cut at a page of reports at their bound: what the API server returns
+	// is written by the exporters.
+	cfg = rest.CopyConfig(cfg)
+	cfg.Wrap(boundBodies(listPage * (2*o.maxStatusBytes + 16<<10)))
 	core, err := corev1client.NewForConfig(cfg)
 	if err != nil {
 		return exitCannotRun, fmt.Errorf("the API client: %w", err)
 	}
 	namespace := o.namespace
-	// Bounded like each read: kubectl's --request-timeout is 0 (none) unless given, and an API
-	// server that never answers must not hang the plugin.
-	listCtx, cancel := context.WithTimeout(ctx, o.timeout)
-	pods, err := core.Pods(namespace).List(listCtx, metav1.ListOptions{LabelSelector: o.selector})
-	cancel()
+	// Bounded: kubectl's --request-timeout is 0 (none) unless given, and an API server that
+	// never answers must not hang the plugin.
+	lctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+	// client-go logs a body it could not read whole; the error returned says it.
+	lctx = klog.NewContext(lctx, logr.Discard())
+	reports, err := listAll(lctx, core.ConfigMaps(namespace).List, nodereport.Selector)
+	if err != nil {
+		return exitCannotRun, fmt.Errorf("listing the node reports (%s): %w", where(namespace, nodereport.Selector), err)
+	}
+	pods, err := listAll(lctx, core.Pods(namespace).List, o.selector)
 	if err != nil {
 		return exitCannotRun, fmt.Errorf("listing the exporter pods (%s): %w", where(namespace, o.selector), err)
 	}
-	if len(pods.Items) == 0 {
-		return exitCannotRun, fmt.Errorf("no exporter pods found (%s); set --namespace or --selector", where(namespace, o.selector))
+	var cms []corev1.ConfigMap
+	for _, l := range reports {
+		cms = append(cms, l.Items...)
 	}
-	// The exporters' answers are read through a client of their own whose responses are cut
-	// at --max-status-bytes; the pod list and the TokenRequests are the API server's.
-	proxyCfg := rest.CopyConfig(cfg)
-	proxyCfg.Wrap(boundBodies(o.maxStatusBytes))
-	proxyCore, err := corev1client.NewForConfig(proxyCfg)
-	if err != nil {
-		return exitCannotRun, fmt.Errorf("the API client: %w", err)
+	var ps []corev1.Pod
+	for _, l := range pods {
+		ps = append(ps, l.Items...)
 	}
-	nodes := readAll(ctx, pods.Items, o.proxyReader(proxyCore, newViewerTokens(core, o.viewer, o.audience, o.timeout)), o.parallel, o.timeout)
+	if len(cms) == 0 && len(ps) == 0 {
+		return exitCannotRun, fmt.Errorf("no node report (%s) and no exporter pod (selector %s) found; set --namespace or --selector", where(namespace, nodereport.Selector), o.selector)
+	}
+	nodes := join(cms, ps, int(o.maxStatusBytes), time.Now())
 	sortNodes(nodes)
 
-	if o.service != "" {
+	switch {
+	case o.node != "":
+		return o.writeNode(stdout, nodes)
+	case o.service != "":
 		ns, name, _ := splitService(o.service)
 		svcNodes, err := forService(nodes, ns, name)
 		if err != nil {
@@ -231,95 +234,45 @@ func (o *options) run(ctx context.Context, stdout io.Writer) (int, error) {
 	return exitCode(nodes), nil
 }
 
+// writeNode prints --node's node: its row and its report whole. Exit code its verdict's.
+func (o *options) writeNode(stdout io.Writer, nodes []nodeStatus) (int, error) {
+	for _, n := range nodes {
+		if n.Node != o.node {
+			continue
+		}
+		var err error
+		if o.output == "json" {
+			err = writeJSON(stdout, nodeJSONOf(n))
+		} else {
+			err = writeNodeText(stdout, n)
+		}
+		if err != nil {
+			return exitCannotRun, err
+		}
+		return n.verdict().ExitCode(), nil
+	}
+	return exitCannotRun, fmt.Errorf("no report of node %s, and no exporter pod on it", printable(o.node))
+}
+
+// listAll lists every page of one kind with selector, listPage at a time.
+func listAll[L metav1.ListInterface](ctx context.Context, list func(context.Context, metav1.ListOptions) (L, error), selector string) ([]L, error) {
+	var out []L
+	opts := metav1.ListOptions{LabelSelector: selector, Limit: listPage}
+	for {
+		l, err := list(ctx, opts)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, l)
+		if opts.Continue = l.GetContinue(); opts.Continue == "" {
+			return out, nil
+		}
+	}
+}
+
 func where(namespace, selector string) string {
 	if namespace == "" {
 		return "selector " + selector + " in all namespaces"
 	}
 	return "selector " + selector + " in namespace " + namespace
-}
-
-// proxyReader reads /status through the API server's pod proxy:
-// GET /api/v1/namespaces/NS/pods/[https:]NAME:PORT/proxy/status. It asks for the namespace's
-// viewer token only when an exporter answers 401 (one with --web.kubernetes-auth), then reads
-// that node again with it; later reads in the namespace send it at once.
-func (o *options) proxyReader(core corev1client.CoreV1Interface, tokens *viewerTokens) statusReader {
-	return func(ctx context.Context, pod *corev1.Pod) ([]byte, error) {
-		port, err := podPort(pod, o.port)
-		if err != nil {
-			return nil, err
-		}
-		scheme := ""
-		if o.scheme == "https" {
-			scheme = "https"
-		}
-		// client-go logs a body it could not read whole; the error returned says it.
-		ctx = klog.NewContext(ctx, logr.Discard())
-		get := func(token string) ([]byte, error) {
-			// As Pods().ProxyGet, with the header.
-			req := core.RESTClient().Get().Namespace(pod.Namespace).Resource("pods").SubResource("proxy").
-				Name(utilnet.JoinSchemeNamePort(scheme, pod.Name, port)).Suffix("status")
-			if token != "" {
-				req.SetHeader(podproxy.TokenHeader, token)
-			}
-			return req.DoRaw(ctx)
-		}
-		// Failing to get a token matters only when the exporter asks for one.
-		token, _, tokenErr := tokens.cached(pod.Namespace)
-		body, err := get(token)
-		if apierrors.IsUnauthorized(err) && token == "" && tokenErr == nil {
-			token, tokenErr = tokens.get(ctx, pod.Namespace)
-			if token != "" {
-				body, err = get(token)
-			}
-		}
-		if tooLarge := (*answerTooLargeError)(nil); errors.As(err, &tooLarge) {
-			return nil, fmt.Errorf("GET /status through the pod proxy: %w", tooLarge)
-		}
-		if err != nil {
-			msg := err.Error()
-			if detail := proxyErrorDetail(err, body); detail != "" {
-				msg = detail
-			}
-			if apierrors.IsUnauthorized(err) {
-				switch {
-				case tokenErr != nil:
-					msg += "; " + tokenErr.Error()
-				case token != "":
-					msg += fmt.Sprintf("; the exporter rejected the token of ServiceAccount %s/%s for audience %q (is it one of the exporter's --web.kubernetes-auth.audience?)",
-						pod.Namespace, tokens.name, tokens.audience)
-				}
-			}
-			return nil, fmt.Errorf("GET /status through the pod proxy: %s", msg)
-		}
-		return body, nil
-	}
-}
-
-// proxyErrorDetail digs out why the pod proxy failed (the pod unreachable: "error trying to
-// reach service: dial tcp ...: connection refused"), which client-go's error leaves in the
-// response body (a Status, or text) or the status's causes rather than in its message; "" when
-// there is nothing more than the message.
-func proxyErrorDetail(err error, body []byte) string {
-	var st metav1.Status
-	text := strings.TrimSpace(string(body))
-	if json.Unmarshal(body, &st) == nil && st.Kind == "Status" {
-		text = st.Message
-	}
-	if text == "" {
-		if status, ok := err.(apierrors.APIStatus); ok && status.Status().Details != nil {
-			for _, c := range status.Status().Details.Causes {
-				if m := strings.TrimSpace(c.Message); m != "" && m != "unknown" {
-					text = m
-					break
-				}
-			}
-		}
-	}
-	if text == "" || strings.Contains(err.Error(), text) {
-		return ""
-	}
-	if status, ok := err.(apierrors.APIStatus); ok && status.Status().Code != 0 {
-		return fmt.Sprintf("HTTP %d: %s", status.Status().Code, text)
-	}
-	return text
 }

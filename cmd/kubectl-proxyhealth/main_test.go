@@ -4,14 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"io"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/proxyhealth/proxyhealth/internal/verdict"
@@ -56,9 +54,23 @@ func statusBody(t *testing.T, node string, v verdict.Verdict, findings ...verdic
 	return b
 }
 
-// fleet is five exporters, as the pod proxy would answer for them: worker-1 critical (stale rules
-// for lab/backend on two ports, and kube-dns), worker-2 healthy, worker-3 warning, worker-4's
-// pod Pending, worker-5's proxy refused.
+// joinBodies joins the pods with reports of the bodies, by pod name.
+func joinBodies(pods []corev1.Pod, bodies map[string][]byte) []nodeStatus {
+	var reports []corev1.ConfigMap
+	for _, p := range pods {
+		if b, ok := bodies[p.Name]; ok {
+			reports = append(reports, *reportObject(p.Spec.NodeName, b))
+		}
+	}
+	return join(reports, pods, defaultMaxStatusBytes, judgedNow)
+}
+
+// judgedNow is the plugin's clock in these tests: a minute after the reports were judged.
+var judgedNow = since.Add(time.Minute)
+
+// fleet is six nodes, as their reports and exporter pods are listed: worker-1 critical (stale
+// rules for lab/backend on two ports, and kube-dns), worker-2 healthy, worker-3 warning,
+// worker-4's pod Pending, worker-5's exporter without a report, worker-6's report an hour old.
 func fleet(t *testing.T) []nodeStatus {
 	t.Helper()
 	pods := []corev1.Pod{
@@ -68,27 +80,26 @@ func fleet(t *testing.T) []nodeStatus {
 		pod("proxyhealth-d", "worker-4", corev1.PodPending),
 		pod("proxyhealth-e", "worker-5", corev1.PodRunning),
 	}
-	bodies := map[string][]byte{
-		"proxyhealth-a": statusBody(t, "worker-1", verdict.CriticalFound,
+	old := statusBody(t, "worker-6", verdict.Healthy)
+	var rep verdict.Report
+	if err := json.Unmarshal(old, &rep); err != nil {
+		t.Fatal(err)
+	}
+	rep.Time = since.Add(-time.Hour)
+	old, _ = json.Marshal(rep)
+	reports := []corev1.ConfigMap{
+		*reportObject("worker-1", statusBody(t, "worker-1", verdict.CriticalFound,
 			staleFinding(backendHTTP, []string{"10.244.3.11:8080", "10.244.3.12:8080", "10.244.3.13:8080", "10.244.3.14:8080"}, []string{"10.244.3.1:8080"}, 10, 13),
 			staleFinding(backendGRPC, nil, []string{"10.244.3.1:9090"}, 11, 10),
 			staleFinding(dnsTCP, []string{"10.244.2.1:53"}, nil, 1, 2),
-			verdict.Finding{Cause: verdict.InvalidNotDropped, Severity: verdict.Warning, Summary: "INVALID packets not dropped."}),
-		"proxyhealth-b": statusBody(t, "worker-2", verdict.Healthy),
-		"proxyhealth-c": statusBody(t, "worker-3", verdict.WarningsOnly,
+			verdict.Finding{Cause: verdict.InvalidNotDropped, Severity: verdict.Warning, Summary: "INVALID packets not dropped."})),
+		*reportObject("worker-2", statusBody(t, "worker-2", verdict.Healthy)),
+		*reportObject("worker-3", statusBody(t, "worker-3", verdict.WarningsOnly,
 			verdict.Finding{Cause: verdict.UnrepliedFlows, Severity: verdict.Warning, Service: &dnsTCP, Summary: "unreplied."},
-			verdict.Finding{Cause: verdict.InvalidNotDropped, Severity: verdict.Warning, Summary: "INVALID packets not dropped."}),
+			verdict.Finding{Cause: verdict.InvalidNotDropped, Severity: verdict.Warning, Summary: "INVALID packets not dropped."})),
+		*reportObject("worker-6", old),
 	}
-	read := func(_ context.Context, p *corev1.Pod) ([]byte, error) {
-		if p.Name == "proxyhealth-e" {
-			return nil, errors.New("GET /status through the pod proxy: the server is currently unable to handle the request\n(get pods proxyhealth-e:9869)")
-		}
-		if p.Name == "proxyhealth-d" {
-			t.Errorf("a Pending pod's /status was asked for")
-		}
-		return bodies[p.Name], nil
-	}
-	nodes := readAll(context.Background(), pods, read, 2, time.Second)
+	nodes := join(reports, pods, defaultMaxStatusBytes, judgedNow)
 	sortNodes(nodes)
 	return nodes
 }
@@ -101,12 +112,13 @@ func TestFleetText(t *testing.T) {
 	}
 	want := `NODE      VERDICT   CAUSES                               WORST SERVICE
 worker-1  critical  stale_rules,invalid_not_dropped      lab/backend:http (80/tcp)
-worker-4  unknown   -                                    error: pod proxyhealth-d is Pending, not Running (monitoring/proxyhealth-d)
-worker-5  unknown   -                                    error: GET /status through the pod proxy: the server is currently unable to handle the request (get pods proxyhealth-e:9869) (monitoring/proxyhealth-e)
+worker-4  unknown   -                                    error: pod proxyhealth-d is Pending, not Running
+worker-5  unknown   -                                    error: no report from exporter pod monitoring/proxyhealth-e yet (is it run with --node-report, and allowed to write ConfigMaps in its namespace?)
+worker-6  unknown   -                                    error: report monitoring/proxyhealth-node-worker-6 is 1h1m old, written at 2026-11-25T01:41:00Z (its exporter rewrites it every 5m while it runs): the exporter stopped or cannot write it
 worker-3  warning   unreplied_flows,invalid_not_dropped  kube-system/kube-dns:dns-tcp (53/tcp)
 worker-2  healthy   -                                    -
 
-5 nodes: 1 critical, 2 unknown (2 not read), 1 warning, 1 healthy
+6 nodes: 1 critical, 3 unknown (3 not read), 1 warning, 1 healthy
 `
 	if got := b.String(); got != want {
 		t.Errorf("got:\n%s\nwant:\n%s", got, want)
@@ -125,6 +137,7 @@ func TestFleetJSON(t *testing.T) {
 		Nodes []struct {
 			Node         string           `json:"node"`
 			Pod          string           `json:"pod"`
+			Object       string           `json:"report"`
 			Verdict      string           `json:"verdict"`
 			Causes       []string         `json:"causes"`
 			WorstService *verdict.Service `json:"worst_service"`
@@ -142,11 +155,11 @@ func TestFleetJSON(t *testing.T) {
 	if err := json.Unmarshal(b.Bytes(), &got); err != nil {
 		t.Fatalf("%v\n%s", err, b.String())
 	}
-	if len(got.Nodes) != 5 {
+	if len(got.Nodes) != 6 {
 		t.Fatalf("%d nodes:\n%s", len(got.Nodes), b.String())
 	}
 	first := got.Nodes[0]
-	if first.Node != "worker-1" || first.Pod != "monitoring/proxyhealth-a" || first.Verdict != "critical" ||
+	if first.Node != "worker-1" || first.Pod != "monitoring/proxyhealth-a" || first.Object != "monitoring/proxyhealth-node-worker-1" || first.Verdict != "critical" ||
 		strings.Join(first.Causes, ",") != "stale_rules,invalid_not_dropped" || first.WorstService == nil || *first.WorstService != backendHTTP ||
 		first.Status == nil || len(first.Status.Findings) != 4 || len(first.Status.Findings[0].Evidence.Missing) != 4 {
 		t.Errorf("worker-1: %+v", first)
@@ -154,7 +167,7 @@ func TestFleetJSON(t *testing.T) {
 	if n := got.Nodes[1]; n.Node != "worker-4" || n.Verdict != "unknown" || n.Status != nil || n.Error != "pod proxyhealth-d is Pending, not Running" || n.Causes == nil {
 		t.Errorf("worker-4: %+v", n)
 	}
-	if n := got.Nodes[4]; n.Node != "worker-2" || n.Verdict != "healthy" || len(n.Causes) != 0 || n.WorstService != nil {
+	if n := got.Nodes[5]; n.Node != "worker-2" || n.Verdict != "healthy" || len(n.Causes) != 0 || n.WorstService != nil {
 		t.Errorf("worker-2: %+v", n)
 	}
 }
@@ -171,10 +184,11 @@ func TestService(t *testing.T) {
 	want := `NODE      SERVICE PORT                 PROGRAMMED  IN API  MISSING                                                        STALE                SINCE
 worker-1  lab/backend:http (80/tcp)    10          13      4 (10.244.3.11:8080, 10.244.3.12:8080, 10.244.3.13:8080, ...)  1 (10.244.3.1:8080)  2026-11-25T02:41:00Z
 worker-1  lab/backend:grpc (9090/tcp)  11          10      0                                                              1 (10.244.3.1:9090)  2026-11-25T02:41:00Z
-worker-4  unknown: pod proxyhealth-d is Pending, not Running (monitoring/proxyhealth-d)
-worker-5  unknown: GET /status through the pod proxy: the server is currently unable to handle the request (get pods proxyhealth-e:9869) (monitoring/proxyhealth-e)
+worker-4  unknown: pod proxyhealth-d is Pending, not Running
+worker-5  unknown: no report from exporter pod monitoring/proxyhealth-e yet (is it run with --node-report, and allowed to write ConfigMaps in its namespace?)
+worker-6  unknown: report monitoring/proxyhealth-node-worker-6 is 1h1m old, written at 2026-11-25T01:41:00Z (its exporter rewrites it every 5m while it runs): the exporter stopped or cannot write it
 
-lab/backend: stale rules on 1 node, in step on 2 nodes, 2 unknown
+lab/backend: stale rules on 1 node, in step on 2 nodes, 3 unknown
 `
 	if got := b.String(); got != want {
 		t.Errorf("got:\n%s\nwant:\n%s", got, want)
@@ -194,7 +208,7 @@ lab/backend: stale rules on 1 node, in step on 2 nodes, 2 unknown
 	if code := serviceExitCode(other); code != exitCannotRun {
 		t.Errorf("nodes in step but one unread: exit %d, want %d", code, exitCannotRun)
 	}
-	healthy, _ := forService(fleet(t)[3:], "lab", "backend")
+	healthy, _ := forService(fleet(t)[4:], "lab", "backend")
 	if code := serviceExitCode(healthy); code != exitHealthy {
 		t.Errorf("all in step: exit %d, want %d (%+v)", code, exitHealthy, healthy)
 	}
@@ -237,9 +251,7 @@ func TestFleetNotChecked(t *testing.T) {
 	invalid := verdict.Finding{Cause: verdict.InvalidNotDropped, Severity: verdict.Warning, Summary: "INVALID packets not dropped."}
 	read := func(bodies map[string][]byte) []nodeStatus {
 		pods := []corev1.Pod{pod("a", "worker-1", corev1.PodRunning), pod("b", "worker-2", corev1.PodRunning)}
-		nodes := readAll(context.Background(), pods, func(_ context.Context, p *corev1.Pod) ([]byte, error) {
-			return bodies[p.Name], nil
-		}, 2, time.Second)
+		nodes := join([]corev1.ConfigMap{*reportObject("worker-1", bodies["a"]), *reportObject("worker-2", bodies["b"])}, pods, defaultMaxStatusBytes, judgedNow)
 		sortNodes(nodes)
 		return nodes
 	}
@@ -288,41 +300,45 @@ worker-1  healthy  -                         -
 	}
 }
 
-func TestReadAllRefusesWhatIsNotAStatus(t *testing.T) {
-	pods := []corev1.Pod{pod("a", "n1", corev1.PodRunning), pod("b", "n2", corev1.PodRunning)}
-	terminating := pod("c", "n3", corev1.PodRunning)
+// What is not a report to believe leaves its node unknown, with why: not JSON, no verdict, the
+// report of another node under this one's name, a report older than two heartbeats; a pod
+// being replaced does not hide its node's report.
+func TestJoinRefusesWhatIsNotAReport(t *testing.T) {
+	forged := reportObject("n3", statusBody(t, "n4", verdict.Healthy))
+	forged.Name = "proxyhealth-node-n3"
+	lateBody := statusBody(t, "n5", verdict.Healthy)
+	var rep verdict.Report
+	if err := json.Unmarshal(lateBody, &rep); err != nil {
+		t.Fatal(err)
+	}
+	rep.Time = since.Add(-5 * time.Minute)
+	lateBody, _ = json.Marshal(rep)
+	late := reportObject("n5", lateBody)
+	late.Data["heartbeat_seconds"] = "20"
+	terminating := pod("old", "n6", corev1.PodRunning)
 	terminating.DeletionTimestamp = &metav1.Time{Time: since}
-	pods = append(pods, terminating)
-	bodies := map[string]string{"a": "<html>not found</html>", "b": `{"node": "n2"}`}
-	nodes := readAll(context.Background(), pods, func(_ context.Context, p *corev1.Pod) ([]byte, error) {
-		return []byte(bodies[p.Name]), nil
-	}, 4, time.Second)
-	if !strings.HasPrefix(nodes[0].Err, "decoding /status:") || !strings.Contains(nodes[1].Err, "no verdict") ||
-		nodes[2].Err != "pod c is terminating" {
-		t.Errorf("%+v", nodes)
+	nodes := join([]corev1.ConfigMap{
+		*reportObject("n1", []byte("<html>not found</html>")),
+		*reportObject("n2", []byte(`{"node": "n2"}`)),
+		*forged, *late,
+		*reportObject("n6", statusBody(t, "n6", verdict.Healthy)),
+	}, []corev1.Pod{pod("new", "n6", corev1.PodRunning), terminating}, defaultMaxStatusBytes, judgedNow)
+	want := map[string]string{
+		"n1": "report monitoring/proxyhealth-node-n1: decoding status.json:",
+		"n2": "report monitoring/proxyhealth-node-n2 has no verdict",
+		"n3": `report monitoring/proxyhealth-node-n3: it is the report of node "n4", not of the node its name says`,
+		"n5": "report monitoring/proxyhealth-node-n5 is 6m old, written at 2026-11-25T02:36:00Z (its exporter rewrites it every 20s while it runs)",
 	}
-}
-
-func TestReadAllBoundsEachRead(t *testing.T) {
-	pods := []corev1.Pod{pod("slow", "n1", corev1.PodRunning)}
-	nodes := readAll(context.Background(), pods, func(ctx context.Context, _ *corev1.Pod) ([]byte, error) {
-		<-ctx.Done()
-		return nil, ctx.Err()
-	}, 1, 10*time.Millisecond)
-	if nodes[0].Err != context.DeadlineExceeded.Error() {
-		t.Errorf("%+v", nodes[0])
-	}
-}
-
-func TestPodPort(t *testing.T) {
-	p := pod("a", "n1", corev1.PodRunning)
-	for port, want := range map[string]string{"metrics": "9869", "9870": "9870"} {
-		if got, err := podPort(&p, port); err != nil || got != want {
-			t.Errorf("podPort(%q) = %q, %v; want %q", port, got, err, want)
+	for _, n := range nodes {
+		if w, ok := want[n.Node]; ok && (n.Report != nil || !strings.HasPrefix(n.Err, w)) {
+			t.Errorf("%s: %q, want %q", n.Node, n.Err, w)
+		}
+		if n.Node == "n6" && (n.Report == nil || n.Pod != "monitoring/new") {
+			t.Errorf("n6: %+v", n)
 		}
 	}
-	if _, err := podPort(&p, "web"); err == nil {
-		t.Errorf("an unknown port name was accepted")
+	if len(nodes) != 5 {
+		t.Errorf("%d nodes, want 5: %+v", len(nodes), nodes)
 	}
 }
 
@@ -331,7 +347,7 @@ func TestFlags(t *testing.T) {
 		{"--output=yaml"},
 		{"--service=backend"},
 		{"--service=lab/"},
-		{"--scheme=ftp"},
+		{"--node=n1", "--service=lab/backend"},
 		{"--timeout=0s"},
 		{"--selector=a in (b"},
 		{"extra"},
@@ -345,33 +361,10 @@ func TestFlags(t *testing.T) {
 	if err != nil || o.namespace != "monitoring" || o.selector != "app=ph" || o.service != "lab/backend" || o.output != "json" {
 		t.Fatalf("%+v, %v", o, err)
 	}
-	if o, _ := parseFlags(nil, io.Discard); o.namespace != "" || o.selector != defaultSelector || o.port != "metrics" {
+	if o, _ := parseFlags(nil, io.Discard); o.namespace != "" || o.selector != defaultSelector || o.maxStatusBytes != 64<<10 {
 		t.Errorf("defaults: %+v", o)
 	}
 	if code := run(context.Background(), []string{"--help"}, io.Discard, io.Discard); code != exitHealthy {
 		t.Errorf("--help: exit %d", code)
-	}
-}
-
-func TestProxyErrorDetail(t *testing.T) {
-	unavailable := &apierrors.StatusError{ErrStatus: metav1.Status{Code: 503, Message: "the server is currently unable to handle the request",
-		Details: &metav1.StatusDetails{Causes: []metav1.StatusCause{{Type: metav1.CauseTypeUnexpectedServerResponse, Message: "unknown"}}}}}
-	refused := "error trying to reach service: dial tcp 172.18.0.3:19877: connect: connection refused"
-	status, _ := json.Marshal(metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}, Code: 503, Message: refused})
-	for _, tc := range []struct {
-		body []byte
-		want string
-	}{
-		{[]byte(refused + "\n"), "HTTP 503: " + refused},
-		{status, "HTTP 503: " + refused},
-		{nil, ""},
-	} {
-		if got := proxyErrorDetail(unavailable, tc.body); got != tc.want {
-			t.Errorf("body %q: %q, want %q", tc.body, got, tc.want)
-		}
-	}
-	forbidden := apierrors.NewForbidden(corev1.Resource("pods/proxy"), "proxyhealth-a", errors.New("no RBAC"))
-	if got := proxyErrorDetail(forbidden, nil); got != "" {
-		t.Errorf("forbidden: %q, want nothing beyond the error's message", got)
 	}
 }

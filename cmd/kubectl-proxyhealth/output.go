@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 	"unicode"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -21,13 +22,16 @@ type fleetJSON struct {
 
 type nodeJSON struct {
 	Node string `json:"node"`
-	Pod  string `json:"pod"`
-	// Verdict is unknown for a node whose /status could not be read (Err says why).
+	// Pod is the node's exporter pod, Report its report ConfigMap (namespace/name each; ""
+	// when not found).
+	Pod    string `json:"pod"`
+	Object string `json:"report"`
+	// Verdict is unknown for a node without a report to believe (Err says why).
 	Verdict      verdict.Verdict  `json:"verdict"`
 	Causes       []string         `json:"causes"`
 	WorstService *verdict.Service `json:"worst_service"`
 	Err          string           `json:"error,omitempty"`
-	// Status is the pod's whole /status document.
+	// Status is the node's whole report, in the /status schema.
 	Status *verdict.Report `json:"status,omitempty"`
 }
 
@@ -71,16 +75,42 @@ func escapeJSON(b []byte) []byte {
 func writeFleetJSON(w io.Writer, nodes []nodeStatus) error {
 	out := fleetJSON{Nodes: make([]nodeJSON, 0, len(nodes))}
 	for _, n := range nodes {
-		j := nodeJSON{Node: n.Node, Pod: n.Pod, Verdict: n.verdict(), Causes: []string{}, Err: n.Err, Status: n.Report}
-		if n.Report != nil {
-			if c := causes(n.Report); c != nil {
-				j.Causes = c
-			}
-			j.WorstService = worstService(n.Report)
-		}
-		out.Nodes = append(out.Nodes, j)
+		out.Nodes = append(out.Nodes, nodeJSONOf(n))
 	}
 	return writeJSON(w, out)
+}
+
+func nodeJSONOf(n nodeStatus) nodeJSON {
+	j := nodeJSON{Node: n.Node, Pod: n.Pod, Object: n.Object, Verdict: n.verdict(), Causes: []string{}, Err: n.Err, Status: n.Report}
+	if n.Report != nil {
+		if c := causes(n.Report); c != nil {
+			j.Causes = c
+		}
+		j.WorstService = worstService(n.Report)
+	}
+	return j
+}
+
+// writeNodeText prints one node's report as `proxyhealth diagnose` prints its own (each
+// finding with its evidence and runbook, what was not checked, the notes), under a line
+// saying where it was read and when it was judged; or why there is none to believe.
+func writeNodeText(w io.Writer, n nodeStatus) error {
+	if n.Report == nil {
+		_, err := fmt.Fprintf(w, "node %s: unknown\n  error: %s\n", orDash(n.Node), oneLine(n.Err))
+		return err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "report %s, judged at %s\n", n.Object, n.Report.Time.UTC().Format(time.RFC3339))
+	if err := verdict.WriteText(&b, *n.Report); err != nil {
+		return err
+	}
+	// Line by line: every string in it is the exporter's.
+	lines := strings.Split(strings.TrimSuffix(b.String(), "\n"), "\n")
+	for i, l := range lines {
+		lines[i] = printable(l)
+	}
+	_, err := io.WriteString(w, strings.Join(lines, "\n")+"\n")
+	return err
 }
 
 // writeFleetText prints one line per node (node, verdict, causes, worst service), problems
@@ -95,7 +125,7 @@ func writeFleetText(w io.Writer, nodes []nodeStatus) error {
 		counts[n.verdict()]++
 		if n.Report == nil {
 			unread++
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", orDash(n.Node), n.verdict(), "-", "error: "+oneLine(n.Err)+" ("+printable(n.Pod)+")")
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", orDash(n.Node), n.verdict(), "-", "error: "+oneLine(n.Err))
 			continue
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", orDash(n.Node), printable(string(n.Report.Verdict)), orDash(causesColumn(n.Report)), worstServiceColumn(n.Report))
@@ -222,7 +252,7 @@ func writeServiceText(w io.Writer, service string, nodes []serviceNode) error {
 					addrs(s.MissingCount, s.Missing), addrs(s.StaleCount, s.Stale), s.Since.UTC().Format("2006-01-02T15:04:05Z"))
 			}
 		case n.Err != "":
-			fmt.Fprintf(tw, "%s\t%s\n", orDash(n.Node), "unknown: "+oneLine(n.Err)+" ("+printable(n.Pod)+")")
+			fmt.Fprintf(tw, "%s\t%s\n", orDash(n.Node), "unknown: "+oneLine(n.Err))
 		case n.NotChecked != "":
 			fmt.Fprintf(tw, "%s\t%s\n", orDash(n.Node), "not checked: "+oneLine(n.NotChecked))
 		default:

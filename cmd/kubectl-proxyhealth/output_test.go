@@ -2,12 +2,10 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -33,7 +31,7 @@ func TestFleetTextNamesInvalidService(t *testing.T) {
 		"proxyhealth-b": statusBody(t, "worker-2", verdict.WarningsOnly, invalid()),
 	}
 	pods := []corev1.Pod{pod("proxyhealth-a", "worker-1", corev1.PodRunning), pod("proxyhealth-b", "worker-2", corev1.PodRunning)}
-	nodes := readAll(context.Background(), pods, func(_ context.Context, p *corev1.Pod) ([]byte, error) { return bodies[p.Name], nil }, 2, time.Second)
+	nodes := joinBodies(pods, bodies)
 	var b bytes.Buffer
 	if err := writeFleetText(&b, nodes); err != nil {
 		t.Fatal(err)
@@ -64,7 +62,7 @@ func TestFleetTextNotes(t *testing.T) {
 		}
 		bodies["proxyhealth-"+node] = b
 	}
-	nodes := readAll(context.Background(), pods, func(_ context.Context, p *corev1.Pod) ([]byte, error) { return bodies[p.Name], nil }, 2, time.Second)
+	nodes := joinBodies(pods, bodies)
 	sortNodes(nodes)
 	var b bytes.Buffer
 	if err := writeFleetText(&b, nodes); err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -59,7 +60,7 @@ func hostileStatus(t *testing.T, node string) []byte {
 	h := strings.Join(hostile, "")
 	svc := verdict.Service{Namespace: "lab" + h, Name: "web" + h, Port: 80, Protocol: "tcp" + h, PortName: "http" + h}
 	stale := staleFinding(svc, []string{"10.0.0.1:80" + h}, []string{"10.0.0.2:80" + h}, 1, 2)
-	b, err := json.Marshal(verdict.Report{Node: node + h, Verdict: verdict.CriticalFound, Time: since,
+	b, err := json.Marshal(verdict.Report{Node: node + h, Verdict: verdict.CriticalFound, Time: time.Now().UTC(),
 		Findings: []verdict.Finding{stale,
 			{Cause: verdict.Cause("cause" + h), Severity: verdict.Warning, Summary: "summary" + h}},
 		NotChecked: []verdict.NotChecked{{Causes: []verdict.Cause{verdict.Cause("unchecked" + h)}, Reason: "reason" + h}},
@@ -89,20 +90,15 @@ func onlyPrintable(t *testing.T, what, text string) {
 // fleet view, one Service's view, and the errors; -o json stays JSON that gives the strings
 // back as they were.
 func TestOutputEscapesControlCharacters(t *testing.T) {
-	a := newAuthAPIServer(t, true)
-	a.set(func(a *authAPIServer) {
-		a.exportersOpen = true
-		a.answer = func(node string) []byte {
-			if node == "worker-2" {
-				return []byte("<html>" + strings.Join(hostile, "") + "</html>")
-			}
-			return hostileStatus(t, node)
-		}
-	})
+	a := newFakeAPIServer(t)
 	h := strings.Join(hostile, "")
+	a.set(func(a *fakeAPIServer) {
+		a.configMaps = append(a.configMaps, *reportObject("worker-1"+h, hostileStatus(t, "worker-1")))
+	})
+	a.addNode(t, "worker-2", []byte("<html>"+h+"</html>"))
 	// The Service as the exporter's JSON gives it back: invalid UTF-8 replaced.
 	valid := string([]rune(h))
-	for _, args := range [][]string{nil, {"--service=lab" + valid + "/web" + valid}} {
+	for _, args := range [][]string{nil, {"--service=lab" + valid + "/web" + valid}, {"--node=worker-1" + valid}} {
 		out, errOut, code := a.run(t, args...)
 		if code != exitCritical {
 			t.Errorf("%q: exit %d, want %d:\n%s%s", args, code, exitCritical, out, errOut)

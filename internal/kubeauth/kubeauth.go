@@ -7,10 +7,9 @@
 // reviews per TTL, not two per scrape.
 //
 // The token is read from the Authorization header ("Bearer <token>") or, where that header
-// cannot pass, from TokenHeader: the API server's pod proxy (pods/proxy) removes Authorization
-// from every request it has authenticated, so a client reading the exporter through it sends
-// a token of its own in TokenHeader (the kubectl plugin sends a short-lived one of a viewer
-// ServiceAccount). Either is reviewed the same way.
+// cannot pass, from TokenHeader: a proxy such as the API server's pod proxy removes
+// Authorization from every request it has authenticated, so a client reading the exporter
+// through one sends its token in TokenHeader. Either is reviewed the same way.
 //
 // Known callers are not starved by unknown ones: an answer is cached, and when it expires, a
 // token accepted or an access allowed before is reviewed again ahead of new ones, while a new
@@ -40,8 +39,6 @@ import (
 	"golang.org/x/sync/singleflight"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	"k8s.io/apimachinery/pkg/util/cache"
-
-	"github.com/proxyhealth/proxyhealth/internal/podproxy"
 )
 
 // Defaults of Config's zero values.
@@ -73,8 +70,9 @@ const (
 
 // TokenHeader carries a bearer token where the Authorization header cannot: the API server's
 // pod proxy removes Authorization from the requests it forwards. Its value is the token alone.
-// The kubectl plugin sends it (internal/podproxy holds the one name both use).
-const TokenHeader = podproxy.TokenHeader
+// A client reading through a proxy of that kind sends it (the API server's pod proxy, which
+// no role the project ships grants).
+const TokenHeader = "X-Proxyhealth-Token"
 
 // Config shapes an Auth. The zero value is the defaults.
 type Config struct {
