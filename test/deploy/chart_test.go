@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
@@ -94,6 +95,10 @@ func typed(t *testing.T, objs []object) {
 			v = &rbacv1.ClusterRole{}
 		case "ClusterRoleBinding":
 			v = &rbacv1.ClusterRoleBinding{}
+		case "Role":
+			v = &rbacv1.Role{}
+		case "RoleBinding":
+			v = &rbacv1.RoleBinding{}
 		case "DaemonSet":
 			v = &appsv1.DaemonSet{}
 		case "PodMonitor":
@@ -153,7 +158,7 @@ func hasRules(have, want []rbacv1.PolicyRule) bool {
 	return true
 }
 
-// shippedRules reads the rules of a ClusterRole of deploy/.
+// shippedRules reads the rules of a ClusterRole or Role of deploy/.
 func shippedRules(t *testing.T, file string) []rbacv1.PolicyRule {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(root, file))
@@ -168,15 +173,30 @@ func shippedRules(t *testing.T, file string) []rbacv1.PolicyRule {
 }
 
 // checkComponents checks the optional components' objects, rendered by the chart or kustomize:
-// the DaemonSet runs with --node-conditions, the node-conditions ClusterRole (the rules of
-// deploy/components/node-conditions) is bound to the exporter's ServiceAccount, and the
-// kubectl plugin's ClusterRole has deploy/components/kubectl-plugin's rules.
+// the DaemonSet runs with --node-conditions and --node-report, the node-conditions ClusterRole
+// (the rules of deploy/components/node-conditions) is bound to the exporter's ServiceAccount,
+// the node-report Role (deploy/components/node-report's) too in the exporter's namespace, and
+// the kubectl plugin's ClusterRole has deploy/components/kubectl-plugin's rules.
 func checkComponents(t *testing.T, k map[string]object) {
 	t.Helper()
 	var ds appsv1.DaemonSet
 	k["DaemonSet"].decodeStrict(t, &ds)
-	if !slices.Contains(ds.Spec.Template.Spec.Containers[0].Args, "--node-conditions") {
-		t.Errorf("args %q: no --node-conditions", ds.Spec.Template.Spec.Containers[0].Args)
+	for _, flag := range []string{"--node-conditions", "--node-report"} {
+		if !slices.Contains(ds.Spec.Template.Spec.Containers[0].Args, flag) {
+			t.Errorf("args %q: no %s", ds.Spec.Template.Spec.Containers[0].Args, flag)
+		}
+	}
+	var reportRole rbacv1.Role
+	var reportBinding rbacv1.RoleBinding
+	k["Role/node-report"].decodeStrict(t, &reportRole)
+	k["RoleBinding/node-report"].decodeStrict(t, &reportBinding)
+	if !slices.EqualFunc(reportRole.Rules, shippedRules(t, "deploy/components/node-report/role.yaml"), rulesEqual) {
+		t.Errorf("node-report rules %+v", reportRole.Rules)
+	}
+	if reportRole.Namespace != ds.Namespace || reportBinding.Namespace != ds.Namespace || reportBinding.RoleRef.Kind != "Role" || reportBinding.RoleRef.Name != reportRole.Name ||
+		!slices.Equal(reportBinding.Subjects, []rbacv1.Subject{{Kind: "ServiceAccount", Name: ds.Spec.Template.Spec.ServiceAccountName, Namespace: ds.Namespace}}) {
+		t.Errorf("the node-report binding %s/%s %+v -> %s does not bind Role %s/%s to the exporter in %s",
+			reportBinding.Namespace, reportBinding.Name, reportBinding.Subjects, reportBinding.RoleRef.Name, reportRole.Namespace, reportRole.Name, ds.Namespace)
 	}
 	var role, plugin rbacv1.ClusterRole
 	var binding rbacv1.ClusterRoleBinding
@@ -235,7 +255,7 @@ func rulesEqual(a, b rbacv1.PolicyRule) bool {
 	return bytes.Equal(ja, jb)
 }
 
-// TestKustomizeComponents: an overlay in its own namespace with both optional components.
+// TestKustomizeComponents: an overlay in its own namespace with the optional components.
 func TestKustomizeComponents(t *testing.T) {
 	dir := t.TempDir()
 	deploy, err := filepath.Abs(filepath.Join(root, "deploy"))
@@ -246,7 +266,7 @@ func TestKustomizeComponents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: monitoring\nresources:\n- %[1]s/base\ncomponents:\n- %[1]s/components/node-conditions\n- %[1]s/components/kubectl-plugin\n", rel)
+	k := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: monitoring\nresources:\n- %[1]s/base\ncomponents:\n- %[1]s/components/node-conditions\n- %[1]s/components/node-report\n- %[1]s/components/kubectl-plugin\n", rel)
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +378,7 @@ func TestChartLint(t *testing.T) {
 func TestChartTemplate(t *testing.T) {
 	checks := map[string]func(t *testing.T, objs []object, k map[string]object){
 		"default-values.yaml": func(t *testing.T, objs []object, k map[string]object) {
-			for _, kind := range []string{"PodMonitor", "ServiceMonitor", "PrometheusRule", "Service", "ConfigMap", "ClusterRole/node-conditions", "ClusterRole/kubectl-plugin"} {
+			for _, kind := range []string{"PodMonitor", "ServiceMonitor", "PrometheusRule", "Service", "ConfigMap", "ClusterRole/node-conditions", "Role/node-report", "ClusterRole/kubectl-plugin"} {
 				if _, ok := k[kind]; ok {
 					t.Errorf("a %s by default", kind)
 				}
@@ -913,6 +933,89 @@ func TestNoWritableHostProc(t *testing.T) {
 		pod.Containers[0].VolumeMounts[0].ReadOnly = true
 		if len(writableHostProc(pod)) != 0 {
 			t.Errorf("hostPath %s mounted read-only taken for writable", p)
+		}
+	}
+}
+
+// proxyRights lists the rules of roles among objs that grant a proxy subresource (pods/proxy,
+// nodes/proxy, services/proxy) or could (a wildcard resource): each reaches a node's or a pod's
+// ports from the API server's position, and the exporters use the host's network.
+func proxyRights(t *testing.T, objs []object) []string {
+	t.Helper()
+	var out []string
+	for _, o := range objs {
+		if o.Kind != "ClusterRole" && o.Kind != "Role" {
+			continue
+		}
+		var role rbacv1.ClusterRole
+		o.decodeStrict(t, &role)
+		for _, r := range role.Rules {
+			for _, res := range r.Resources {
+				if res == "*" || strings.HasSuffix(res, "/proxy") || strings.HasSuffix(res, "/*") {
+					out = append(out, fmt.Sprintf("%s %s: %s %v", o.Kind, o.Name, res, r.Verbs))
+				}
+			}
+		}
+	}
+	return out
+}
+
+// No role the project ships grants a proxy subresource: the chart with every values file, and
+// with all of them at once (every option on), and every manifest under deploy/, rendered and
+// as written.
+func TestNoProxyRights(t *testing.T) {
+	check := func(t *testing.T, objs []object) {
+		t.Helper()
+		if p := proxyRights(t, objs); len(p) > 0 {
+			t.Errorf("proxy rights: %q", p)
+		}
+	}
+	files := ciValues(t)
+	for _, f := range files {
+		t.Run("chart/"+filepath.Base(f), func(t *testing.T) { check(t, renderChart(t, "proxyhealth", "proxyhealth", f)) })
+	}
+	t.Run("chart/every values file", func(t *testing.T) {
+		// All at once but the one that leaves the RBAC to the cluster (rbac.create false).
+		var on []string
+		for _, f := range files {
+			if filepath.Base(f) != "external-rbac-values.yaml" {
+				on = append(on, f)
+			}
+		}
+		objs := renderChart(t, "proxyhealth", "proxyhealth", on...)
+		k := byKind(t, objs)
+		for _, kind := range []string{"ClusterRole/kubectl-plugin", "Role/node-report", "ClusterRole/node-conditions", "ClusterRole/viewer"} {
+			if _, ok := k[kind]; !ok {
+				t.Errorf("no %s with every option on", kind)
+			}
+		}
+		check(t, objs)
+	})
+	for _, dir := range []string{"deploy/base", "deploy/overlays/example", "deploy/prometheus-metrics-reader"} {
+		t.Run(dir, func(t *testing.T) { check(t, renderKustomize(t, filepath.Join(root, dir))) })
+	}
+	// Every file under deploy/ as written, components included.
+	var objs []object
+	err := filepath.WalkDir(filepath.Join(root, "deploy"), func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".yaml") || filepath.Base(path) == "kustomization.yaml" {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		objs = append(objs, objects(t, b)...)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Run("deploy/ files", func(t *testing.T) { check(t, objs) })
+	// The check itself finds what it is for.
+	for _, res := range []string{"pods/proxy", "nodes/proxy", "services/proxy", "*", "pods/*"} {
+		b := fmt.Sprintf("apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata:\n  name: r\nrules:\n- apiGroups: [\"\"]\n  resources: [%q]\n  verbs: [get]\n", res)
+		if len(proxyRights(t, objects(t, []byte(b)))) != 1 {
+			t.Errorf("a role granting %s not found", res)
 		}
 	}
 }

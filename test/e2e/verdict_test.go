@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -130,8 +129,9 @@ func diagnose(t *testing.T, cp *ControlPlane, kubeconfig string, extra ...string
 //
 // Along the way, the same verdict where else the engineer looks: the exporter's Node condition
 // ProxyHealthy and its Events (--node-conditions, with deploy/components/node-conditions'
-// RBAC), and `kubectl proxyhealth` reading /status through the apiserver's pod proxy (with
-// deploy/components/kubectl-plugin's RBAC), read back through the API.
+// RBAC), and `kubectl proxyhealth` reading the node's report (--node-report, with
+// deploy/components/node-report's Role; the plugin with deploy/components/kubectl-plugin's
+// RBAC), read back through the API.
 func TestVerdictStaleRules(t *testing.T) {
 	requireKube(t)
 	requireExporter(t)
@@ -140,11 +140,11 @@ func TestVerdictStaleRules(t *testing.T) {
 	cp := StartControlPlane(t, l, ControlPlaneOptions{})
 	kubeconfig := cp.readOnlyKubeconfig("proxyhealth.kubeconfig", apiserverAddr)
 	cp.grantNodeConditions()
+	cp.grantNodeReport()
 	oncall := cp.pluginKubeconfig()
-	// The exporter also listens on the node's uplink address, the Pod IP the pod proxy dials.
 	e := l.StartExporter("proxyhealth", verdictExporterPort, nil,
-		append(driftExporterArgs(kubeconfig), append(kubeProxyExporterArgs(cp), "--status.window=1m",
-			"--node-conditions", "--web.listen-address="+uplinkN+":"+strconv.Itoa(verdictExporterPort))...)...)
+		append(driftExporterArgs(kubeconfig), append(append(kubeProxyExporterArgs(cp), "--status.window=1m",
+			"--node-conditions"), nodeReportArgs()...)...)...)
 	cp.registerExporterPod("proxyhealth-lab", labNodeName, uplinkN, verdictExporterPort)
 	waitDriftSynced(t, e, cp)
 
@@ -171,12 +171,13 @@ func TestVerdictStaleRules(t *testing.T) {
 		c := cp.nodeCondition()
 		return c != nil && c.Status == corev1.ConditionTrue && c.Reason == "ProxyHealthy", describeCondition(c)
 	})
-	out, perr, pcode := pluginRun(t, cp, oncall)
-	if pcode != 0 || !regexp.MustCompile(`(?m)^lab-node\s+healthy\s+-\s+-$`).MatchString(out) {
-		t.Errorf("kubectl proxyhealth on a healthy node: exit %d\n%s%s", pcode, out, perr)
-	}
+	healthyRow := regexp.MustCompile(`(?m)^lab-node\s+healthy\s+-\s+-$`)
+	waitFor(t, 30*time.Second, "kubectl proxyhealth: lab-node healthy", func() (bool, string) {
+		out, perr, pcode := pluginRun(t, cp, oncall)
+		return pcode == 0 && healthyRow.MatchString(out), fmt.Sprintf("exit %d\n%s%s", pcode, out, perr)
+	})
 	var fleet pluginNodes
-	out, perr, pcode = pluginRun(t, cp, oncall, "-o", "json")
+	out, perr, pcode := pluginRun(t, cp, oncall, "-o", "json")
 	parsePluginJSON(t, out, &fleet)
 	if pcode != 0 || len(fleet.Nodes) != 1 || fleet.Nodes[0].Node != labNodeName || fleet.Nodes[0].Pod != exporterNamespace+"/proxyhealth-lab" ||
 		fleet.Nodes[0].Verdict != "healthy" || len(fleet.Nodes[0].Causes) != 0 {
@@ -185,14 +186,14 @@ func TestVerdictStaleRules(t *testing.T) {
 	// Bound in the exporters' namespace only, the engineer must say which: listing pods
 	// everywhere is refused, and said so.
 	if out, perr, pcode := pluginRunIn(t, cp, oncall); pcode != 3 || out != "" ||
-		!strings.Contains(perr, `listing the exporter pods (selector app.kubernetes.io/name=proxyhealth in all namespaces): pods is forbidden`) {
+		!strings.Contains(perr, `listing the node reports (selector app.kubernetes.io/name=proxyhealth,app.kubernetes.io/component=node-report in all namespaces): configmaps is forbidden`) {
 		t.Errorf("kubectl proxyhealth without -n, bound in %s only: exit %d, want 3\n%s%s", exporterNamespace, pcode, out, perr)
 	}
-	// A second node whose exporter cannot be reached: listed with the error, and the fleet is
+	// A second node whose exporter writes no report: listed with the reason, and the fleet is
 	// no longer known healthy.
 	cp.registerExporterPod("proxyhealth-node-b", "node-b", unreachablePodIP, verdictExporterPort)
 	out, perr, pcode = pluginRun(t, cp, oncall)
-	unreachable := regexp.MustCompile(`(?m)^node-b\s+unknown\s+-\s+error: GET /status through the pod proxy: .*connection refused.*\(monitoring/proxyhealth-node-b\)$`)
+	unreachable := regexp.MustCompile(`(?m)^node-b\s+unknown\s+-\s+error: no report from exporter pod monitoring/proxyhealth-node-b yet`)
 	if pcode != 3 || !unreachable.MatchString(out) {
 		t.Errorf("kubectl proxyhealth with an unreachable exporter: exit %d, want 3\n%s%s", pcode, out, perr)
 	}
@@ -277,10 +278,11 @@ func TestVerdictStaleRules(t *testing.T) {
 			strings.Contains(svcEvents[0].Message, "On node "+labNodeName+": kube-proxy's rules for lab/backend:http")
 		return ok, fmt.Sprintf("node %+v\nservice %+v", nodeEvents, svcEvents)
 	})
-	out, perr, pcode = pluginRun(t, cp, oncall)
-	if pcode != 2 || !regexp.MustCompile(`(?m)^lab-node\s+critical\s+stale_rules\s+lab/backend:http \(80/tcp\)$`).MatchString(out) || !unreachable.MatchString(out) {
-		t.Errorf("kubectl proxyhealth during the incident: exit %d, want 2\n%s%s", pcode, out, perr)
-	}
+	waitFor(t, 30*time.Second, "kubectl proxyhealth: lab-node critical, stale_rules", func() (bool, string) {
+		out, perr, pcode = pluginRun(t, cp, oncall)
+		return pcode == 2 && regexp.MustCompile(`(?m)^lab-node\s+critical\s+stale_rules\s+lab/backend:http \(80/tcp\)$`).MatchString(out) && unreachable.MatchString(out),
+			fmt.Sprintf("exit %d\n%s%s", pcode, out, perr)
+	})
 	t.Logf("kubectl proxyhealth during the incident:\n%s", out)
 	var bySvc struct {
 		Service string `json:"service"`
@@ -374,10 +376,10 @@ func TestVerdictStaleRules(t *testing.T) {
 	if err := cp.Client.CoreV1().Pods(exporterNamespace).Delete(context.Background(), "proxyhealth-node-b", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
 		t.Fatal(err)
 	}
-	out, perr, pcode = pluginRun(t, cp, oncall)
-	if pcode != 0 || !regexp.MustCompile(`(?m)^lab-node\s+healthy\s+-\s+-$`).MatchString(out) {
-		t.Errorf("kubectl proxyhealth after healing: exit %d, want 0\n%s%s", pcode, out, perr)
-	}
+	waitFor(t, 30*time.Second, "kubectl proxyhealth after healing: lab-node healthy", func() (bool, string) {
+		out, perr, pcode = pluginRun(t, cp, oncall)
+		return pcode == 0 && healthyRow.MatchString(out), fmt.Sprintf("exit %d\n%s%s", pcode, out, perr)
+	})
 	// The publisher's own series: three patches at least (True, False, True), three Events
 	// sent (Node, Service, recovery), no error.
 	s := e.Scrape(t)
