@@ -181,9 +181,9 @@ func (c *Cluster) Run(ctx context.Context) {
 	// The initial sync is the view's peak: every object decoded and dropped while the lists
 	// are read, then the store replaced and every Service's ports computed, each allocating
 	// garbage on top of the view. The collector's target stays lowered (listGCPercent) from
-	// the first list until the first synced snapshot is out, not only while each list is
-	// read: restored to the default between the lists' end and the first recompute, the heap
-	// grew to twice the view there (bench/apiview).
+	// the first list until the first synced snapshot is out (or a list or watch fails), not
+	// only while each list is read: restored to the default between the lists' end and the
+	// first recompute, the heap grew to twice the view there (bench/apiview).
 	c.endInitialSyncGC = sync.OnceFunc(lowerGCForList())
 	defer c.endInitialSyncGC()
 	var wg sync.WaitGroup
@@ -233,6 +233,11 @@ func (c *Cluster) watchFailureHold() time.Duration {
 // client-go would.
 func (c *Cluster) watchFailed(ctx context.Context, r *cache.Reflector, err error) {
 	cache.DefaultWatchErrorHandler(ctx, r, err)
+	// A view that cannot list must not hold the whole process's collector lowered until the
+	// API answers: its later lists lower it each for themselves.
+	if c.endInitialSyncGC != nil {
+		c.endInitialSyncGC()
+	}
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
 		return
 	}
@@ -366,11 +371,11 @@ func (c *Cluster) recompute() {
 	} else {
 		ports = mergePorts(prev.ports, dirty, fresh)
 	}
+	if c.endInitialSyncGC != nil {
+		c.endInitialSyncGC() // restored before anyone sees the view synced
+	}
 	c.state.Store(&published{ports: ports, synced: synced, generation: prev.generation + 1})
 	c.changes.Notify()
-	if c.endInitialSyncGC != nil {
-		c.endInitialSyncGC()
-	}
 }
 
 // probeLoop asks the API server for /version every probe interval on the watches' own

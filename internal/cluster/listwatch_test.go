@@ -261,3 +261,32 @@ func TestInitialSyncLowersGC(t *testing.T) {
 		t.Errorf("GC target %d once the view synced, want 100 back", p)
 	}
 }
+
+// A view whose lists fail does not keep the collector's target lowered while it waits for the
+// API: the failure ends the initial sync's window.
+func TestFailedListEndsInitialSyncGC(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	cfg := Config{NodeName: "node-a", FreshWithin: time.Minute, ProbeInterval: time.Second, RecomputeInterval: 10 * time.Millisecond}
+	if err := cfg.setDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	src := fakeSource(fake.NewClientset())
+	var calls atomic.Int64
+	src.services.list = func(context.Context, metav1.ListOptions) (runtime.Object, error) {
+		calls.Add(1)
+		return nil, errors.New("connection refused")
+	}
+	c := newCluster(cfg, testLogger())
+	c.api = src
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { c.Run(ctx) })
+	defer func() { cancel(); wg.Wait() }()
+	waitFor(t, "the target restored after the failed list", func() (bool, string) {
+		p := gcPercent(t)
+		return calls.Load() > 0 && p == 100, fmt.Sprintf("%d lists, GC target %d", calls.Load(), p)
+	})
+	if c.Snapshot().Synced {
+		t.Fatal("synced without Services")
+	}
+}
