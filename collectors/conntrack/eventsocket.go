@@ -41,11 +41,11 @@ const (
 	closeCheckInterval = 250 * time.Millisecond
 	// The longest the event listener waits after a read that took less than half a batch.
 	// Read as they come, tens of thousands of events a second cost a wake-up and a system
-	// call each, more than the events themselves, and each wait costs a timer's wake-up
-	// (tens of µs on the loaded 2-core VM): above conntrack -E's CPU per event at 10k
-	// flows/s with a 1 ms wait (BENCHMARKS.md, "Conntrack event stream"). Waiting lets the
-	// events queue up to be taken by one recvmmsg; a read of half a batch or more is followed
-	// by the next at once. Nothing the events feed needs them sooner.
+	// call each, more than the events themselves, and each wait costs a timer's wake-up:
+	// at 10k flows/s 2.9-3.8 µs per event with 5 ms, 4.1-7.2 with 1 ms, 5.2-5.7 without
+	// (BENCHMARKS.md, "The CPU per event"). Waiting lets the events queue up to be taken by
+	// one recvmmsg; a read of half a batch or more is followed by the next at once. Nothing
+	// the events feed needs them sooner.
 	maxShortBatchPause = 5 * time.Millisecond
 	// What the wait may fill of the socket's buffer at most: a quarter, at eventQueueRate.
 	// At 5 ms that is 5 MiB, a sixth of the default 32 MiB buffer.
