@@ -16,6 +16,7 @@ import (
 	"testing"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -107,6 +108,10 @@ func typed(t *testing.T, objs []object) {
 			v = &monitoringv1.ServiceMonitor{}
 		case "PrometheusRule":
 			v = &monitoringv1.PrometheusRule{}
+		case "ValidatingAdmissionPolicy":
+			v = &admissionregistrationv1.ValidatingAdmissionPolicy{}
+		case "ValidatingAdmissionPolicyBinding":
+			v = &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
 		default:
 			t.Fatalf("unexpected kind %s", o.Kind)
 		}
@@ -176,9 +181,11 @@ func shippedRules(t *testing.T, file string) []rbacv1.PolicyRule {
 // the DaemonSet runs with --node-conditions and --node-report, the node-conditions ClusterRole
 // (the rules of deploy/components/node-conditions) is bound to the exporter's ServiceAccount,
 // the node-report Role (deploy/components/node-report's) too in the exporter's namespace, and
-// the kubectl plugin's ClusterRole has deploy/components/kubectl-plugin's rules.
+// the kubectl plugin's ClusterRole has deploy/components/kubectl-plugin's rules, and the node
+// report's admission policy is deploy/components/node-report's, bound with Deny.
 func checkComponents(t *testing.T, k map[string]object) {
 	t.Helper()
+	checkReportPolicy(t, k)
 	var ds appsv1.DaemonSet
 	k["DaemonSet"].decodeStrict(t, &ds)
 	for _, flag := range []string{"--node-conditions", "--node-report"} {
@@ -247,6 +254,56 @@ func checkViewer(t *testing.T, k map[string]object) {
 	if binding.RoleRef.Name != role.Name || !slices.Equal(binding.Subjects, want) {
 		t.Errorf("the viewer binding %+v -> %s does not bind %s to %s/%s", binding.Subjects, binding.RoleRef.Name, role.Name, sa.Namespace, sa.Name)
 	}
+}
+
+// checkReportPolicy checks that the node report's ValidatingAdmissionPolicy, rendered by the chart
+// or kustomize, has the spec of deploy/components/node-report/admission-policy.yaml (the one
+// the e2e test TestNodeReportAdmissionPolicy holds an exporter to), for the exporter's
+// ServiceAccount, and that its binding denies.
+func checkReportPolicy(t *testing.T, k map[string]object) {
+	t.Helper()
+	var policy admissionregistrationv1.ValidatingAdmissionPolicy
+	var binding admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	var ds appsv1.DaemonSet
+	k["ValidatingAdmissionPolicy/node-report"].decodeStrict(t, &policy)
+	k["ValidatingAdmissionPolicyBinding/node-report"].decodeStrict(t, &binding)
+	k["DaemonSet"].decodeStrict(t, &ds)
+	shipped := shippedReportPolicy(t)
+	// The shipped policy names the ServiceAccount deploy/base runs the exporter as.
+	if sa := ds.Spec.Template.Spec.ServiceAccountName; sa != "proxyhealth" {
+		for i, c := range shipped.Spec.MatchConditions {
+			shipped.Spec.MatchConditions[i].Expression = strings.ReplaceAll(c.Expression, "':proxyhealth'", "':"+sa+"'")
+		}
+	}
+	if !reflect.DeepEqual(policy.Spec, shipped.Spec) {
+		got, _ := json.MarshalIndent(policy.Spec, "", "  ")
+		want, _ := json.MarshalIndent(shipped.Spec, "", "  ")
+		t.Errorf("the node report's admission policy differs from deploy/components/node-report's:\n%s\nwant\n%s", got, want)
+	}
+	if binding.Spec.PolicyName != policy.Name || !slices.Equal(binding.Spec.ValidationActions, []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}) || binding.Spec.MatchResources != nil || binding.Spec.ParamRef != nil {
+		t.Errorf("the node report's policy binding %+v: want policy %s, Deny, nothing else", binding.Spec, policy.Name)
+	}
+}
+
+// shippedReportPolicy reads deploy/components/node-report's ValidatingAdmissionPolicy.
+func shippedReportPolicy(t *testing.T) admissionregistrationv1.ValidatingAdmissionPolicy {
+	t.Helper()
+	const file = "deploy/components/node-report/admission-policy.yaml"
+	b, err := os.ReadFile(filepath.Join(root, file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var policy admissionregistrationv1.ValidatingAdmissionPolicy
+	for _, o := range objects(t, b) {
+		if o.Kind == "ValidatingAdmissionPolicy" {
+			if err := yaml.UnmarshalStrict(o.raw, &policy); err != nil {
+				t.Fatalf("%s: %v", file, err)
+			}
+			return policy
+		}
+	}
+	t.Fatalf("%s has no ValidatingAdmissionPolicy", file)
+	return policy
 }
 
 func rulesEqual(a, b rbacv1.PolicyRule) bool {

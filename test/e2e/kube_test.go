@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -117,6 +118,9 @@ type ControlPlaneOptions struct {
 	// DualStack gives the cluster both IP families: service and cluster ranges of each, and a
 	// Node with an InternalIP and a pod range of each, so kube-proxy programs both.
 	DualStack bool
+	// AdmissionPolicies turns the ValidatingAdmissionPolicy admission plugin on, which the lab
+	// otherwise leaves off with the other plugins it does not need.
+	AdmissionPolicies bool
 }
 
 // StartControlPlane starts etcd and kube-apiserver in l's node namespace, waits for /readyz,
@@ -160,7 +164,7 @@ func StartControlPlane(t *testing.T, l *Lab, opts ControlPlaneOptions) *ControlP
 		"--authorization-mode", "RBAC",
 		"--service-cluster-ip-range", cp.cidrs(serviceCIDR, serviceCIDR6),
 		"--enable-priority-and-fairness=false",
-		"--disable-admission-plugins", "ServiceAccount,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy,MutatingAdmissionPolicy,ResourceQuota,LimitRanger,StorageObjectInUseProtection,PersistentVolumeClaimResize,RuntimeClass,DefaultIngressClass",
+		"--disable-admission-plugins", disabledAdmissionPlugins(opts),
 		"--profiling=false",
 		"--v", "1",
 	)
@@ -224,6 +228,18 @@ func StartControlPlane(t *testing.T, l *Lab, opts ControlPlaneOptions) *ControlP
 		cp.StartKubeProxy(opts.KubeProxy)
 	}
 	return cp
+}
+
+// disabledAdmissionPlugins are the admission plugins the lab turns off: those it does not need,
+// but ValidatingAdmissionPolicy where opts ask for it.
+func disabledAdmissionPlugins(opts ControlPlaneOptions) string {
+	plugins := []string{"ServiceAccount", "MutatingAdmissionWebhook", "ValidatingAdmissionWebhook", "ValidatingAdmissionPolicy",
+		"MutatingAdmissionPolicy", "ResourceQuota", "LimitRanger", "StorageObjectInUseProtection", "PersistentVolumeClaimResize",
+		"RuntimeClass", "DefaultIngressClass"}
+	if opts.AdmissionPolicies {
+		plugins = slices.DeleteFunc(plugins, func(p string) bool { return p == "ValidatingAdmissionPolicy" })
+	}
+	return strings.Join(plugins, ",")
 }
 
 // cidrs is the IPv4 range alone, or both ranges (IPv4 first) for a dual-stack lab.
