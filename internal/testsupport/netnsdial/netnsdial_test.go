@@ -1,9 +1,9 @@
 package netnsdial
 
 import (
+	"bufio"
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"testing"
@@ -30,23 +30,38 @@ func TestDialerReachesTheNamespacesLoopback(t *testing.T) {
 		t.Fatalf("lo up: %v: %s", err, out)
 	}
 	// A server inside the namespace that answers one connection (python3 is on this machine kind;
-	// without it the test skips).
-	srv := exec.Command("ip", "netns", "exec", ns, "sh", "-c", "exec python3 -c 'import socket;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);s.bind((\"127.0.0.1\",19999));s.listen(1);c,_=s.accept();c.sendall(b\"hi\");c.close()'")
+	// without it the test skips). It says "ready" once it listens: on a loaded machine the
+	// interpreter alone can take seconds to start, so the test waits for the word, not a time.
+	srv := exec.Command("ip", "netns", "exec", ns, "sh", "-c", "exec python3 -u -c 'import socket;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);s.bind((\"127.0.0.1\",19999));s.listen(1);print(\"ready\");c,_=s.accept();c.sendall(b\"hi\");c.close()'")
+	out, err := srv.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := srv.Start(); err != nil {
 		prereq.Skipf(t, "cannot start a server in the namespace: %v", err)
 	}
 	t.Cleanup(func() { _ = srv.Process.Kill(); _ = srv.Wait() })
-
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	var c net.Conn
-	var err error
-	for c == nil && ctx.Err() == nil {
-		if c, err = Dialer(ns)(ctx, "tcp", "127.0.0.1:19999"); err != nil {
-			time.Sleep(50 * time.Millisecond)
+	ready := make(chan error, 1)
+	go func() {
+		line, err := bufio.NewReader(out).ReadString('\n')
+		if err == nil && line != "ready\n" {
+			err = fmt.Errorf("server said %q", line)
 		}
+		ready <- err
+	}()
+	select {
+	case err := <-ready:
+		if err != nil {
+			t.Fatalf("server in %s: %v", ns, err)
+		}
+	case <-time.After(2 * time.Minute): // a bound on a stuck server, not a measure of speed
+		t.Fatalf("server in %s did not listen within 2m", ns)
 	}
-	if c == nil {
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := Dialer(ns)(ctx, "tcp", "127.0.0.1:19999")
+	if err != nil {
 		t.Fatalf("dial inside %s: %v", ns, err)
 	}
 	defer c.Close()
