@@ -26,7 +26,7 @@ ifeq ($(notdir $(firstword $(CONTAINER_ENGINE))),podman)
 IMAGE_ENGINE_FLAGS ?= --layers=false --ulimit nofile=$$(ulimit -Hn):$$(ulimit -Hn) --build-arg TARGETOS=linux
 endif
 
-.PHONY: all build plugin run image image-binaries cross test test-all vet unit kube etcd alerts dashboards deploy-check deploy-generate e2e kernels bench-smoke
+.PHONY: all build plugin run image image-binaries cross test test-all vet unit kube etcd alerts dashboards deploy-check deploy-generate e2e kernels bench-smoke prebuild-start prebuild-wait
 
 all: build
 
@@ -152,4 +152,13 @@ test:
 	$(SUDO) test/deps.sh
 	$(SUDO) $(MAKE) test-all
 
-test-all: vet unit cross kube etcd alerts dashboards deploy-check e2e kernels bench-smoke
+# The one-time builds of the later stages (the VM guests, etcd, kube-apiserver and kube-proxy,
+# test/prebuild.sh) run in the background, at the lowest priority, from the start: on a fresh
+# machine they overlap vet, the unit tests and the cross builds instead of following them.
+prebuild-start:
+	test/prebuild.sh start
+
+prebuild-wait:
+	test/prebuild.sh wait
+
+test-all: prebuild-start vet unit cross prebuild-wait kube etcd alerts dashboards deploy-check e2e kernels bench-smoke
