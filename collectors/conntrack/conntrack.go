@@ -218,22 +218,14 @@ func (c *Collector) Run(ctx context.Context) {
 }
 
 // checkSilent re-reads the table while flows found at start-up are tracked, since those send
-// no events (see trackedFlow.silent).
+// no events (see flowSilent).
 func (c *Collector) checkSilent() {
 	if !c.tracker.hasSilent() {
 		return
 	}
-	unreplied := make(map[uint32]bool)
-	err := c.dump(func(ev *flowEvent) {
-		if !ev.seenReply() && ev.dnat() {
-			unreplied[ev.id] = true
-		}
-	})
-	if err != nil {
+	if err := c.tracker.checkSilent(c.dump); err != nil {
 		c.logger.Debug("re-reading the conntrack table for flows that predate the listener failed", "err", err)
-		return
 	}
-	c.tracker.checkSilent(unreplied)
 }
 
 func (c *Collector) warnIfEventsOff() {

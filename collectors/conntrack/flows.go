@@ -183,7 +183,7 @@ func (t *flowTracker) countUnrepliedLocked(k seriesKey) {
 // lock is taken per entry, so that a scrape is not held up for the whole dump.
 func (t *flowTracker) resync(dump func(fn func(*flowEvent)) error, now int64, newAreSilent bool) error {
 	t.mu.Lock()
-	t.flows.clearMarks()
+	t.flows.clearMarks(flowMarked)
 	t.mu.Unlock()
 	shown := 0 // flows of the dump followed
 	err := dump(func(ev *flowEvent) {
@@ -194,7 +194,7 @@ func (t *flowTracker) resync(dump func(fn func(*flowEvent)) error, now int64, ne
 		defer t.mu.Unlock()
 		if f, ok := t.flows.get(ev.id); ok {
 			if !f.marked() {
-				t.flows.mark(ev.id)
+				t.flows.mark(ev.id, flowMarked)
 				shown++
 			}
 			return
@@ -204,7 +204,7 @@ func (t *flowTracker) resync(dump func(fn func(*flowEvent)) error, now int64, ne
 			return
 		}
 		t.flows.add(ev, now, newAreSilent)
-		t.flows.mark(ev.id)
+		t.flows.mark(ev.id, flowMarked)
 		shown++
 	})
 	if err != nil {
@@ -233,15 +233,35 @@ func (t *flowTracker) hasSilent() bool {
 }
 
 // checkSilent drops the silent flows that a table dump shows answered or gone. A gone one is
-// not counted as unreplied: it may have been answered and closed since the last look.
-func (t *flowTracker) checkSilent(stillUnreplied map[uint32]bool) {
+// not counted as unreplied: it may have been answered and closed since the last look. As
+// resync, it marks what the dump shows (with a mark of its own: the two may run at once)
+// instead of collecting the table's ids, which on a busy node would be a set of every
+// unreplied flow every SilentCheckInterval.
+func (t *flowTracker) checkSilent(dump func(fn func(*flowEvent)) error) error {
+	t.mu.Lock()
+	t.flows.clearMarks(flowSilentSeen)
+	t.mu.Unlock()
+	err := dump(func(ev *flowEvent) {
+		if ev.seenReply() || !ev.dnat() {
+			return
+		}
+		t.mu.Lock()
+		if f, ok := t.flows.get(ev.id); ok && f.silent() {
+			t.flows.mark(ev.id, flowSilentSeen)
+		}
+		t.mu.Unlock()
+	})
+	if err != nil {
+		return err
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for id, f := range t.flows.flows {
-		if f.silent() && !stillUnreplied[id] {
+		if f.silent() && f.flags&flowSilentSeen == 0 {
 			t.deleteLocked(id)
 		}
 	}
+	return nil
 }
 
 // seriesCount is one series value for the exposition.

@@ -364,12 +364,19 @@ func TestTrackerSilentFlows(t *testing.T) {
 	// Flow 3 turns out to send events: it is no longer silent, and its end counts.
 	tr.handle(event(eventUpdate, 3, statusDstNAT, o3, r3), 1, view)
 	// The table now shows flow 1 still unreplied; flow 2 is gone.
-	tr.checkSilent(map[uint32]bool{1: true})
+	if err := tr.checkSilent(dumpOf(
+		event(eventNone, 1, statusDstNAT, o1, r1),
+		event(eventNone, 3, statusDstNAT, o3, r3),
+	)); err != nil {
+		t.Fatal(err)
+	}
 	if s := tr.snapshot(0, view); s.tracked != 2 || len(s.unreplied) != 0 {
 		t.Errorf("after check: tracked %d unreplied %+v, want 2 tracked and nothing counted", s.tracked, s.unreplied)
 	}
 	tr.handle(event(eventDestroy, 3, statusDstNAT, o3, r3), 2, view)
-	tr.checkSilent(map[uint32]bool{})
+	if err := tr.checkSilent(dumpOf()); err != nil {
+		t.Fatal(err)
+	}
 	if tr.hasSilent() {
 		t.Error("silent flows left after the table lost them")
 	}

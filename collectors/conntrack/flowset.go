@@ -30,6 +30,8 @@ const (
 	flowSilent
 	// flowMarked: shown by the table dump being read (flowTracker.resync).
 	flowMarked
+	// flowSilentSeen: a silent flow shown by the table dump being read (checkSilent).
+	flowSilentSeen
 )
 
 func (f *trackedFlow) silent() bool { return f.flags&flowSilent != 0 }
@@ -80,17 +82,19 @@ func as4(a netip.Addr) [4]byte {
 	return a.As4()
 }
 
-func (s *flowSet) mark(id uint32) {
+// mark sets the mark m (flowMarked or flowSilentSeen) on id's flow.
+func (s *flowSet) mark(id uint32, m flowFlags) {
 	if f, ok := s.flows[id]; ok {
-		f.flags |= flowMarked
+		f.flags |= m
 		s.flows[id] = f
 	}
 }
 
-func (s *flowSet) clearMarks() {
+// clearMarks clears the mark m from every flow.
+func (s *flowSet) clearMarks(m flowFlags) {
 	for id, f := range s.flows {
-		if f.marked() {
-			f.flags &^= flowMarked
+		if f.flags&m != 0 {
+			f.flags &^= m
 			s.flows[id] = f
 		}
 	}
