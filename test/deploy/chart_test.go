@@ -435,14 +435,25 @@ func TestChartLint(t *testing.T) {
 func TestChartTemplate(t *testing.T) {
 	checks := map[string]func(t *testing.T, objs []object, k map[string]object){
 		"default-values.yaml": func(t *testing.T, objs []object, k map[string]object) {
-			for _, kind := range []string{"PodMonitor", "ServiceMonitor", "PrometheusRule", "Service", "ConfigMap", "ClusterRole/node-conditions", "Role/node-report", "ClusterRole/kubectl-plugin"} {
+			for _, kind := range []string{"PodMonitor", "ServiceMonitor", "PrometheusRule", "Service", "ConfigMap", "ClusterRole/node-conditions", "ClusterRole/kubectl-plugin"} {
 				if _, ok := k[kind]; ok {
 					t.Errorf("a %s by default", kind)
 				}
 			}
+			// The node report is on by default, for `kubectl proxyhealth`, each exporter held
+			// to its own node's report by the admission policy.
+			for _, kind := range []string{"Role/node-report", "RoleBinding/node-report", "ValidatingAdmissionPolicy/node-report", "ValidatingAdmissionPolicyBinding/node-report"} {
+				if _, ok := k[kind]; !ok {
+					t.Errorf("no %s by default", kind)
+				}
+			}
+			checkReportPolicy(t, k)
 			var ds appsv1.DaemonSet
 			k["DaemonSet"].decodeStrict(t, &ds)
 			pod := ds.Spec.Template.Spec
+			if !slices.Contains(pod.Containers[0].Args, "--node-report") {
+				t.Errorf("args %q: no --node-report by default", pod.Containers[0].Args)
+			}
 			if pod.NodeSelector["kubernetes.io/os"] != "linux" {
 				t.Errorf("nodeSelector %v", pod.NodeSelector)
 			}
@@ -527,7 +538,7 @@ func TestChartTemplate(t *testing.T) {
 			for _, o := range objs {
 				want := "monitoring"
 				switch o.Kind {
-				case "ClusterRole", "ClusterRoleBinding":
+				case "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
 					want = ""
 				case "PodMonitor", "PrometheusRule":
 					// Their own namespace (where a Prometheus looks for them) over namespaceOverride.
@@ -554,7 +565,7 @@ func TestChartTemplate(t *testing.T) {
 			}
 			if !slices.Equal(c.Args, []string{"--web.listen-address=:9970", "--node-name=$(NODE_NAME)", "--no-conntrack.table-stats",
 				"--conntrack.invalid-reasons", "--conntrack.invalid-reasons.state-dir=/run/proxyhealth", "--conntrack.invalid-reasons.netfilter-dir=/host/proc/sys/net/netfilter",
-				"--rules.grace-period=2m", "--log.format=json"}) {
+				"--node-report", "--rules.grace-period=2m", "--log.format=json"}) {
 				t.Errorf("args %q", c.Args)
 			}
 			if len(c.Env) != 2 || c.Env[1].Name != "GOMEMLIMIT" || c.Ports[0].ContainerPort != 9970 {
@@ -836,7 +847,8 @@ func TestKustomizeNamespace(t *testing.T) {
 		k := byKind(t, objs)
 		for _, o := range objs {
 			want := ns
-			if o.Kind == "ClusterRole" || o.Kind == "ClusterRoleBinding" || o.Kind == "Namespace" {
+			switch o.Kind {
+			case "ClusterRole", "ClusterRoleBinding", "Namespace", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
 				want = ""
 			}
 			if o.Namespace != want {
