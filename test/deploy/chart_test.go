@@ -1088,3 +1088,37 @@ func TestNoProxyRights(t *testing.T) {
 		}
 	}
 }
+
+// TestChartNodeReportSwitches: nodeReport.admissionPolicy.enabled=false leaves the policy and
+// its binding out and keeps the report; nodeReport.enabled=false leaves out the report, its
+// Role and the policy.
+func TestChartNodeReportSwitches(t *testing.T) {
+	for _, tc := range []struct {
+		values     string
+		report     bool
+		policy     bool
+		reportRole bool
+	}{
+		{"nodeReport:\n  admissionPolicy:\n    enabled: false\n", true, false, true},
+		{"nodeReport:\n  enabled: false\n", false, false, false},
+	} {
+		f := filepath.Join(t.TempDir(), "values.yaml")
+		if err := os.WriteFile(f, []byte(tc.values), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		k := byKind(t, renderChart(t, "proxyhealth", "proxyhealth", f))
+		var ds appsv1.DaemonSet
+		k["DaemonSet"].decodeStrict(t, &ds)
+		if got := slices.Contains(ds.Spec.Template.Spec.Containers[0].Args, "--node-report"); got != tc.report {
+			t.Errorf("%q: --node-report %v, want %v", tc.values, got, tc.report)
+		}
+		for kind, want := range map[string]bool{
+			"ValidatingAdmissionPolicy/node-report": tc.policy, "ValidatingAdmissionPolicyBinding/node-report": tc.policy,
+			"Role/node-report": tc.reportRole, "RoleBinding/node-report": tc.reportRole,
+		} {
+			if _, got := k[kind]; got != want {
+				t.Errorf("%q: a %s %v, want %v", tc.values, kind, got, want)
+			}
+		}
+	}
+}
