@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/proxyhealth/proxyhealth/internal/testsupport/netnsdial"
+	"github.com/proxyhealth/proxyhealth/test/kubelab"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -54,7 +55,8 @@ func requirePlugin(t *testing.T) {
 }
 
 // registerExporterPod writes a Pod for an exporter on node, labelled as the chart's and
-// deploy/'s pods are, and sets its status to Running at ip.
+// deploy/'s pods are, running as the exporter's ServiceAccount (a token can be bound to it),
+// and sets its status to Running at ip.
 func (cp *ControlPlane) registerExporterPod(name, node, ip string, port int) {
 	t := cp.t
 	t.Helper()
@@ -64,8 +66,9 @@ func (cp *ControlPlane) registerExporterPod(name, node, ip string, port int) {
 	created, err := pods.Create(ctx, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app.kubernetes.io/name": "proxyhealth"}},
 		Spec: corev1.PodSpec{
-			NodeName:    node,
-			HostNetwork: true,
+			NodeName:           node,
+			ServiceAccountName: reportPolicyAccount,
+			HostNetwork:        true,
 			Containers: []corev1.Container{{Name: "proxyhealth", Image: "ghcr.io/proxyhealth/proxyhealth:latest",
 				Ports: []corev1.ContainerPort{{Name: "metrics", ContainerPort: int32(port), Protocol: corev1.ProtocolTCP}}}},
 		},
@@ -140,7 +143,8 @@ func (cp *ControlPlane) grantNodeReport() {
 func (cp *ControlPlane) checkNoProxyRights() {
 	t := cp.t
 	t.Helper()
-	for _, user := range []string{"system:serviceaccount:" + exporterNamespace + ":oncall", "system:serviceaccount:kube-system:proxyhealth"} {
+	for _, user := range []string{"system:serviceaccount:" + exporterNamespace + ":oncall", "system:serviceaccount:kube-system:proxyhealth",
+		"system:serviceaccount:" + exporterNamespace + ":" + reportPolicyAccount} {
 		for _, res := range []struct{ resource, namespace string }{{"pods", exporterNamespace}, {"nodes", ""}, {"services", exporterNamespace}, {"services", "default"}} {
 			sar, err := cp.Client.AuthorizationV1().SubjectAccessReviews().Create(context.Background(), &authorizationv1.SubjectAccessReview{
 				Spec: authorizationv1.SubjectAccessReviewSpec{User: user, Groups: []string{"system:serviceaccounts", "system:authenticated"},
@@ -318,7 +322,8 @@ func (cp *ControlPlane) shippedViewer() string {
 
 // TestPluginKubernetesAuth: with --web.kubernetes-auth, as deploy/components/kubernetes-auth
 // runs the exporter, and the exporter writing its node's report with
-// deploy/components/node-report's Role, `kubectl proxyhealth` run by a cluster admin (a static
+// deploy/components/node-report's Role and held by its admission policy (a token bound to its
+// Pod, the ValidatingAdmissionPolicy plugin on), `kubectl proxyhealth` run by a cluster admin (a static
 // token in system:masters) and by an on-call user with only deploy/components/kubectl-plugin's
 // ClusterRole, bound in the exporters' namespace, names the node's stale rules (incident 3,
 // kube-proxy black-holed) and exits 2; with --service it gives the stale and missing endpoints,
@@ -331,16 +336,32 @@ func TestPluginKubernetesAuth(t *testing.T) {
 	requireExporter(t)
 	requirePlugin(t)
 	l := newLabRules(t, labRawRules)
-	cp := StartControlPlane(t, l, ControlPlaneOptions{})
-	kubeconfig := cp.readOnlyKubeconfig("proxyhealth.kubeconfig", apiserverAddr)
-	cp.bindClusterRole("proxyhealth-kubernetes-auth", []rbacv1.PolicyRule{
+	cp := StartControlPlane(t, l, ControlPlaneOptions{AdmissionPolicies: true})
+	// The exporter as shipped: its ServiceAccount in the exporters' namespace with its read-only
+	// view, scrape auth's reviews and the node report's Role, held by the node report's admission
+	// policy, with a token bound to its Pod on the lab's node, as the kubelet mounts it.
+	cp.bindClusterRole("proxyhealth-plugin-auth", []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"services", "nodes"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"get", "list", "watch"}},
 		{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"tokenreviews"}, Verbs: []string{"create"}},
 		{APIGroups: []string{"authorization.k8s.io"}, Resources: []string{"subjectaccessreviews"}, Verbs: []string{"create"}},
-	}, "kube-system", "proxyhealth")
+	}, exporterNamespace, reportPolicyAccount)
 	viewer := cp.shippedViewer()
 	oncall := cp.pluginKubeconfig()
-	cp.grantNodeReport()
+	cp.grantNodeReportTo(exporterNamespace, reportPolicyAccount)
+	cp.applyReportPolicy()
 	cp.checkNoProxyRights()
+	cp.registerExporterPod("proxyhealth-lab", labNodeName, uplinkN, pluginAuthExporterPort)
+	pod, err := cp.Client.CoreV1().Pods(exporterNamespace).Get(context.Background(), "proxyhealth-lab", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := filepath.Join(cp.Dir, "proxyhealth.kubeconfig")
+	token := cp.requestToken(exporterNamespace, reportPolicyAccount, &authenticationv1.BoundObjectReference{
+		Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID})
+	if err := os.WriteFile(kubeconfig, []byte(kubelab.KubeconfigYAML(apiserverAddr, reportPolicyAccount, token)), 0o600); err != nil {
+		t.Fatal(err)
+	}
 
 	addr := uplinkN + ":" + strconv.Itoa(pluginAuthExporterPort)
 	exporter := l.Start(l.Node, "proxyhealth-plugin-auth", append([]string{exporterBin, "--web.listen-address=" + addr,
@@ -350,7 +371,6 @@ func TestPluginKubernetesAuth(t *testing.T) {
 		b, _ := os.ReadFile(exporter.log)
 		return string(b)
 	}
-	cp.registerExporterPod("proxyhealth-lab", labNodeName, uplinkN, pluginAuthExporterPort)
 
 	const ns, name = "lab", "backend"
 	cp.CreateService(httpService(ns, name, "10.96.0.50", nil))
