@@ -26,7 +26,7 @@ ifeq ($(notdir $(firstword $(CONTAINER_ENGINE))),podman)
 IMAGE_ENGINE_FLAGS ?= --layers=false --ulimit nofile=$$(ulimit -Hn):$$(ulimit -Hn) --build-arg TARGETOS=linux
 endif
 
-.PHONY: all build plugin run image image-binaries cross test test-all vet unit kube etcd alerts dashboards deploy-check deploy-generate e2e kernels bench-smoke prebuild-start prebuild-wait
+.PHONY: all build plugin run image image-binaries cross test test-all vet unit kube etcd alerts dashboards deploy-check deploy-generate e2e kernels ipvs-lab bench-smoke prebuild-start prebuild-wait
 
 all: build
 
@@ -136,6 +136,14 @@ RUN ?=
 kernels:
 	KERNELS='$(KERNELS)' RUN='$(RUN)' test/vm/matrix.sh
 
+# The IPVS lab: the control-plane lab's IPVS tests with the real kube-proxy in --proxy-mode=ipvs
+# (v1.34.4 and v1.37.2, against test/kube/VERSION's apiserver), each in a Linux 6.1 guest with the
+# whole lab inside, side by side: this machine's kernel has no IPVS (test/vm/README.md).
+# One version, one test: make ipvs-lab KUBE_PROXY_VERSIONS=v1.37.2 RUN=TestDriftCutOffIPVS
+KUBE_PROXY_VERSIONS ?=
+ipvs-lab:
+	KUBE_PROXY_VERSIONS='$(KUBE_PROXY_VERSIONS)' RUN='$(RUN)' test/vm/ipvs-lab.sh
+
 # The conntrack event and rules drift benchmarks at smoke size, and the node-cost benchmark's
 # smoke for the iptables-legacy mode (about a minute): prove the harnesses, assert no figures.
 bench-smoke:
@@ -161,4 +169,4 @@ prebuild-start:
 prebuild-wait:
 	test/prebuild.sh wait
 
-test-all: prebuild-start vet unit cross prebuild-wait kube etcd alerts dashboards deploy-check e2e kernels bench-smoke
+test-all: prebuild-start vet unit cross prebuild-wait kube etcd alerts dashboards deploy-check e2e kernels ipvs-lab bench-smoke

@@ -109,6 +109,7 @@ func (e *Exporter) Poll(t *testing.T, timeout time.Duration, what string, prepar
 // poll is Poll that reports a timeout as an error and lets the test go on.
 func (e *Exporter) poll(t *testing.T, timeout time.Duration, what string, prepare func(), cond func(Scrape) (bool, string)) (Scrape, bool) {
 	t.Helper()
+	timeout *= waitScale
 	deadline := time.Now().Add(timeout)
 	for {
 		if prepare != nil {

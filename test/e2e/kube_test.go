@@ -385,8 +385,9 @@ func (cp *ControlPlane) StartKubeProxy(opts KubeProxyOptions) {
 		"--conntrack-tcp-timeout-close-wait=0",
 		"--metrics-bind-address", kubeProxyMetrics,
 		"--healthz-bind-address", kubeProxyHealthz,
-		"--iptables-min-sync-period=0",
-		"--iptables-sync-period=30s",
+		// IPVS mode takes its own flags for these, and ignores the iptables ones.
+		"--"+syncFlagPrefix(mode)+"-min-sync-period=0",
+		"--"+syncFlagPrefix(mode)+"-sync-period=30s",
 		"--v", "2",
 	)
 	args = append(args, opts.ExtraArgs...)
@@ -403,6 +404,19 @@ func (cp *ControlPlane) StartKubeProxy(opts KubeProxyOptions) {
 		})
 		t.Logf("kube-proxy programmed its first sync in %s", time.Since(start).Round(time.Millisecond))
 	}
+	if mode == "ipvs" && !opts.NoWaitFirstSync {
+		cp.WaitVirtualServer(60*time.Second, kubernetesVirtualServer, []string{uplinkN + ":6443"})
+		t.Logf("kube-proxy programmed its first sync in %s", time.Since(start).Round(time.Millisecond))
+	}
+}
+
+// syncFlagPrefix is the prefix of kube-proxy's sync period flags in mode: --ipvs-sync-period
+// in IPVS mode, --iptables-sync-period in the others.
+func syncFlagPrefix(mode string) string {
+	if mode == "ipvs" {
+		return "ipvs"
+	}
+	return "iptables"
 }
 
 // faultCommand sends a command (blackhole, heal, reset, state) to the fault proxy and returns

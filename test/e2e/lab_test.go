@@ -480,6 +480,7 @@ func (l *Lab) ConntrackInvalid() int {
 // with cond's last detail.
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
+	timeout *= waitScale
 	deadline := time.Now().Add(timeout)
 	for {
 		ok, detail := cond()
@@ -492,6 +493,19 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// waitScaleEnv multiplies every bound the lab waits for (waitFor, Exporter.Poll): a kernel
+// matrix guest under emulation (test/vm) runs the control plane several times slower. A bound
+// only ends a wait that failed; it measures nothing.
+const waitScaleEnv = "PROXYHEALTH_LAB_WAIT_SCALE"
+
+var waitScale = func() time.Duration {
+	n, err := strconv.Atoi(os.Getenv(waitScaleEnv))
+	if err != nil || n < 1 {
+		return 1
+	}
+	return time.Duration(n)
+}()
 
 func run(name string, args ...string) (string, error) {
 	return runCmd(exec.Command(name, args...))

@@ -27,6 +27,15 @@ func Require(t testing.TB) {
 	if !nftnltest.InNetns() {
 		prereq.Skip(t, "needs root and unshare(1) to run in a network namespace of its own")
 	}
+	RequireLoaded(t)
+	loopbackUp(t)
+}
+
+// RequireLoaded skips t unless the kernel has IPVS loaded, as Require does: even under CI on a
+// kernel built without IPVS, which the kernel matrix stands in for. A lab that makes network
+// namespaces of its own (test/e2e) needs no more.
+func RequireLoaded(t testing.TB) {
+	t.Helper()
 	loaded, err := ipvs.Loaded("/proc")
 	if err != nil {
 		t.Fatal(err)
@@ -37,7 +46,6 @@ func Require(t testing.TB) {
 		}
 		prereq.Skip(t, "needs the ip_vs module loaded (modprobe ip_vs)")
 	}
-	loopbackUp(t)
 }
 
 // loopbackUp brings the namespace's loopback up: until it is, the namespace has no local routing

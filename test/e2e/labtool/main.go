@@ -19,11 +19,16 @@
 //	fault-proxy <listen> --to <addr> --control <addr>
 //	                                         TCP proxy that black-holes and heals on command
 //	                                         (test/kubelab's FaultProxy)
+//	ipvs <procfs>                            print this namespace's IPVS virtual servers, their
+//	                                         real servers (weights, connections) and the
+//	                                         addresses of kube-ipvs0, read as the exporter reads
+//	                                         them, as JSON (kpcapture.IPVSState)
 package main
 
 import (
 	"bufio"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -32,6 +37,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -40,6 +46,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/proxyhealth/proxyhealth/internal/ipvs"
+	"github.com/proxyhealth/proxyhealth/internal/kpcapture"
 	"github.com/proxyhealth/proxyhealth/test/kubelab"
 )
 
@@ -91,6 +99,8 @@ func main() {
 		control := fs.String("control", "", "control endpoint address (HTTP)")
 		_ = fs.Parse(rest)
 		err = runFaultProxy(target, *to, *control)
+	case "ipvs":
+		err = printIPVS(target)
 	default:
 		usage()
 	}
@@ -120,8 +130,35 @@ func runFaultProxy(listen, upstream, control string) error {
 	return <-errc
 }
 
+// printIPVS prints the virtual servers of the namespace it runs in, procfs being /proc there,
+// and the addresses bound to kube-ipvs0 (none without it), as the version matrix keeps them.
+func printIPVS(procfs string) error {
+	servers, err := ipvs.Read(procfs)
+	if err != nil {
+		return err
+	}
+	state := kpcapture.IPVSState{VirtualServers: servers, Bound: []netip.Addr{}}
+	if iface, err := net.InterfaceByName("kube-ipvs0"); err == nil {
+		addrs, err := iface.Addrs()
+		if err != nil {
+			return fmt.Errorf("the addresses of kube-ipvs0: %w", err)
+		}
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok {
+				if ip, ok := netip.AddrFromSlice(n.IP); ok {
+					state.Bound = append(state.Bound, ip.Unmap())
+				}
+			}
+		}
+		slices.SortFunc(state.Bound, netip.Addr.Compare)
+	}
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(state)
+}
+
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: labtool serve-tcp|connect|get|send-invalid|fault-proxy <addr|url> [flags]")
+	fmt.Fprintln(os.Stderr, "usage: labtool serve-tcp|connect|get|send-invalid|send-tcp|serve-hold|hold|fault-proxy|ipvs <addr|url|procfs> [flags]")
 	os.Exit(2)
 }
 
