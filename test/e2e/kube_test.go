@@ -176,7 +176,7 @@ func StartControlPlane(t *testing.T, l *Lab, opts ControlPlaneOptions) *ControlP
 		Dial:            netnsdial.Dialer(l.Node),
 		QPS:             100,
 		Burst:           200,
-		Timeout:         10 * time.Second,
+		Timeout:         10 * time.Second * waitScale,
 		// Deprecation warnings are expected (the lab writes old shapes on purpose).
 		WarningHandler: rest.NoWarnings{},
 	}
@@ -190,7 +190,7 @@ func StartControlPlane(t *testing.T, l *Lab, opts ControlPlaneOptions) *ControlP
 		if cp.APIServer.Exited() || cp.Etcd.Exited() {
 			t.Fatalf("etcd or kube-apiserver exited during startup")
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second*waitScale)
 		defer cancel()
 		body, err := client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
 		if err != nil {
@@ -424,7 +424,7 @@ func syncFlagPrefix(mode string) string {
 func (cp *ControlPlane) faultCommand(cmd string) string {
 	t := cp.t
 	t.Helper()
-	resp, err := netnsdial.HTTPClient(cp.Lab.Node, 5*time.Second).Get("http://" + faultControlAddr + "/" + cmd)
+	resp, err := netnsdial.HTTPClient(cp.Lab.Node, 5*time.Second*waitScale).Get("http://" + faultControlAddr + "/" + cmd)
 	if err != nil {
 		t.Fatalf("fault proxy %s: %v", cmd, err)
 	}
@@ -450,7 +450,7 @@ func (cp *ControlPlane) KubeProxyLog() string {
 
 // KubeProxyGet fetches a path from kube-proxy's metrics (10249) or healthz (10256) server.
 func (cp *ControlPlane) KubeProxyGet(addr, path string) (int, string, error) {
-	resp, err := netnsdial.HTTPClient(cp.Lab.Node, 5*time.Second).Get("http://" + addr + path)
+	resp, err := netnsdial.HTTPClient(cp.Lab.Node, 5*time.Second*waitScale).Get("http://" + addr + path)
 	if err != nil {
 		return 0, "", err
 	}

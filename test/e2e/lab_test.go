@@ -446,7 +446,7 @@ func (l *Lab) SendInvalid(ns, dst string, count int) {
 
 // Get fetches url from inside ns.
 func (l *Lab) Get(ns, url string) (string, error) {
-	cmd := exec.Command("ip", "netns", "exec", ns, labtoolBin, "get", url)
+	cmd := exec.Command("ip", "netns", "exec", ns, labtoolBin, "get", url, "--timeout", (5 * time.Second * waitScale).String())
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -494,9 +494,10 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool
 	}
 }
 
-// waitScaleEnv multiplies every bound the lab waits for (waitFor, Exporter.Poll): a kernel
-// matrix guest under emulation (test/vm) runs the control plane several times slower. A bound
-// only ends a wait that failed; it measures nothing.
+// waitScaleEnv multiplies every bound the lab waits for (waitFor, Exporter.Poll, the timeouts
+// of its requests to the apiserver, kube-proxy and the exporter): a kernel matrix guest under
+// emulation (test/vm) runs the control plane several times slower. A bound only ends a wait
+// that failed; it measures nothing.
 const waitScaleEnv = "PROXYHEALTH_LAB_WAIT_SCALE"
 
 var waitScale = func() time.Duration {
