@@ -11,6 +11,8 @@
 #   RUN=REGEXP                              the tests (default: the IPVS ones)
 #   VM_TIMEOUT=45m                          how long one guest may run before it is killed
 #   VM_PARALLEL=0                           the guests one after another, not side by side
+#   PROXYHEALTH_LAB_WAIT_SCALE=4            how much longer than on the host the lab waits
+#                                           (test/e2e; more on a loaded machine)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -57,7 +59,7 @@ run_version() {
 	ln "$(dirname "$kube_default")/$v/kube-proxy" "$payload/kube/kube-proxy"
 	chmod -R a+rX "$payload"
 	"$here/run.sh" -k "$kernel" -n "$kernel kube-proxy $v" -p "$payload" -t "$vm_timeout" -M "$modules" -m 4096 -c 2 \
-		-e PROXYHEALTH_REQUIRE_ALL=1 -e PROXYHEALTH_E2E_BINARIES=/vm/payload/bin -e PROXYHEALTH_LAB_WAIT_SCALE=4 \
+		-e PROXYHEALTH_REQUIRE_ALL=1 -e PROXYHEALTH_E2E_BINARIES=/vm/payload/bin -e PROXYHEALTH_LAB_WAIT_SCALE="${PROXYHEALTH_LAB_WAIT_SCALE:-4}" \
 		-e PROXYHEALTH_KUBE_BIN=/vm/payload/kube -e PROXYHEALTH_KUBE_VERSION="$v" -e PROXYHEALTH_ETCD=/vm/payload/etcd \
 		-- bash -c 'cd src/test/e2e && exec ./e2e.test -test.count=1 -test.v -test.timeout="$0" -test.run="$1"' "$test_timeout" "$run" ||
 		status=$?
