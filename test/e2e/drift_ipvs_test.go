@@ -328,14 +328,15 @@ func testIPVSDraining(t *testing.T, cp *ControlPlane, e *Exporter) {
 	drained := time.Now()
 	t.Logf("kube-proxy keeps %s at weight %d with %d active connection(s)", drain.Addr, drain.Weight, drain.ActiveConns)
 
-	// The exporter reads IPVS again after the change, then for longer than the grace period
-	// past it no scrape shows drift.
+	// Once the exporter has read IPVS twice since the weight went to 0, for longer than the
+	// grace period no scrape shows drift. Before that read it may rightly report the endpoint
+	// stale: kube-proxy kept it at its full weight for as long as its sync took, which under
+	// emulation can outlast the grace period.
 	reads := func(s Scrape) float64 {
 		return s.Sum("proxyhealth_netfilter_reads_total", map[string]string{"source": "ipvs"})
 	}
 	base := reads(e.Scrape(t))
 	e.Poll(t, 30*time.Second, "the exporter reading IPVS twice after the weight went to 0", nil, func(s Scrape) (bool, string) {
-		checkNoDrift(t, s, "draining")
 		return reads(s) >= base+2, s.Series("proxyhealth_netfilter_reads_total")
 	})
 	n := watchScrapes(t, e, driftGrace+3*driftCheckInterval, func(s Scrape, _ time.Time) { checkNoDrift(t, s, "draining") })
