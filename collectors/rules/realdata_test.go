@@ -13,6 +13,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
+	"github.com/proxyhealth/proxyhealth/internal/proxyversion"
 )
 
 // realCapture is a real kube-proxy v1.36.3 nat table and the API objects it was programmed from.
@@ -24,6 +25,13 @@ func realCapture(t *testing.T) (*iptablesRules, *cluster.Snapshot) {
 // apiSnapshot is a fresh view of the API objects a capture was programmed from, each service
 // port's expected endpoints computed by cluster.ServicePorts.
 func apiSnapshot(t *testing.T, path string) *cluster.Snapshot {
+	t.Helper()
+	return apiSnapshotFor(t, path, proxyversion.Version{})
+}
+
+// apiSnapshotFor is apiSnapshot as kube-proxy of version proxy computes the expected
+// endpoints (cluster.ServicePortsFor; the zero Version: the newest tested).
+func apiSnapshotFor(t *testing.T, path string, proxy proxyversion.Version) *cluster.Snapshot {
 	t.Helper()
 	var objs struct {
 		Node           corev1.Node                 `json:"node"`
@@ -48,7 +56,7 @@ func apiSnapshot(t *testing.T, path string) *cluster.Snapshot {
 				slices = append(slices, s)
 			}
 		}
-		snap.Ports = append(snap.Ports, cluster.ServicePorts(svc, slices, objs.Node.Name, zone)...)
+		snap.Ports = append(snap.Ports, cluster.ServicePortsFor(proxy, svc, slices, objs.Node.Name, zone)...)
 	}
 	sort.Slice(snap.Ports, func(i, j int) bool {
 		return snap.Ports[i].Name.String()+snap.Ports[i].Name.Protocol < snap.Ports[j].Name.String()+snap.Ports[j].Name.Protocol

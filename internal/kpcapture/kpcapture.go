@@ -34,6 +34,45 @@ const (
 // Modes are the modes captured, in the order the lab runs them.
 var Modes = []string{IPTablesLegacy, IPTablesNFT, NFTables}
 
+// IPVS is kube-proxy's IPVS mode. Its capture is the kernel's state rather than rules
+// (IPVSFile, an IPVSState), made in a kernel matrix guest (CAPTURE=1 test/vm/ipvs-lab.sh):
+// this machine's kernel may have no IPVS. The rules collector's tests compare it with the
+// version's API objects. It is not one of Modes, which the host's lab captures.
+const (
+	IPVS     = "ipvs"
+	IPVSFile = "ipvs.json"
+)
+
+// IPVSCaptures lists the IPVS captures under root/Dir (root being the repository), by version.
+func IPVSCaptures(root string) ([]Capture, error) {
+	base := filepath.Join(root, Dir)
+	versions, err := os.ReadDir(base)
+	if err != nil {
+		return nil, err
+	}
+	var out []Capture
+	for _, v := range versions {
+		dir := filepath.Join(base, v.Name(), IPVS)
+		if _, err := os.Stat(filepath.Join(dir, IPVSFile)); v.IsDir() && err == nil {
+			out = append(out, Capture{Version: v.Name(), Mode: IPVS, Dir: dir})
+		}
+	}
+	return out, nil
+}
+
+// LoadIPVS reads an IPVS capture.
+func (c Capture) LoadIPVS() (*IPVSState, error) {
+	b, err := os.ReadFile(c.File(IPVSFile))
+	if err != nil {
+		return nil, err
+	}
+	var s IPVSState
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("%s: %w", c.File(IPVSFile), err)
+	}
+	return &s, nil
+}
+
 // IPVSState is kube-proxy's IPVS mode as the exporter reads it (internal/ipvs), in the form the
 // lab passes it on (labtool ipvs): the virtual servers with their real servers, sorted, and the
 // addresses bound to kube-proxy's kube-ipvs0, which tell a node port's virtual servers from the

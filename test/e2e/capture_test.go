@@ -331,3 +331,83 @@ func diffChains(got, want map[string][]string) string {
 	sort.Strings(diffs)
 	return strings.Join(diffs, "; ")
 }
+
+// TestCaptureKubeProxyIPVS is TestCaptureKubeProxyRules for kube-proxy's IPVS mode, which needs
+// a kernel with IPVS (the kernel matrix's guests: make ipvs-lab): the same Services on a
+// dual-stack lab, each cluster IP's virtual server holding what capturePorts says (the local
+// endpoints where internalTrafficPolicy: Local leaves only those). With -update-fixtures it
+// writes the virtual servers and kube-ipvs0's addresses, as the exporter reads them, to
+// collectors/rules/testdata/kube-proxy-matrix/<version>/ipvs/ (CAPTURE=1 test/vm/ipvs-lab.sh
+// brings them out of the guest), which the rules collector's tests compare with the version's
+// API objects.
+func TestCaptureKubeProxyIPVS(t *testing.T) {
+	requireKube(t)
+	requireIPVS(t)
+	start := time.Now()
+	l := newLabRules(t, labRawRules)
+	cp := StartControlPlane(t, l, ControlPlaneOptions{NoKubeProxy: true, DualStack: true})
+	cp.StartKubeProxy(KubeProxyOptions{Mode: "ipvs"})
+	createCaptureObjects(cp)
+
+	want := map[string][]string{}
+	for _, p := range capturePorts {
+		for _, f := range p.families {
+			port := "80"
+			switch p.portName {
+			case "https":
+				port = "443"
+			case "dns", "dns-tcp":
+				port = "53"
+			}
+			eps := f.cluster
+			if eps == nil {
+				eps = f.local
+			}
+			key := strings.ToUpper(p.protocol)
+			if strings.Contains(f.clusterIP, ":") {
+				key = "[" + f.clusterIP + "]:" + port + "/" + key
+			} else {
+				key = f.clusterIP + ":" + port + "/" + key
+			}
+			want[key] = sortedCopy(eps)
+		}
+	}
+	var state kpcapture.IPVSState
+	waitFor(t, 60*time.Second, "kube-proxy (ipvs) programmed the capture's Services in both families", func() (bool, string) {
+		if cp.KubeProxy.Exited() {
+			t.Fatalf("kube-proxy exited")
+		}
+		state = cp.IPVSState()
+		got := weighted(state.VirtualServers)
+		var diffs []string
+		for key, w := range want {
+			if g, ok := got[key]; !ok || !equalStrings(g, w) {
+				diffs = append(diffs, fmt.Sprintf("%s: %v (found %v), want %v", key, g, ok, w))
+			}
+		}
+		sort.Strings(diffs)
+		return len(diffs) == 0, strings.Join(diffs, "\n")
+	})
+	t.Logf("kube-proxy %s (ipvs) programmed the capture in %s: %d virtual servers, %d addresses on kube-ipvs0",
+		cp.Bins.Version, time.Since(start).Round(time.Millisecond), len(state.VirtualServers), len(state.Bound))
+
+	if !*updateFixtures {
+		return
+	}
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(root, kpcapture.Dir, cp.Bins.Version, kpcapture.IPVS)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.MarshalIndent(state, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, kpcapture.IPVSFile), append(b, '\n'), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("capture written to %s", dir)
+}

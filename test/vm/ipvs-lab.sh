@@ -8,9 +8,13 @@
 #   KUBE_PROXY_VERSIONS='v1.34.4 v1.37.2'  the kube-proxy versions (default: the oldest and
 #                                           the newest of test/kube/)
 #   IPVS_KERNEL=6.1                         the kernel (a name of test/vm/kernels)
-#   RUN=REGEXP                              the tests (default: the IPVS ones)
+#   RUN=REGEXP                              the tests (default: TestDriftCutOffIPVS, and
+#                                           TestCaptureKubeProxyIPVS with CAPTURE=1)
 #   VM_TIMEOUT=45m                          how long one guest may run before it is killed
 #   VM_PARALLEL=0                           the guests one after another, not side by side
+#   CAPTURE=1                               also write each version's IPVS capture
+#                                           (TestCaptureKubeProxyIPVS -update-fixtures) into
+#                                           collectors/rules/testdata/kube-proxy-matrix/<version>/ipvs/
 #   PROXYHEALTH_LAB_WAIT_SCALE=4            how much longer than on the host the lab waits
 #                                           (test/e2e; more on a loaded machine)
 set -euo pipefail
@@ -20,7 +24,8 @@ repo=$(cd "$here/../.." && pwd)
 default_version=$(cat "$repo/test/kube/VERSION")
 versions=${KUBE_PROXY_VERSIONS:-$(cd "$repo/test/kube" && ls -d v*/ | tr -d / | sort -V | sed -n '1p;$p' | sort -u)}
 kernel=${IPVS_KERNEL:-6.1}
-run=${RUN:-'IPVS'}
+run=${RUN:-'^TestDriftCutOffIPVS$'}
+[ "${CAPTURE:-0}" = 0 ] || run=${RUN:-'^(TestDriftCutOffIPVS|TestCaptureKubeProxyIPVS)$'}
 vm_timeout=${VM_TIMEOUT:-45m}
 test_timeout=40m
 # The kernel matrix's modules and what kube-proxy's IPVS mode needs: its schedulers (it checks
@@ -58,11 +63,20 @@ run_version() {
 	ln "$kube_default/kube-apiserver" "$payload/kube/kube-apiserver"
 	ln "$(dirname "$kube_default")/$v/kube-proxy" "$payload/kube/kube-proxy"
 	chmod -R a+rX "$payload"
-	"$here/run.sh" -k "$kernel" -n "$kernel kube-proxy $v" -p "$payload" -t "$vm_timeout" -M "$modules" -m 4096 -c 2 \
+	local args=(-test.count=1 -test.v -test.timeout="$test_timeout" -test.run="$run")
+	[ "${CAPTURE:-0}" = 0 ] || args+=(-update-fixtures)
+	# The capture, written in the guest's copy of the tree, comes back through /vm/out.
+	local capture="collectors/rules/testdata/kube-proxy-matrix/$v/ipvs"
+	"$here/run.sh" -k "$kernel" -n "$kernel kube-proxy $v" -p "$payload" -o "$work/out-$v" -t "$vm_timeout" -M "$modules" -m 4096 -c 2 \
 		-e PROXYHEALTH_REQUIRE_ALL=1 -e PROXYHEALTH_E2E_BINARIES=/vm/payload/bin -e PROXYHEALTH_LAB_WAIT_SCALE="${PROXYHEALTH_LAB_WAIT_SCALE:-4}" \
 		-e PROXYHEALTH_KUBE_BIN=/vm/payload/kube -e PROXYHEALTH_KUBE_VERSION="$v" -e PROXYHEALTH_ETCD=/vm/payload/etcd \
-		-- bash -c 'cd src/test/e2e && exec ./e2e.test -test.count=1 -test.v -test.timeout="$0" -test.run="$1"' "$test_timeout" "$run" ||
+		-- bash -c 'cd src/test/e2e && ./e2e.test "${@:2}"; status=$?; cp -r "../../$0" /vm/out/ 2>/dev/null; exit $status' "$capture" "${args[@]}" ||
 		status=$?
+	if [ "${CAPTURE:-0}" != 0 ] && [ "$status" -eq 0 ]; then
+		mkdir -p "$repo/$capture"
+		cp "$work/out-$v/ipvs/"* "$repo/$capture/"
+		echo "ipvs-lab: capture written to $capture" >&2
+	fi
 	echo "$v $status $((SECONDS - start))" >>"$work/summary"
 }
 for v in $versions; do
