@@ -62,15 +62,9 @@ func startNodeConditions(ctx context.Context, c *nodeConditionsConfig, api *apiV
 }
 
 func newNodeConditions(c *nodeConditionsConfig, api *apiView, node string, logger *slog.Logger) (*nodecondition.Publisher, error) {
-	if node == "" {
-		node = api.cfg.NodeName
-	}
-	if node == "" {
-		host, err := os.Hostname()
-		if err != nil {
-			return nil, fmt.Errorf("no --node-name or $NODE_NAME, and reading the host name: %w", err)
-		}
-		node = host
+	node, err := writerNodeName(node, api)
+	if err != nil {
+		return nil, err
 	}
 	restCfg, err := api.cfg.RESTConfig()
 	if err != nil {
@@ -85,4 +79,20 @@ func newNodeConditions(c *nodeConditionsConfig, api *apiView, node string, logge
 		HeartbeatInterval: c.Heartbeat,
 		EventInterval:     c.EventInterval,
 	}, logger.With("component", "node-conditions"))
+}
+
+// writerNodeName is the node whose verdict the API writers (the Node condition, the node
+// report) publish: the verdict's own node, else --node-name, else the host's name.
+func writerNodeName(node string, api *apiView) (string, error) {
+	if node == "" {
+		node = api.cfg.NodeName
+	}
+	if node == "" {
+		host, err := os.Hostname()
+		if err != nil {
+			return "", fmt.Errorf("no --node-name or $NODE_NAME, and reading the host name: %w", err)
+		}
+		node = host
+	}
+	return node, nil
 }

@@ -70,15 +70,9 @@ func startNodeReport(ctx context.Context, c *nodeReportConfig, api *apiView, jud
 }
 
 func newNodeReport(c *nodeReportConfig, api *apiView, node string, logger *slog.Logger) (*reportwriter.Writer, error) {
-	if node == "" {
-		node = api.cfg.NodeName
-	}
-	if node == "" {
-		host, err := os.Hostname()
-		if err != nil {
-			return nil, fmt.Errorf("no --node-name or $NODE_NAME, and reading the host name: %w", err)
-		}
-		node = host
+	node, err := writerNodeName(node, api)
+	if err != nil {
+		return nil, err
 	}
 	namespace := c.Namespace
 	if namespace == "" {
