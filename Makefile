@@ -137,9 +137,10 @@ kernels:
 	KERNELS='$(KERNELS)' RUN='$(RUN)' test/vm/matrix.sh
 
 # The IPVS lab: the control-plane lab's IPVS tests with the real kube-proxy in --proxy-mode=ipvs
-# (v1.34.4 and v1.37.2, against test/kube/VERSION's apiserver), each in a Linux 6.1 guest with the
-# whole lab inside, side by side: this machine's kernel has no IPVS (test/vm/README.md).
-# One version, one test: make ipvs-lab KUBE_PROXY_VERSIONS=v1.37.2 RUN=TestDriftCutOffIPVS
+# (by default test/kube/VERSION's, what CI runs), in a Linux 6.1 guest with the whole lab inside,
+# one guest per version side by side: this machine's kernel has no IPVS (test/vm/README.md).
+# The oldest and the newest: make ipvs-lab KUBE_PROXY_VERSIONS='v1.34.4 v1.37.2'
+# One test: make ipvs-lab RUN=TestDriftCutOffIPVS
 KUBE_PROXY_VERSIONS ?=
 ipvs-lab:
 	KUBE_PROXY_VERSIONS='$(KUBE_PROXY_VERSIONS)' RUN='$(RUN)' test/vm/ipvs-lab.sh

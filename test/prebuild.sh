@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds, into their caches, everything the later stages of `make test` build once on a fresh
 # machine: the VM guests' root and kernels (test/vm), etcd (test/etcd), kube-apiserver and
-# kube-proxy of the default version and kube-proxy of the oldest (test/kube, for the IPVS lab).
+# kube-proxy of the default version (test/kube).
 # Each is a no-op once cached.
 #
 #   test/prebuild.sh          # in the foreground
@@ -27,9 +27,6 @@ build() {
 	done
 	test/etcd/build.sh >/dev/null
 	test/kube/build.sh >/dev/null
-	local oldest
-	oldest=$(cd test/kube && ls -d v*/ | tr -d / | sort -V | head -1)
-	test/kube/build.sh "$oldest" kube-proxy >/dev/null
 }
 
 case "${1:-}" in

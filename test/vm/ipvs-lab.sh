@@ -5,8 +5,9 @@
 # whole lab inside: etcd, kube-apiserver (test/kube/VERSION's: an apiserver serves a kube-proxy up
 # to three minors older), kube-proxy of its version, the exporter and the test binary.
 #
-#   KUBE_PROXY_VERSIONS='v1.34.4 v1.37.2'  the kube-proxy versions (default: the oldest and
-#                                           the newest of test/kube/)
+#   KUBE_PROXY_VERSIONS='v1.34.4 v1.37.2'  the kube-proxy versions (default: test/kube/VERSION's,
+#                                           what CI runs; the oldest of test/kube/ with
+#                                           the newest: 'v1.34.4 v1.37.2')
 #   IPVS_KERNEL=6.1                         the kernel (a name of test/vm/kernels)
 #   RUN=REGEXP                              the tests (default: TestDriftCutOffIPVS, and
 #                                           TestCaptureKubeProxyIPVS with CAPTURE=1)
@@ -22,7 +23,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 default_version=$(cat "$repo/test/kube/VERSION")
-versions=${KUBE_PROXY_VERSIONS:-$(cd "$repo/test/kube" && ls -d v*/ | tr -d / | sort -V | sed -n '1p;$p' | sort -u)}
+versions=${KUBE_PROXY_VERSIONS:-$default_version}
 kernel=${IPVS_KERNEL:-6.1}
 run=${RUN:-'^TestDriftCutOffIPVS$'}
 [ "${CAPTURE:-0}" = 0 ] || run=${RUN:-'^(TestDriftCutOffIPVS|TestCaptureKubeProxyIPVS)$'}
