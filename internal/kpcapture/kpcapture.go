@@ -45,30 +45,14 @@ const (
 
 // IPVSCaptures lists the IPVS captures under root/Dir (root being the repository), by version.
 func IPVSCaptures(root string) ([]Capture, error) {
-	base := filepath.Join(root, Dir)
-	versions, err := os.ReadDir(base)
-	if err != nil {
-		return nil, err
-	}
-	var out []Capture
-	for _, v := range versions {
-		dir := filepath.Join(base, v.Name(), IPVS)
-		if _, err := os.Stat(filepath.Join(dir, IPVSFile)); v.IsDir() && err == nil {
-			out = append(out, Capture{Version: v.Name(), Mode: IPVS, Dir: dir})
-		}
-	}
-	return out, nil
+	return find(root, []string{IPVS}, IPVSFile)
 }
 
 // LoadIPVS reads an IPVS capture.
 func (c Capture) LoadIPVS() (*IPVSState, error) {
-	b, err := os.ReadFile(c.File(IPVSFile))
-	if err != nil {
-		return nil, err
-	}
 	var s IPVSState
-	if err := json.Unmarshal(b, &s); err != nil {
-		return nil, fmt.Errorf("%s: %w", c.File(IPVSFile), err)
+	if err := c.decode(IPVSFile, &s); err != nil {
+		return nil, err
 	}
 	return &s, nil
 }
@@ -150,6 +134,12 @@ func (c Capture) File(name string) string { return filepath.Join(c.Dir, name) }
 // Captures lists the captures under root/Dir (root being the repository), by version, then in
 // the order of Modes.
 func Captures(root string) ([]Capture, error) {
+	return find(root, Modes, ExpectedFile)
+}
+
+// find lists the captures under root/Dir of the modes that hold file, by version, then in the
+// order of modes.
+func find(root string, modes []string, file string) ([]Capture, error) {
 	base := filepath.Join(root, Dir)
 	versions, err := os.ReadDir(base)
 	if err != nil {
@@ -160,9 +150,9 @@ func Captures(root string) ([]Capture, error) {
 		if !v.IsDir() {
 			continue
 		}
-		for _, mode := range Modes {
+		for _, mode := range modes {
 			dir := filepath.Join(base, v.Name(), mode)
-			if _, err := os.Stat(filepath.Join(dir, ExpectedFile)); err == nil {
+			if _, err := os.Stat(filepath.Join(dir, file)); err == nil {
 				out = append(out, Capture{Version: v.Name(), Mode: mode, Dir: dir})
 			}
 		}
@@ -170,15 +160,23 @@ func Captures(root string) ([]Capture, error) {
 	return out, nil
 }
 
+// decode reads the capture's file name into v.
+func (c Capture) decode(name string, v any) error {
+	b, err := os.ReadFile(c.File(name))
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("%s: %w", c.File(name), err)
+	}
+	return nil
+}
+
 // Load reads the capture's expectation.
 func (c Capture) Load() (*Expected, error) {
-	b, err := os.ReadFile(c.File(ExpectedFile))
-	if err != nil {
-		return nil, err
-	}
 	var e Expected
-	if err := json.Unmarshal(b, &e); err != nil {
-		return nil, fmt.Errorf("%s: %w", c.File(ExpectedFile), err)
+	if err := c.decode(ExpectedFile, &e); err != nil {
+		return nil, err
 	}
 	if e.Version != c.Version || e.Mode != c.Mode {
 		return nil, fmt.Errorf("%s: version %s, mode %s, in the directory of %s %s", c.File(ExpectedFile), e.Version, e.Mode, c.Version, c.Mode)
