@@ -163,11 +163,12 @@ test:
 
 # The one-time builds of the later stages (the VM guests, etcd, kube-apiserver and kube-proxy,
 # test/prebuild.sh) run in the background, at the lowest priority, from the start: on a fresh
-# machine they overlap vet, the unit tests and the cross builds instead of following them.
+# machine they overlap the stages that need none of them (vet, the unit tests, the cross builds,
+# the alert rules, the dashboards and the manifests) instead of following them.
 prebuild-start:
 	test/prebuild.sh start
 
 prebuild-wait:
 	test/prebuild.sh wait
 
-test-all: prebuild-start vet unit cross prebuild-wait kube etcd alerts dashboards deploy-check e2e kernels ipvs-lab bench-smoke
+test-all: prebuild-start vet unit cross alerts dashboards deploy-check prebuild-wait kube etcd e2e kernels ipvs-lab bench-smoke
