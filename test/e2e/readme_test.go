@@ -70,6 +70,9 @@ func testScrapeMatchesReadme(t *testing.T, s Scrape) {
 		"proxyhealth_node_condition_patches_total":      true,
 		"proxyhealth_node_condition_last_patch_success": true,
 		"proxyhealth_node_events_total":                 true,
+		// Served with --node-report only (TestPluginKubernetesAuth, TestNodeReportAdmissionPolicy).
+		"proxyhealth_node_report_writes_total": true,
+		"proxyhealth_node_report_bytes":        true,
 	}
 	for name := range ref {
 		if _, ok := s[name]; !ok && !strings.Contains(name, "_unlisted") && !conditional[name] {
