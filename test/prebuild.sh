@@ -1,66 +1,99 @@
 #!/usr/bin/env bash
 # Builds, into their caches, everything the later stages of `make test` build once on a fresh
-# machine: the VM guests' root and kernels (test/vm), etcd (test/etcd), kube-apiserver and
-# kube-proxy of the default version (test/kube).
+# machine, in three independent parts:
+#   vm    the VM guests' root and kernels (test/vm): mostly downloads and unpacking;
+#   etcd  etcd (test/etcd): a compile;
+#   kube  kube-apiserver and kube-proxy of the default version (test/kube): the longest compile.
 # Each is a no-op once cached.
 #
-#   test/prebuild.sh          # in the foreground
-#   test/prebuild.sh start    # in the background, at the lowest priority, logging to .build/
-#   test/prebuild.sh wait     # waits for the background run, prints its log, fails as it did
+#   test/prebuild.sh               # every part, in the foreground
+#   test/prebuild.sh part <part>   # one part, in the foreground
+#   test/prebuild.sh start         # every part in the background, side by side, at the lowest
+#                                  # priority, each logging to .build/prebuild/<part>.log
+#   test/prebuild.sh wait [part…]  # waits for those parts (all by default), prints their logs,
+#                                  # fails as one of them did
 #
-# `make test-all` starts it before vet and the unit tests and waits for it before the stages
+# `make test-all` starts them before vet and the unit tests and waits for each before the stages
 # that need its outputs: on a fresh machine the builds (tens of minutes of compiling, and
 # mmdebstrap's downloads) overlap the unit tests, which spend much of their time waiting on
-# timers and on the kernel.
+# timers and on the kernel. The parts run side by side rather than one after another: the
+# downloads leave the CPU idle, and a compile's link step uses one core of the machine's two.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 state="$repo/.build/prebuild"
+parts=(vm etcd kube)
 
-build() {
+build_part() {
 	cd "$repo"
-	local kernel
-	# The root first: mostly downloads and unpacking, which the compiles below do not slow.
-	test/vm/build.sh root >/dev/null
-	for kernel in $(awk '!/^#/ && NF { print $1 }' test/vm/kernels); do
-		test/vm/build.sh kernel "$kernel" >/dev/null
-	done
-	test/etcd/build.sh >/dev/null
-	test/kube/build.sh >/dev/null
+	case "$1" in
+	vm)
+		local kernel
+		test/vm/build.sh root >/dev/null
+		for kernel in $(awk '!/^#/ && NF { print $1 }' test/vm/kernels); do
+			test/vm/build.sh kernel "$kernel" >/dev/null
+		done
+		;;
+	etcd) test/etcd/build.sh >/dev/null ;;
+	kube) test/kube/build.sh >/dev/null ;;
+	*)
+		echo "prebuild: no part $1 (${parts[*]})" >&2
+		return 2
+		;;
+	esac
 }
 
 case "${1:-}" in
 "")
-	build
+	for part in "${parts[@]}"; do
+		build_part "$part"
+	done
+	;;
+part)
+	build_part "${2:?usage: $0 part <part>}"
 	;;
 start)
 	mkdir -p "$state"
-	rm -f "$state/rc"
-	echo "prebuild: building the caches in the background (log: $state/log)"
-	(
-		rc=0
-		nice -n 19 "$0" >"$state/log" 2>&1 || rc=$?
-		echo "$rc" >"$state/rc"
-	) </dev/null &
+	for part in "${parts[@]}"; do
+		rm -f "$state/$part.rc"
+		(
+			rc=0
+			SECONDS=0
+			nice -n 19 "$0" part "$part" >"$state/$part.log" 2>&1 || rc=$?
+			echo "prebuild: $part took ${SECONDS}s" >>"$state/$part.log"
+			echo "$rc" >"$state/$part.rc"
+		) </dev/null &
+	done
+	echo "prebuild: building ${parts[*]} in the background (logs: $state/<part>.log)"
 	;;
 wait)
+	shift
+	[ $# -gt 0 ] || set -- "${parts[@]}"
 	[ -d "$state" ] || { echo "prebuild: not started" >&2; exit 1; }
-	start=$SECONDS
-	# Bounded: the builds take tens of minutes on a fresh machine, not hours.
-	while [ ! -f "$state/rc" ]; do
-		if ((SECONDS - start > 7200)); then
-			echo "prebuild: still running after 2h" >&2
-			exit 1
+	failed=0
+	for part in "$@"; do
+		[ -f "$state/$part.log" ] || { echo "prebuild: $part not started" >&2; exit 1; }
+		start=$SECONDS
+		# Bounded: the builds take tens of minutes on a fresh machine, not hours.
+		while [ ! -f "$state/$part.rc" ]; do
+			if ((SECONDS - start > 7200)); then
+				echo "prebuild: $part still running after 2h" >&2
+				exit 1
+			fi
+			sleep 5
+		done
+		echo "prebuild: waited $((SECONDS - start))s for $part; its log:"
+		sed 's/^/  /' "$state/$part.log"
+		rc=$(cat "$state/$part.rc")
+		if [ "$rc" != 0 ]; then
+			echo "prebuild: $part failed (status $rc)" >&2
+			failed=$rc
 		fi
-		sleep 5
 	done
-	echo "prebuild: waited $((SECONDS - start))s; its log:"
-	sed 's/^/  /' "$state/log"
-	rc=$(cat "$state/rc")
-	[ "$rc" = 0 ] || { echo "prebuild: failed (status $rc)" >&2; exit "$rc"; }
+	exit "$failed"
 	;;
 *)
-	echo "usage: $0 [start|wait]" >&2
+	echo "usage: $0 [part <part>|start|wait [part…]]" >&2
 	exit 2
 	;;
 esac
