@@ -195,17 +195,14 @@ func (e *evaluation) kubeProxy() kubeProxyFindings {
 	if syncFailing {
 		ev := e.syncFailuresEvidence()
 		out.explainedBy = append(out.explainedBy, KubeProxySyncFailing)
-		out.because = append(out.because, syncFailureClause(ev))
+		out.because = append(out.because, syncFailureClause(ev, e.in.Rules.Mode))
 		out.remedy = ev.Remedy
 		if ev.NeverApplied || (e.th.SyncFailures > 0 && ev.Failed >= e.th.SyncFailures) {
 			kev := e.kubeProxyEvidence()
 			kev.ProxyMode = e.in.Rules.Mode
 			kev.SyncFailures = ev
-			severity, effect := Warning, ": no Service or endpoint change reaches this node's rules"
-			if ev.NeverApplied {
-				severity, effect = Critical, ", so this node has none of its Service rules"
-			}
-			summary := syncFailureClause(ev) + effect + "; " + ev.Remedy
+			severity, effect := syncFailureEffect(e.in.Rules.Mode, ev.NeverApplied)
+			summary := syncFailureClause(ev, e.in.Rules.Mode) + effect + "; " + ev.Remedy
 			out.sync = &Finding{Cause: KubeProxySyncFailing, Severity: severity, Summary: summary, Evidence: kev,
 				Runbook: runbook(anchorSyncFailing)}
 		}

@@ -46,8 +46,9 @@ func (e *evaluation) syncFailuresEvidence() *SyncFailuresEvidence {
 }
 
 // syncFailureClause says what failed: "kube-proxy cannot apply its rules: 12 iptables-restore
-// runs failed in a row since 2026-11-28T08:01:02Z (line 3: RULE_APPEND failed ...)".
-func syncFailureClause(ev *SyncFailuresEvidence) string {
+// runs failed in a row since 2026-11-28T08:01:02Z (line 3: RULE_APPEND failed ...)". In IPVS
+// mode (mode "ipvs") only its iptables rules fail: the clause says so.
+func syncFailureClause(ev *SyncFailuresEvidence, mode string) string {
 	what := plural(ev.Failed, ev.Tool+" run", ev.Tool+" runs")
 	if ev.Tool == "nft" {
 		what = plural(ev.Failed, "nftables transaction", "nftables transactions")
@@ -63,11 +64,44 @@ func syncFailureClause(ev *SyncFailuresEvidence) string {
 	default:
 		when = fmt.Sprintf("%s failed in a row since %s", what, formatTime(ev.Since))
 	}
-	clause := "kube-proxy cannot apply its rules: " + when
+	rules := "its rules"
+	if mode == "ipvs" {
+		rules = "its iptables rules"
+	}
+	clause := "kube-proxy cannot apply " + rules + ": " + when
 	if ev.Error != "" {
 		clause += fmt.Sprintf(", last error %q", ev.Error)
 	}
 	return clause
+}
+
+// syncFailureEffect is what failing syncs leave on the node in kube-proxy's mode, and how bad
+// that is: from its start (neverApplied) or once the rules were programmed.
+//
+// In iptables and nftables mode a failed sync applies nothing: a new node has none of its
+// Service rules, a node whose syncs fail later keeps its last ones while the API moves on. In
+// IPVS mode the same sync programs the virtual servers, their real servers, the addresses on
+// kube-ipvs0 and the ipsets before the iptables-restore that fails (pkg/proxy/ipvs/proxier.go,
+// syncProxyRules, v1.34 to v1.37), so those follow the API whatever the restore does; what
+// fails is the iptables rules (masquerade, KUBE-NODE-PORT, the filter chains), which kube-proxy
+// writes mostly as matches on those ipsets, and the clean-up after the restore (the virtual
+// servers of deleted Services). A new node then has its chains, empty: connections that need
+// kube-proxy's masquerade fail. A node whose restores fail later keeps rules that match the
+// updated ipsets, so its Service traffic flows; what a first Service of a kind needs (the
+// NodePort or external-IP rules written only while their ipset has entries, load-balancer
+// source ranges) is not written.
+func syncFailureEffect(mode string, neverApplied bool) (Severity, string) {
+	switch {
+	case mode == "ipvs" && neverApplied:
+		return Critical, ": its IPVS virtual servers are programmed, but its iptables chains are empty, so connections that need its masquerade fail: " +
+			"from this node's own addresses (host-network Pods) to Services whose endpoints are on other nodes, and NodePort traffic sent on to another node"
+	case mode == "ipvs":
+		return Warning, ": its IPVS virtual servers still follow Service and endpoint changes, but its iptables rules stay as they were " +
+			"(what a first NodePort, external-IP or load-balancer Service needs is not written) and deleted Services keep their virtual servers"
+	case neverApplied:
+		return Critical, ", so this node has none of its Service rules"
+	}
+	return Warning, ": no Service or endpoint change reaches this node's rules"
 }
 
 // Errors that name their cause.

@@ -144,6 +144,60 @@ func TestFailingSyncsMidLife(t *testing.T) {
 	}
 }
 
+// IPVS mode: the sync programs the virtual servers and ipsets before the restore that fails, so
+// they follow the API and the drift check finds nothing; only the iptables rules fail. A new
+// node is critical (its chains are empty: what needs kube-proxy's masquerade fails), a node
+// whose restores fail later is a warning (its rules, matches on the updated ipsets, still
+// hold). Neither says the node has none of its Service rules, nor that no change reaches them.
+func TestFailingSyncsIPVS(t *testing.T) {
+	for _, c := range []struct {
+		name         string
+		neverApplied bool
+		severity     Severity
+		verdict      Verdict
+		want         []string
+	}{
+		{"new node", true, Critical, CriticalFound, []string{
+			"kube-proxy cannot apply its iptables rules: every sync since it started at 2025-03-04T02:53:00Z failed (14 iptables-restore runs)",
+			"its IPVS virtual servers are programmed, but its iptables chains are empty, so connections that need its masquerade fail",
+			"from this node's own addresses (host-network Pods) to Services whose endpoints are on other nodes",
+		}},
+		{"mid-life", false, Warning, WarningsOnly, []string{
+			"kube-proxy cannot apply its iptables rules: 14 iptables-restore runs failed in a row since 2025-03-04T02:53:00Z",
+			"its IPVS virtual servers still follow Service and endpoint changes, but its iptables rules stay as they were",
+			"deleted Services keep their virtual servers",
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			in := healthyInput()
+			in.Rules.Mode = "ipvs"
+			failingSyncs(&in, 14, c.neverApplied)
+			r := Evaluate(in)
+			only(t, r, KubeProxySyncFailing)
+			f := r.Findings[0]
+			if f.Severity != c.severity || r.Verdict != c.verdict {
+				t.Errorf("severity %s, verdict %s; want %s, %s", f.Severity, r.Verdict, c.severity, c.verdict)
+			}
+			want := append(c.want, `last error "exit status 4: Warning: Extension ipvs revision 0 not supported, missing kernel module?`,
+				"load its kernel module (for a match, modprobe xt_ipvs)", "restarting kube-proxy does not help")
+			for _, w := range want {
+				if !strings.Contains(f.Summary, w) {
+					t.Errorf("summary %q\nwant %q", f.Summary, w)
+				}
+			}
+			for _, not := range []string{"none of its Service rules", "no Service or endpoint change reaches", "queued change", "restart kube-proxy on this node"} {
+				if strings.Contains(f.Summary, not) {
+					t.Errorf("summary %q says %q", f.Summary, not)
+				}
+			}
+			ev := f.Evidence.(*KubeProxyEvidence)
+			if ev.ProxyMode != "ipvs" || ev.SyncFailures == nil || ev.SyncFailures.Tool != "iptables-restore" || ev.SyncFailures.NeverApplied != c.neverApplied {
+				t.Errorf("evidence %+v, sync failures %+v", ev, ev.SyncFailures)
+			}
+		})
+	}
+}
+
 // Failing syncs and a failing watch are both told; a kube-proxy that does not answer has no
 // failing syncs to tell.
 func TestFailingSyncsWithOtherKubeProxyCauses(t *testing.T) {
