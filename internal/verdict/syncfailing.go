@@ -85,16 +85,18 @@ func syncFailureClause(ev *SyncFailuresEvidence, mode string) string {
 // syncProxyRules, v1.34 to v1.37), so those follow the API whatever the restore does; what
 // fails is the iptables rules (masquerade, KUBE-NODE-PORT, the filter chains), which kube-proxy
 // writes mostly as matches on those ipsets, and the clean-up after the restore (the virtual
-// servers of deleted Services). A new node then has its chains, empty: connections that need
-// kube-proxy's masquerade fail. A node whose restores fail later keeps rules that match the
+// servers of deleted Services). A new or rebooted node then has its chains, empty (kube-proxy
+// creates them with iptables, not the restore): connections that need its masquerade fail. A
+// kube-proxy restarted on a node keeps what the one before it wrote. A node whose restores fail later keeps rules that match the
 // updated ipsets, so its Service traffic flows; what a first Service of a kind needs (the
 // NodePort or external-IP rules written only while their ipset has entries, load-balancer
 // source ranges) is not written.
 func syncFailureEffect(mode string, neverApplied bool) (Severity, string) {
 	switch {
 	case mode == "ipvs" && neverApplied:
-		return Critical, ": its IPVS virtual servers are programmed, but its iptables chains are empty, so connections that need its masquerade fail: " +
-			"from this node's own addresses (host-network Pods) to Services whose endpoints are on other nodes, and NodePort traffic sent on to another node"
+		return Critical, ": its IPVS virtual servers are programmed, but none of its iptables rules since it started; on a new or rebooted node its chains are empty " +
+			"and connections that need its masquerade fail: from this node's own addresses (host-network Pods) to Services whose endpoints are on other nodes, " +
+			"and NodePort traffic sent on to another node"
 	case mode == "ipvs":
 		return Warning, ": its IPVS virtual servers still follow Service and endpoint changes, but its iptables rules stay as they were " +
 			"(what a first NodePort, external-IP or load-balancer Service needs is not written) and deleted Services keep their virtual servers"

@@ -159,7 +159,7 @@ func TestFailingSyncsIPVS(t *testing.T) {
 	}{
 		{"new node", true, Critical, CriticalFound, []string{
 			"kube-proxy cannot apply its iptables rules: every sync since it started at 2025-03-04T02:53:00Z failed (14 iptables-restore runs)",
-			"its IPVS virtual servers are programmed, but its iptables chains are empty, so connections that need its masquerade fail",
+			"its IPVS virtual servers are programmed, but none of its iptables rules since it started; on a new or rebooted node its chains are empty and connections that need its masquerade fail",
 			"from this node's own addresses (host-network Pods) to Services whose endpoints are on other nodes",
 		}},
 		{"mid-life", false, Warning, WarningsOnly, []string{
