@@ -115,12 +115,13 @@ func (t ext) standardVerdict() (v int32, ok bool) {
 }
 
 // errorName returns the chain name an ERROR target carries, ok false for any other target.
-// User chains start with such an entry, and the table ends with one named "ERROR".
-func (t ext) errorName() (string, bool) {
+// User chains start with such an entry, and the table ends with one named "ERROR". The name
+// is the blob's bytes: valid while the entry is.
+func (t ext) errorName() ([]byte, bool) {
 	if string(t.name) != "ERROR" {
-		return "", false
+		return nil, false
 	}
-	return string(cString(t.data[:min(len(t.data), errorNameLen)])), true
+	return cString(t.data[:min(len(t.data), errorNameLen)]), true
 }
 
 // cString returns b up to its first NUL.

@@ -221,3 +221,29 @@ func TestDecodeFilterAllRules(t *testing.T) {
 		}
 	}
 }
+
+// The decoded table is held until the next read, and while the next blob is mapped: its
+// endpoint lists share one array, each list without spare capacity, so that appending to one
+// (as no reader should) cannot reach into another's.
+func TestDecodeEndpointListsExact(t *testing.T) {
+	info, blob := loadBlob(t, "testdata/kube-proxy-v1.36.3.nat.blob", false)
+	pt, _, err := decodeNAT(info, blob, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]netip.AddrPort{}
+	for name, eps := range pt.Chains {
+		if cap(eps) != len(eps) {
+			t.Errorf("%s: %d endpoints with capacity %d", name, len(eps), cap(eps))
+		}
+		want[name] = slices.Clone(eps)
+	}
+	for name, eps := range pt.Chains {
+		pt.Chains[name] = append(eps, netip.MustParseAddrPort("192.0.2.1:1"))
+	}
+	for name, eps := range pt.Chains {
+		if !slices.Equal(eps[:len(eps)-1], want[name]) {
+			t.Errorf("%s changed by appending to the other lists: %v, want %v", name, eps[:len(eps)-1], want[name])
+		}
+	}
+}

@@ -34,9 +34,9 @@ type chainIndex struct {
 	starts map[int]string // by the offset a jump into the chain names
 }
 
-func (x *chainIndex) chain(name string, builtin bool, firstRule int) error {
+func (x *chainIndex) chain(name []byte, builtin bool, firstRule int) error {
 	if !builtin {
-		x.starts[firstRule] = name
+		x.starts[firstRule] = string(name)
 	}
 	return nil
 }
@@ -49,7 +49,8 @@ type filterDecoder struct {
 	starts map[int]string
 }
 
-func (d *filterDecoder) chain(name string, _ bool, _ int) error {
+func (d *filterDecoder) chain(nameBytes []byte, _ bool, _ int) error {
+	name := string(nameBytes)
 	if _, dup := d.g.Chains[name]; dup {
 		return fmt.Errorf("chain %s appears twice", name)
 	}

@@ -11,8 +11,10 @@ import "fmt"
 
 // visitor receives a table's chains and rules in blob order.
 type visitor interface {
-	// chain starts a chain; firstRule is the offset a jump into it names.
-	chain(name string, builtin bool, firstRule int) error
+	// chain starts a chain; firstRule is the offset a jump into it names. name is valid only
+	// during the call, as a rule's entry is: most chains of kube-proxy's nat table are
+	// endpoint chains, whose names the nat decoder does not keep.
+	chain(name []byte, builtin bool, firstRule int) error
 	// rule is the chain's rule number num (1-based, as iptables numbers them). Its entry is
 	// valid only during the call: the blob behind it may be released afterwards.
 	rule(e entry, num int) error
@@ -67,7 +69,7 @@ func walk(info *Info, blob []byte, v visitor, release func(upTo int)) error {
 		case hook >= 0:
 			hooksSeen |= 1 << hook
 			inChain = true
-			if err := v.chain(hookChain[hook], true, e.off); err != nil {
+			if err := v.chain([]byte(hookChain[hook]), true, e.off); err != nil {
 				return err
 			}
 		case !inChain:
