@@ -42,10 +42,10 @@ type natDecoder struct {
 	kind        natChainKind
 	hasServices bool
 
-	svcs  []svcChain // service chains in blob order
-	jumps []svcJump  // their rules' jumps
-	seps  []sepChain // endpoint chains in blob order, so sorted by firstRule
-	disp  []dispatch // KUBE-SERVICES rules that jump somewhere
+	svcs  blockList[svcChain] // service chains in blob order
+	jumps blockList[svcJump]  // their rules' jumps
+	seps  blockList[sepChain] // endpoint chains in blob order, so sorted by firstRule
+	disp  blockList[dispatch] // KUBE-SERVICES rules that jump somewhere
 }
 
 type svcChain struct {
@@ -77,10 +77,10 @@ func (d *natDecoder) chain(name []byte, builtin bool, firstRule int) error {
 		d.kind, d.hasServices = natServices, true
 	case kubeproxynames.IsIPTablesServiceChainBytes(name):
 		d.kind = natService
-		d.svcs = append(d.svcs, svcChain{name: string(name), firstRule: uint32(firstRule)})
+		d.svcs.add(svcChain{name: string(name), firstRule: uint32(firstRule)})
 	case kubeproxynames.IsIPTablesEndpointChainBytes(name):
 		d.kind = natEndpoint
-		d.seps = append(d.seps, sepChain{firstRule: uint32(firstRule)})
+		d.seps.add(sepChain{firstRule: uint32(firstRule)})
 	}
 	return nil
 }
@@ -88,13 +88,13 @@ func (d *natDecoder) chain(name []byte, builtin bool, firstRule int) error {
 func (d *natDecoder) rule(e entry, _ int) error {
 	switch d.kind {
 	case natService:
-		s := &d.svcs[len(d.svcs)-1]
+		s := d.svcs.last()
 		s.rules++
 		if target, ok := jumpTarget(e); ok {
-			d.jumps = append(d.jumps, svcJump{svc: uint32(len(d.svcs) - 1), target: target})
+			d.jumps.add(svcJump{svc: uint32(d.svcs.len() - 1), target: target})
 		}
 	case natEndpoint:
-		sep := &d.seps[len(d.seps)-1]
+		sep := d.seps.last()
 		if sep.dest.IsValid() {
 			return nil
 		}
@@ -111,7 +111,7 @@ func (d *natDecoder) rule(e entry, _ int) error {
 			return err
 		}
 		if ok {
-			d.disp = append(d.disp, dispatch{svc: svc, target: target})
+			d.disp.add(dispatch{svc: svc, target: target})
 		}
 	}
 	return nil
@@ -137,13 +137,13 @@ func jumpTarget(e entry) (uint32, bool) {
 // list per chain left each with up to twice its length's capacity (at 10,000 Services x 10
 // endpoints, 2 MiB of a 7.5 MiB table).
 func (d *natDecoder) result() *ruleset.ProxyTable {
-	pt := &ruleset.ProxyTable{Chains: make(map[string][]netip.AddrPort, len(d.svcs))}
+	pt := &ruleset.ProxyTable{Chains: make(map[string][]netip.AddrPort, d.svcs.len())}
 	all := make([]netip.AddrPort, 0, d.resolvedJumps())
-	jumps := d.jumps
-	for i, s := range d.svcs {
+	next := 0 // in jumps
+	for i, s := range d.svcs.all {
 		start := len(all)
-		for ; len(jumps) > 0 && jumps[0].svc == uint32(i); jumps = jumps[1:] {
-			if sep, ok := d.sepAt(jumps[0].target); ok && sep.dest.IsValid() {
+		for ; next < d.jumps.len() && d.jumps.at(next).svc == uint32(i); next++ {
+			if sep, ok := d.sepAt(d.jumps.at(next).target); ok && sep.dest.IsValid() {
 				all = append(all, sep.dest)
 			}
 		}
@@ -159,12 +159,12 @@ func (d *natDecoder) result() *ruleset.ProxyTable {
 		}
 		pt.Chains[s.name] = list
 	}
-	byStart := make(map[uint32]string, len(d.svcs))
-	for _, s := range d.svcs {
+	byStart := make(map[uint32]string, d.svcs.len())
+	for _, s := range d.svcs.all {
 		byStart[s.firstRule] = s.name
 	}
 	n := 0
-	for _, dp := range d.disp {
+	for _, dp := range d.disp.all {
 		if _, ok := byStart[dp.target]; ok {
 			n++
 		}
@@ -172,7 +172,7 @@ func (d *natDecoder) result() *ruleset.ProxyTable {
 	if n > 0 {
 		pt.Services = make([]ruleset.Service, 0, n)
 	}
-	for _, dp := range d.disp {
+	for _, dp := range d.disp.all {
 		if name, ok := byStart[dp.target]; ok {
 			svc := dp.svc
 			svc.Chain = name
@@ -186,7 +186,7 @@ func (d *natDecoder) result() *ruleset.ProxyTable {
 // destination: the endpoints result keeps, before duplicates are removed.
 func (d *natDecoder) resolvedJumps() int {
 	n := 0
-	for _, j := range d.jumps {
+	for _, j := range d.jumps.all {
 		if sep, ok := d.sepAt(j.target); ok && sep.dest.IsValid() {
 			n++
 		}
@@ -196,9 +196,10 @@ func (d *natDecoder) resolvedJumps() int {
 
 // sepAt finds the endpoint chain whose first rule is at off.
 func (d *natDecoder) sepAt(off uint32) (*sepChain, bool) {
-	i := sort.Search(len(d.seps), func(i int) bool { return d.seps[i].firstRule >= off })
-	if i < len(d.seps) && d.seps[i].firstRule == off {
-		return &d.seps[i], true
+	n := d.seps.len()
+	i := sort.Search(n, func(i int) bool { return d.seps.at(i).firstRule >= off })
+	if i < n && d.seps.at(i).firstRule == off {
+		return d.seps.at(i), true
 	}
 	return nil, false
 }
