@@ -3,6 +3,7 @@ package iptlegacy
 import (
 	"flag"
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -47,7 +48,8 @@ func largeClusterNAT(services, endpoints int) string {
 
 // BenchmarkKernelReadNAT reads a kube-proxy nat table of -iptlegacy.bench-services x
 // -iptlegacy.bench-endpoints from the kernel: the cost of one legacy read, the copy out of the
-// kernel and the decode. Its size is reported as table-MiB.
+// kernel and the decode. Its size is reported as table-MiB, and the heap the decoded table
+// holds as result-B/service.
 func BenchmarkKernelReadNAT(b *testing.B) {
 	rules := largeClusterNAT(*benchServices, *benchEndpoints)
 	inFreshNetns(b, func() {
@@ -72,6 +74,32 @@ func BenchmarkKernelReadNAT(b *testing.B) {
 				return
 			}
 		}
+		b.StopTimer()
 		b.ReportMetric(float64(info.Size)/(1<<20), "table-MiB")
+		if held, ok := resultBytes(b); ok {
+			b.ReportMetric(float64(held)/float64(*benchServices), "result-B/service")
+		}
 	})
+}
+
+// resultBytes is the heap a read's result holds, measured as the live heap with it and
+// without it: what a read keeps until the next one, and so what the process holds besides the
+// blob while that next read's blob is mapped whole.
+// It runs off the benchmark's goroutine, as inFreshNetns's fn does.
+func resultBytes(b *testing.B) (uint64, bool) {
+	live := func() uint64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	before := live()
+	pt, err := ReadNAT(threadProc, false, Limits{})
+	if err != nil || pt == nil {
+		b.Errorf("ReadNAT: %v", err)
+		return 0, false
+	}
+	after := live()
+	runtime.KeepAlive(pt)
+	return after - before, true
 }
