@@ -49,7 +49,7 @@ etcd=$(test/etcd/build.sh)
 echo "ipvs-lab: building the lab" >&2
 export CGO_ENABLED=0 GOOS=linux GOARCH=amd64
 # No -race: the emulated guest is slow enough.
-go test -c -tags e2e -o "$common/src/test/e2e/e2e.test" ./test/e2e
+go test -c -trimpath -tags e2e -o "$common/src/test/e2e/e2e.test" ./test/e2e
 go build -trimpath -tags e2e -o "$common/bin/" . ./test/e2e/labtool
 cp "$etcd" "$common/etcd"
 "$here/build.sh" kernel "$kernel" >/dev/null

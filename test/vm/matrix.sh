@@ -37,7 +37,7 @@ for tags in $(grep -v '^#' "$here/tests" | awk 'NF { print $2 }' | sort -u); do
 	tagflag=()
 	[ "$tags" = - ] || tagflag=(-tags "$tags")
 	# No -race: the emulated guest is slow enough.
-	go test -c "${tagflag[@]}" -o "$work/tests/" $pkgs
+	go test -c -trimpath "${tagflag[@]}" -o "$work/tests/" $pkgs
 done
 while read -r pkg _; do
 	mkdir -p "$payload/src/$pkg"
