@@ -10,8 +10,8 @@
 #   test/prebuild.sh part <part>   # one part, in the foreground
 #   test/prebuild.sh start         # every part in the background, side by side, at the lowest
 #                                  # priority, each logging to .build/prebuild/<part>.log
-#   test/prebuild.sh wait [part…]  # waits for those parts (all by default), prints their logs,
-#                                  # fails as one of them did
+#   test/prebuild.sh wait [part…]  # waits for those parts (all by default) at normal priority
+#                                  # from then on, prints their logs, fails as one of them did
 #
 # `make test-all` starts them before vet and the unit tests and waits for each before the stages
 # that need its outputs: on a fresh machine the builds (tens of minutes of compiling, and
@@ -50,16 +50,21 @@ case "${1:-}" in
 	done
 	;;
 part)
+	if [ -n "${PREBUILD_PGID_FILE:-}" ]; then
+		ps -o pgid= -p $$ | tr -d ' ' >"$PREBUILD_PGID_FILE"
+	fi
 	build_part "${2:?usage: $0 part <part>}"
 	;;
 start)
 	mkdir -p "$state"
 	for part in "${parts[@]}"; do
-		rm -f "$state/$part.rc"
+		rm -f "$state/$part.rc" "$state/$part.pgid"
 		(
 			rc=0
 			SECONDS=0
-			nice -n 19 "$0" part "$part" >"$state/$part.log" 2>&1 || rc=$?
+			# A process group of its own, so that wait can raise the whole build's priority.
+			PREBUILD_PGID_FILE="$state/$part.pgid" setsid -w nice -n 19 "$0" part "$part" \
+				>"$state/$part.log" 2>&1 || rc=$?
 			echo "prebuild: $part took ${SECONDS}s" >>"$state/$part.log"
 			echo "$rc" >"$state/$part.rc"
 		) </dev/null &
@@ -74,6 +79,11 @@ wait)
 	for part in "$@"; do
 		[ -f "$state/$part.log" ] || { echo "prebuild: $part not started" >&2; exit 1; }
 		start=$SECONDS
+		# Whatever waits for this build now waits on it alone: from here on it need not leave the
+		# CPU to the stages before (its compilers and their children are its process group).
+		if [ ! -f "$state/$part.rc" ] && [ -s "$state/$part.pgid" ]; then
+			renice -n 0 -g "$(cat "$state/$part.pgid")" >/dev/null 2>&1 || true
+		fi
 		# Bounded: the builds take tens of minutes on a fresh machine, not hours.
 		while [ ! -f "$state/$part.rc" ]; do
 			if ((SECONDS - start > 7200)); then
