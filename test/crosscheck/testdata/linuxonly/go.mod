@@ -1,0 +1,3 @@
+module example.com/linuxonly
+
+go 1.26.8
