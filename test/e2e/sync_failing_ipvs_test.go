@@ -136,7 +136,11 @@ func TestSyncFailingIPVS(t *testing.T) {
 	// The new node.
 	var r syncFailingReport
 	waitFor(t, 120*time.Second, "/status: kube_proxy_sync_failing with kube-proxy's error", func() (bool, string) {
-		r = e.syncFailingStatus(t)
+		got, err := e.trySyncFailingStatus()
+		if err != nil {
+			return false, err.Error()
+		}
+		r = got
 		i := r.finding("kube_proxy_sync_failing")
 		return r.Verdict == "critical" && i >= 0 && r.syncFailures(i) != nil && r.syncFailures(i).Error != "", r.raw
 	})
@@ -181,7 +185,11 @@ func TestSyncFailingIPVS(t *testing.T) {
 	orphansBefore := gauge(t, e.Scrape(t), orphanChains, nil)
 	cp.deleteService(ns, "gone")
 	waitFor(t, 90*time.Second, "/status: kube_proxy_sync_failing, mid-life", func() (bool, string) {
-		r = e.syncFailingStatus(t)
+		got, err := e.trySyncFailingStatus()
+		if err != nil {
+			return false, err.Error()
+		}
+		r = got
 		i := r.finding("kube_proxy_sync_failing")
 		return i >= 0 && r.syncFailures(i) != nil && r.syncFailures(i).Error != "" && !r.syncFailures(i).NeverApplied, r.raw
 	})
@@ -220,7 +228,11 @@ func waitSyncsApply(t *testing.T, e *Exporter) syncFailingReport {
 	t.Helper()
 	var r syncFailingReport
 	waitFor(t, 60*time.Second, "/status: kube_proxy_sync_failing cleared once the restore applies", func() (bool, string) {
-		r = e.syncFailingStatus(t)
+		got, err := e.trySyncFailingStatus()
+		if err != nil {
+			return false, err.Error()
+		}
+		r = got
 		return r.Verdict != "critical" && r.Verdict != "unknown" && r.finding("kube_proxy_sync_failing") < 0 && r.finding("stale_rules") < 0, r.raw
 	})
 	for _, f := range r.Findings {

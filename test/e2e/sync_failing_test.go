@@ -136,16 +136,27 @@ type syncFailingReport struct {
 
 func (e *Exporter) syncFailingStatus(t *testing.T) syncFailingReport {
 	t.Helper()
+	r, err := e.trySyncFailingStatus()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// trySyncFailingStatus is syncFailingStatus for a polling loop: on a loaded machine (a TCG
+// guest beside other work) one request can time out, which is a reason to poll again, not to
+// fail.
+func (e *Exporter) trySyncFailingStatus() (syncFailingReport, error) {
 	body, err := e.l.Get(e.l.Node, strings.TrimSuffix(e.URL, "/metrics")+"/status")
 	if err != nil {
-		t.Fatalf("GET /status: %v", err)
+		return syncFailingReport{}, fmt.Errorf("GET /status: %w", err)
 	}
 	var r syncFailingReport
 	if err := json.Unmarshal([]byte(body), &r); err != nil {
-		t.Fatalf("/status: %v\n%s", err, body)
+		return syncFailingReport{}, fmt.Errorf("/status: %w\n%s", err, body)
 	}
 	r.raw = body
-	return r
+	return r, nil
 }
 
 // syncFailures is the failing syncs the finding tells: its own evidence, or stale_rules'
@@ -217,7 +228,11 @@ func testSyncFailing(t *testing.T, mode string) {
 	// endpoints missing; in nftables mode its table is never written and nothing is compared.
 	var r syncFailingReport
 	waitFor(t, 90*time.Second, "/status critical with failing syncs named", func() (bool, string) {
-		r = e.syncFailingStatus(t)
+		got, err := e.trySyncFailingStatus()
+		if err != nil {
+			return false, err.Error()
+		}
+		r = got
 		if r.Verdict != "critical" || len(r.Findings) == 0 {
 			return false, r.raw
 		}
@@ -294,7 +309,11 @@ func testSyncFailing(t *testing.T, mode string) {
 	newEps, _ := remoteEndpoints(5, 6, 73) // 1..5 deleted, 71..73 added
 	cp.ApplySlice(EndpointSlice(ns, name, name+"-1", httpSlicePorts, newEps))
 	waitFor(t, 90*time.Second, "/status: stale_rules explained by kube_proxy_sync_failing", func() (bool, string) {
-		r = e.syncFailingStatus(t)
+		got, err := e.trySyncFailingStatus()
+		if err != nil {
+			return false, err.Error()
+		}
+		r = got
 		return r.Verdict == "critical" && len(r.Findings) == 1 && r.Findings[0].Cause == "stale_rules" &&
 			slices.Equal(r.Findings[0].Evidence.ExplainedBy, []string{"kube_proxy_sync_failing"}) &&
 			// kube-proxy retries every sync period: the count grows.
