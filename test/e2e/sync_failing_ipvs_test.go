@@ -134,15 +134,9 @@ func TestSyncFailingIPVS(t *testing.T) {
 	podToVIP := connection{l.A, "from Pod A to the cluster IP", fmt.Sprintf("%s:80", reachVIP)}
 
 	// The new node.
-	var r syncFailingReport
-	waitFor(t, 120*time.Second, "/status: kube_proxy_sync_failing with kube-proxy's error", func() (bool, string) {
-		got, err := e.trySyncFailingStatus()
-		if err != nil {
-			return false, err.Error()
-		}
-		r = got
+	r := e.waitForSyncFailingStatus(t, 120*time.Second, "/status: kube_proxy_sync_failing with kube-proxy's error", func(r syncFailingReport) bool {
 		i := r.finding("kube_proxy_sync_failing")
-		return r.Verdict == "critical" && i >= 0 && r.syncFailures(i) != nil && r.syncFailures(i).Error != "", r.raw
+		return r.Verdict == "critical" && i >= 0 && r.syncFailures(i) != nil && r.syncFailures(i).Error != ""
 	})
 	t.Logf("new node: critical %s after the lab started", time.Since(start).Round(time.Second))
 	check("new node", r, true, "critical", []string{
@@ -184,14 +178,9 @@ func TestSyncFailingIPVS(t *testing.T) {
 	cp.ApplySlice(EndpointSlice(ns, "dns", "dns-1", httpSlicePorts, newEps))
 	orphansBefore := gauge(t, e.Scrape(t), orphanChains, nil)
 	cp.deleteService(ns, "gone")
-	waitFor(t, 90*time.Second, "/status: kube_proxy_sync_failing, mid-life", func() (bool, string) {
-		got, err := e.trySyncFailingStatus()
-		if err != nil {
-			return false, err.Error()
-		}
-		r = got
+	r = e.waitForSyncFailingStatus(t, 90*time.Second, "/status: kube_proxy_sync_failing, mid-life", func(r syncFailingReport) bool {
 		i := r.finding("kube_proxy_sync_failing")
-		return i >= 0 && r.syncFailures(i) != nil && r.syncFailures(i).Error != "" && !r.syncFailures(i).NeverApplied, r.raw
+		return i >= 0 && r.syncFailures(i) != nil && r.syncFailures(i).Error != "" && !r.syncFailures(i).NeverApplied
 	})
 	t.Logf("mid-life: %s %s after the restores started failing", r.Verdict, time.Since(failing).Round(time.Second))
 	check("mid-life", r, false, "warning", []string{
@@ -226,14 +215,8 @@ func TestSyncFailingIPVS(t *testing.T) {
 // fail, a warning, for the status window.
 func waitSyncsApply(t *testing.T, e *Exporter) syncFailingReport {
 	t.Helper()
-	var r syncFailingReport
-	waitFor(t, 60*time.Second, "/status: kube_proxy_sync_failing cleared once the restore applies", func() (bool, string) {
-		got, err := e.trySyncFailingStatus()
-		if err != nil {
-			return false, err.Error()
-		}
-		r = got
-		return r.Verdict != "critical" && r.Verdict != "unknown" && r.finding("kube_proxy_sync_failing") < 0 && r.finding("stale_rules") < 0, r.raw
+	r := e.waitForSyncFailingStatus(t, 60*time.Second, "/status: kube_proxy_sync_failing cleared once the restore applies", func(r syncFailingReport) bool {
+		return r.Verdict != "critical" && r.Verdict != "unknown" && r.finding("kube_proxy_sync_failing") < 0 && r.finding("stale_rules") < 0
 	})
 	for _, f := range r.Findings {
 		t.Logf("left: %s (%s): %s", f.Cause, f.Severity, f.Summary)

@@ -143,6 +143,23 @@ func (e *Exporter) syncFailingStatus(t *testing.T) syncFailingReport {
 	return r
 }
 
+// waitForSyncFailingStatus polls /status until done holds for it and returns that report. On
+// a loaded machine (a TCG guest beside other work) one request can time out, which is a reason
+// to poll again, not to fail.
+func (e *Exporter) waitForSyncFailingStatus(t *testing.T, timeout time.Duration, what string, done func(syncFailingReport) bool) syncFailingReport {
+	t.Helper()
+	var r syncFailingReport
+	waitFor(t, timeout, what, func() (bool, string) {
+		got, err := e.trySyncFailingStatus()
+		if err != nil {
+			return false, err.Error()
+		}
+		r = got
+		return done(r), r.raw
+	})
+	return r
+}
+
 // trySyncFailingStatus is syncFailingStatus for a polling loop: on a loaded machine (a TCG
 // guest beside other work) one request can time out, which is a reason to poll again, not to
 // fail.
@@ -226,23 +243,17 @@ func testSyncFailing(t *testing.T, mode string) {
 	// The new node: no Service rules at all. In iptables mode kube-proxy's base chains are
 	// there (it creates them with iptables, not the restore) and the drift check finds all 70
 	// endpoints missing; in nftables mode its table is never written and nothing is compared.
-	var r syncFailingReport
-	waitFor(t, 90*time.Second, "/status critical with failing syncs named", func() (bool, string) {
-		got, err := e.trySyncFailingStatus()
-		if err != nil {
-			return false, err.Error()
-		}
-		r = got
+	r := e.waitForSyncFailingStatus(t, 90*time.Second, "/status critical with failing syncs named", func(r syncFailingReport) bool {
 		if r.Verdict != "critical" || len(r.Findings) == 0 {
-			return false, r.raw
+			return false
 		}
 		switch mode {
 		case "iptables":
 			f := r.Findings[0]
 			return f.Cause == "stale_rules" && f.Evidence.MissingCount == 70 && slices.Equal(f.Evidence.ExplainedBy, []string{"kube_proxy_sync_failing"}) &&
-				r.syncFailures(0) != nil && r.syncFailures(0).Error != "", r.raw
+				r.syncFailures(0) != nil && r.syncFailures(0).Error != ""
 		default:
-			return r.Findings[0].Cause == "kube_proxy_sync_failing" && r.syncFailures(0).Error != "", r.raw
+			return r.Findings[0].Cause == "kube_proxy_sync_failing" && r.syncFailures(0).Error != ""
 		}
 	})
 	sf := checkFailing("new node", r, 0, true)
@@ -308,16 +319,11 @@ func testSyncFailing(t *testing.T, mode string) {
 	failing := time.Now()
 	newEps, _ := remoteEndpoints(5, 6, 73) // 1..5 deleted, 71..73 added
 	cp.ApplySlice(EndpointSlice(ns, name, name+"-1", httpSlicePorts, newEps))
-	waitFor(t, 90*time.Second, "/status: stale_rules explained by kube_proxy_sync_failing", func() (bool, string) {
-		got, err := e.trySyncFailingStatus()
-		if err != nil {
-			return false, err.Error()
-		}
-		r = got
+	r = e.waitForSyncFailingStatus(t, 90*time.Second, "/status: stale_rules explained by kube_proxy_sync_failing", func(r syncFailingReport) bool {
 		return r.Verdict == "critical" && len(r.Findings) == 1 && r.Findings[0].Cause == "stale_rules" &&
 			slices.Equal(r.Findings[0].Evidence.ExplainedBy, []string{"kube_proxy_sync_failing"}) &&
 			// kube-proxy retries every sync period: the count grows.
-			r.syncFailures(0) != nil && r.syncFailures(0).Error != "" && r.syncFailures(0).Failed >= 3, r.raw
+			r.syncFailures(0) != nil && r.syncFailures(0).Error != "" && r.syncFailures(0).Failed >= 3
 	})
 	f := r.Findings[0]
 	if f.Evidence.MissingCount != 3 || f.Evidence.StaleCount != 5 || !strings.Contains(f.Summary, "70 endpoints programmed, 68 in the API (3 missing, 5 stale)") {
