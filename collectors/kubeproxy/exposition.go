@@ -55,9 +55,9 @@ const (
 	// metricsLineBytes is the longest line of kube-proxy's metrics read; longer lines are
 	// skipped and counted (kube-proxy's own lines are a few hundred bytes at most).
 	metricsLineBytes = 64 << 10
-	// maxIPFamilies bounds the ip_family values kept from the sync timestamps; kube-proxy has
-	// IPv4 and IPv6 (or no label at all on old versions). Samples of further values are
-	// counted and left out.
+	// maxIPFamilies bounds the ip_family values kept from the sync timestamps and failure
+	// counters; kube-proxy has IPv4 and IPv6 (or no label at all on old versions). Samples of
+	// further values are counted and left out.
 	maxIPFamilies = 8
 )
 
@@ -78,8 +78,8 @@ func familyOf(name []byte, escaped bool) int {
 
 // kpMetrics is what is kept of kube-proxy's metrics while they are scanned.
 type kpMetrics struct {
-	// Per IP family, the last applied sync and the last queued one; a later sample of the same
-	// series overwrites an earlier one.
+	// Per IP family, the last applied sync and the last queued one (a later sample of the same
+	// series overwrites an earlier one), and the failed syncs.
 	families        [maxIPFamilies]ipFamilySyncs
 	numFamilies     int
 	droppedFamilies int // samples of IP families past maxIPFamilies, left out
@@ -96,6 +96,7 @@ const maxVersionBytes = 128
 type ipFamilySyncs struct {
 	name         string
 	last, queued time.Time
+	failures     float64 // iptables-restore and nftables sync failures
 }
 
 func (k *kpMetrics) add(fam int, s *sampleLine) {
@@ -116,6 +117,13 @@ func (k *kpMetrics) add(fam int, s *sampleLine) {
 		// Compared first: a repeated sample allocates nothing.
 		if s.hasGitVersion && len(s.gitVersion) <= maxVersionBytes && string(s.gitVersion) != k.version {
 			k.version = string(s.gitVersion)
+		}
+	case famIPTablesRestore, famNFTablesSync:
+		k.sums[fam] += s.value
+		if f := k.family(s.ipFamily); f != nil {
+			f.failures += s.value
+		} else {
+			k.droppedFamilies++
 		}
 	default:
 		k.sums[fam] += s.value
@@ -142,6 +150,8 @@ func (k *kpMetrics) family(name []byte) *ipFamilySyncs {
 // summed over IP families.
 func (k *kpMetrics) apply(res *probeResult) {
 	for _, f := range k.families[:k.numFamilies] {
+		res.families[res.numFamilies] = familySyncs{name: f.name, last: f.last, failures: f.failures}
+		res.numFamilies++
 		last, queued := f.last, f.queued
 		if !last.IsZero() && (!res.hasLastSync || last.Before(res.lastSync)) {
 			res.lastSync, res.hasLastSync = last, true

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -58,7 +59,10 @@ func referenceRead(body string) (probeResult, error) {
 		}
 		return total, true
 	}
-	type family struct{ last, queued time.Time }
+	type family struct {
+		last, queued time.Time
+		failures     float64
+	}
 	byFamily := map[string]*family{}
 	at := func(m *dto.Metric) *family {
 		key := labelValue(m, "ip_family")
@@ -75,7 +79,14 @@ func referenceRead(body string) (probeResult, error) {
 	for _, m := range families[kpLastQueued].GetMetric() {
 		at(m).queued = secondsTime(value(m))
 	}
-	for _, f := range byFamily {
+	for _, name := range []string{kpIPTablesRestore, kpNFTablesSync} {
+		for _, m := range families[name].GetMetric() {
+			at(m).failures += value(m)
+		}
+	}
+	for name, f := range byFamily {
+		res.families[res.numFamilies] = familySyncs{name: name, last: f.last, failures: f.failures}
+		res.numFamilies++
 		if !f.last.IsZero() && (!res.hasLastSync || f.last.Before(res.lastSync)) {
 			res.lastSync, res.hasLastSync = f.last, true
 		}
@@ -117,9 +128,18 @@ func sameReading(a, b probeResult) bool {
 		a.pendingSince.Equal(b.pendingSince) &&
 		a.endpointsPending == b.endpointsPending && a.hasEndpointsPending == b.hasEndpointsPending &&
 		a.servicesPending == b.servicesPending && a.hasServicesPending == b.hasServicesPending &&
-		a.restoreFailures == b.restoreFailures &&
+		a.restoreFailures == b.restoreFailures && maps.Equal(familiesOf(a), familiesOf(b)) &&
 		a.invalidDropped == b.invalidDropped && a.hasInvalidDropped == b.hasInvalidDropped &&
 		a.version == b.version
+}
+
+// familiesOf is res's IP families by name, for a comparison that ignores their order.
+func familiesOf(res probeResult) map[string]familySyncs {
+	m := make(map[string]familySyncs, res.numFamilies)
+	for _, f := range res.families[:res.numFamilies] {
+		m[f.name] = f
+	}
+	return m
 }
 
 const stuckBody = `# TYPE kubeproxy_sync_proxy_rules_last_timestamp_seconds gauge

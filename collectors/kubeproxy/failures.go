@@ -8,25 +8,38 @@ import "time"
 // keep failing are a node whose rules no change reaches, which a restart does not mend when
 // the cause is the node's (a kernel module it lacks). The counter alone cannot tell the two
 // apart, so the poller follows runs: failures counted with no sync applied since the first.
+//
+// A dual-stack kube-proxy runs one proxier per IP family, each with its own failure counter
+// and last applied sync (the ip_family label). Runs are followed per family: the IPv6
+// proxier's syncs keep applying while every IPv4 restore fails (a match module the IPv4 rules
+// need and the node lacks), and those applied syncs mend nothing of the IPv4 rules.
 
-// failureRun is kube-proxy's current run of failed syncs.
+// failureRun is one IP family's current run of failed syncs.
 type failureRun struct {
 	// since is when the run began as far as is known: the poll that first saw it, or
 	// kube-proxy's start when it has applied no sync since (neverApplied).
 	since        time.Time
 	neverApplied bool
-	// base is kube-proxy's failure counter before the run's first failure.
+	// base is the family's failure counter before the run's first failure.
 	base float64
 }
 
-// failureWatch follows kube-proxy's failure counter and applied syncs across the polls that
+// familyWatch follows one IP family's failure counter and applied syncs.
+type familyWatch struct {
+	name    string
+	count   float64   // the counter at the last poll that answered
+	applied time.Time // the last applied sync then
+	run     *failureRun
+}
+
+// failureWatch follows kube-proxy's failure counters and applied syncs across the polls that
 // answered. It is the poller's own.
 type failureWatch struct {
-	seen       bool
-	count      float64   // the counter at the last poll that answered
-	newestSync time.Time // the newest applied sync then
-	started    time.Time // kube-proxy's start then
-	run        *failureRun
+	seen        bool
+	total       float64   // the counters' sum at the last poll that answered
+	started     time.Time // kube-proxy's start then
+	families    [maxIPFamilies]familyWatch
+	numFamilies int
 }
 
 // observe takes one poll.
@@ -34,44 +47,92 @@ func (w *failureWatch) observe(res *probeResult) {
 	if !res.up {
 		return
 	}
-	count, applied := res.restoreFailures, res.newestSync
-	restarted := count < w.count || !res.started.Equal(w.started)
-	if !w.seen || restarted {
+	restarted := res.restoreFailures < w.total || !res.started.Equal(w.started)
+	first := !w.seen || restarted
+	if first {
 		// The first answer, or kube-proxy restarted (its counters start again): what went
 		// before tells nothing of the process that answers now.
-		w.run = nil
-		if count > 0 && applied.IsZero() {
-			// It has failed and applied nothing since it started: every sync it tried failed.
-			since := res.started
-			if since.IsZero() {
-				since = res.at
-			}
-			w.run = &failureRun{since: since, neverApplied: true}
+		w.numFamilies = 0
+	}
+	w.seen, w.total, w.started = true, res.restoreFailures, res.started
+	for _, f := range res.families[:res.numFamilies] {
+		applied := f.last
+		if f.name == "" {
+			// Failures counted with no ip_family (a kube-proxy that labels none, or an odd
+			// one that labels only its timestamps): any family's sync is the best evidence of
+			// a sync applied, as before families were told apart.
+			applied = res.newestSync
 		}
-		w.seen, w.count, w.newestSync, w.started = true, count, applied, res.started
-		return
-	}
-	if applied.After(w.newestSync) {
-		w.run = nil // a sync applied: whatever failed before it was mended
-	}
-	if count > w.count && w.run == nil {
-		w.run = &failureRun{since: res.at, base: w.count}
-		if applied.IsZero() {
-			// None applied since it started: every failure since then is in the run.
-			w.run = &failureRun{since: res.at, neverApplied: true}
-			if !res.started.IsZero() {
-				w.run.since = res.started
-			}
+		fw := w.family(f.name)
+		if fw == nil {
+			continue // past maxIPFamilies, which kube-proxy never reaches
 		}
+		fw.observe(f.failures, applied, res, first)
 	}
-	w.count, w.newestSync = count, applied
 }
 
-// failing reports the current run: the failures in it and since when; ok is false when
-// kube-proxy's syncs are not failing.
-func (w *failureWatch) failing() (failures uint64, since time.Time, neverApplied, ok bool) {
-	if w.run == nil {
-		return 0, time.Time{}, false, false
+// family returns the watch of the IP family name, added when new; nil when the watch is full.
+func (w *failureWatch) family(name string) *familyWatch {
+	for i := range w.families[:w.numFamilies] {
+		if w.families[i].name == name {
+			return &w.families[i]
+		}
 	}
-	return uint64(w.count - w.run.base), w.run.since, w.run.neverApplied, true
+	if w.numFamilies == maxIPFamilies {
+		return nil
+	}
+	fw := &w.families[w.numFamilies]
+	w.numFamilies++
+	*fw = familyWatch{name: name}
+	return fw
+}
+
+// observe takes one poll of the family: its failure counter and last applied sync. first says
+// that the poll is the first of this kube-proxy process. A family not seen before in the same
+// process starts from zero, as kube-proxy's labelled counter has no series before its first
+// failure.
+func (fw *familyWatch) observe(count float64, applied time.Time, res *probeResult, first bool) {
+	neverAppliedSince := func() time.Time {
+		if !res.started.IsZero() {
+			return res.started
+		}
+		return res.at
+	}
+	if first {
+		if count > 0 && applied.IsZero() {
+			// It has failed and applied nothing since it started: every sync it tried failed.
+			fw.run = &failureRun{since: neverAppliedSince(), neverApplied: true}
+		}
+		fw.count, fw.applied = count, applied
+		return
+	}
+	if applied.After(fw.applied) {
+		fw.run = nil // a sync applied: whatever failed before it was mended
+	}
+	if count > fw.count && fw.run == nil {
+		fw.run = &failureRun{since: res.at, base: fw.count}
+		if applied.IsZero() {
+			// None applied since it started: every failure since then is in the run.
+			fw.run = &failureRun{since: neverAppliedSince(), neverApplied: true}
+		}
+	}
+	fw.count, fw.applied = count, applied
+}
+
+// failing reports the current runs, over IP families: the failures in them, since when (the
+// earliest), and whether a family has applied no sync since kube-proxy started; ok is false
+// when no family's syncs are failing.
+func (w *failureWatch) failing() (failures uint64, since time.Time, neverApplied, ok bool) {
+	for _, fw := range w.families[:w.numFamilies] {
+		if fw.run == nil {
+			continue
+		}
+		failures += uint64(fw.count - fw.run.base)
+		if !ok || fw.run.since.Before(since) {
+			since = fw.run.since
+		}
+		neverApplied = neverApplied || fw.run.neverApplied
+		ok = true
+	}
+	return failures, since, neverApplied, ok
 }

@@ -5,12 +5,28 @@ import (
 	"time"
 )
 
-// failurePoll is one poll of kube-proxy: its failure counter and newest applied sync, in
-// seconds after t0 (-1: none).
-type failurePoll struct {
+// familyPoll is one IP family in one poll of kube-proxy: its failure counter and last applied
+// sync, in seconds after t0 (-1: none).
+type familyPoll struct {
+	name     string
 	failures float64
 	applied  int
-	up       bool
+}
+
+// failurePoll is one poll of kube-proxy; down when it did not answer.
+type failurePoll struct {
+	families []familyPoll
+	down     bool
+}
+
+// v4 is a single-stack poll.
+func v4(failures float64, applied int) failurePoll {
+	return failurePoll{families: []familyPoll{{"IPv4", failures, applied}}}
+}
+
+// dual is a dual-stack poll.
+func dual(v4Failures float64, v4Applied int, v6Failures float64, v6Applied int) failurePoll {
+	return failurePoll{families: []familyPoll{{"IPv4", v4Failures, v4Applied}, {"IPv6", v6Failures, v6Applied}}}
 }
 
 func TestFailureWatch(t *testing.T) {
@@ -28,33 +44,66 @@ func TestFailureWatch(t *testing.T) {
 		since        time.Time
 		neverApplied bool
 	}
+	down := failurePoll{down: true}
 	for _, c := range []struct {
 		name  string
 		polls []failurePoll
 		want  want
 	}{
-		{"healthy", []failurePoll{{0, 1, true}, {0, 1, true}, {0, 40, true}}, want{}},
-		{"a new node: failing from the start", []failurePoll{{3, -1, true}, {4, -1, true}},
+		{"healthy", []failurePoll{v4(0, 1), v4(0, 1), v4(0, 40)}, want{}},
+		{"a new node: failing from the start", []failurePoll{v4(3, -1), v4(4, -1)},
 			want{true, 4, started, true}},
-		{"a new node seen before its first sync", []failurePoll{{0, -1, true}, {1, -1, true}},
+		{"a new node seen before its first sync", []failurePoll{v4(0, -1), v4(1, -1)},
 			want{true, 1, started, true}},
-		{"mid-life: failing after a sync applied", []failurePoll{{0, 1, true}, {1, 1, true}, {3, 1, true}},
+		{"mid-life: failing after a sync applied", []failurePoll{v4(0, 1), v4(1, 1), v4(3, 1)},
 			want{true, 3, at(5), false}},
-		{"mended by the retry", []failurePoll{{0, 1, true}, {1, 1, true}, {1, 12, true}}, want{}},
-		{"mended, then failing again", []failurePoll{{0, 1, true}, {1, 1, true}, {1, 12, true}, {2, 12, true}},
+		{"mended by the retry", []failurePoll{v4(0, 1), v4(1, 1), v4(1, 12)}, want{}},
+		{"mended, then failing again", []failurePoll{v4(0, 1), v4(1, 1), v4(1, 12), v4(2, 12)},
 			want{true, 1, at(15), false}},
-		{"failures before the exporter started, mended since: not known failing", []failurePoll{{5, 1, true}, {5, 1, true}}, want{}},
-		{"kube-proxy down in between changes nothing", []failurePoll{{0, 1, true}, {1, 1, true}, {0, 0, false}, {2, 1, true}},
+		{"failures before the exporter started, mended since: not known failing", []failurePoll{v4(5, 1), v4(5, 1)}, want{}},
+		{"kube-proxy down in between changes nothing", []failurePoll{v4(0, 1), v4(1, 1), down, v4(2, 1)},
 			want{true, 2, at(5), false}},
-		{"kube-proxy restarted (its counter went back)", []failurePoll{{0, 1, true}, {3, 1, true}, {1, -1, true}},
-			want{true, 1, started, true}},
+		{"kube-proxy restarted (its counter went back)", []failurePoll{v4(0, 1), v4(3, 1), v4(1, -1)},
+			want{true, 1, started.Add(time.Hour), true}},
+
+		// Dual-stack: one proxier per family, each with its own counter and last sync.
+		{"dual-stack mid-life: IPv4 restores fail while IPv6 syncs apply",
+			[]failurePoll{dual(0, 1, 0, 1), dual(1, 1, 0, 6), dual(2, 1, 0, 11), dual(3, 1, 0, 16)},
+			want{true, 3, at(5), false}},
+		{"dual-stack new node: IPv4 never applied while IPv6 applies",
+			[]failurePoll{dual(2, -1, 0, 1), dual(3, -1, 0, 6)},
+			want{true, 3, started, true}},
+		{"dual-stack: the IPv4 retry mends its run", []failurePoll{dual(0, 1, 0, 1), dual(1, 1, 0, 6), dual(1, 11, 0, 11)}, want{}},
+		{"dual-stack: both failing, the runs summed from the earliest",
+			[]failurePoll{dual(0, 1, 0, 1), dual(1, 1, 0, 1), dual(2, 1, 1, 1), dual(3, 1, 2, 1)},
+			want{true, 5, at(5), false}},
+		{"dual-stack: a family's first failure series appears mid-life",
+			[]failurePoll{{families: []familyPoll{{"IPv4", 0, 1}}}, dual(0, 1, 2, 1)},
+			want{true, 2, at(5), false}},
+
+		// Failures with no ip_family beside labelled timestamps: any family's sync mends, as a
+		// single counter cannot say whose sync failed.
+		{"unlabelled failures, mended by a labelled sync",
+			[]failurePoll{{families: []familyPoll{{"", 0, -1}, {"IPv4", 0, 1}}}, {families: []familyPoll{{"", 1, -1}, {"IPv4", 0, 1}}},
+				{families: []familyPoll{{"", 1, -1}, {"IPv4", 0, 12}}}},
+			want{}},
+		{"unlabelled failures, none applied since",
+			[]failurePoll{{families: []familyPoll{{"", 0, -1}, {"IPv4", 0, 1}}}, {families: []familyPoll{{"", 2, -1}, {"IPv4", 0, 1}}}},
+			want{true, 2, at(5), false}},
 	} {
 		var w failureWatch
 		for i, p := range c.polls {
-			res := &probeResult{at: at(5 * i), up: p.up, restoreFailures: p.failures, newestSync: at(p.applied), started: started}
-			if i == len(c.polls)-1 && c.name == "kube-proxy restarted (its counter went back)" {
+			res := &probeResult{at: at(5 * i), up: !p.down, started: started}
+			if c.name == "kube-proxy restarted (its counter went back)" && i == len(c.polls)-1 {
 				res.started = started.Add(time.Hour) // the restarted process
-				c.want.since = res.started
+			}
+			for _, f := range p.families {
+				res.families[res.numFamilies] = familySyncs{name: f.name, last: at(f.applied), failures: f.failures}
+				res.numFamilies++
+				res.restoreFailures += f.failures
+				if at(f.applied).After(res.newestSync) {
+					res.newestSync = at(f.applied)
+				}
 			}
 			w.observe(res)
 		}

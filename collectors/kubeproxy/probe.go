@@ -58,6 +58,11 @@ type probeResult struct {
 	// iptablesRestoreFailures (iptables and IPVS mode) and nftablesSyncFailures (nftables
 	// mode) are restoreFailures' two parts.
 	iptablesRestoreFailures, nftablesSyncFailures float64
+	// families is each IP family's last applied sync and failed syncs. A dual-stack kube-proxy
+	// runs a proxier per family, and one family's syncs can keep failing while the other's
+	// apply: an IPv6 sync applied says nothing of the IPv4 rules.
+	families    [maxIPFamilies]familySyncs
+	numFamilies int
 	// started is kube-proxy's process start (process_start_time_seconds); zero when unknown.
 	started           time.Time
 	invalidDropped    float64
@@ -67,6 +72,14 @@ type probeResult struct {
 	// version is the git_version of kube-proxy's kubernetes_build_info, as it reports it;
 	// empty when it exports none.
 	version string
+}
+
+// familySyncs is one IP family's syncs as kube-proxy counts them (its ip_family label; "" on
+// a kube-proxy that labels none).
+type familySyncs struct {
+	name     string
+	last     time.Time // the last applied sync; zero when none since kube-proxy started
+	failures float64   // failed syncs: iptables-restore runs and nftables transactions
 }
 
 // prober polls kube-proxy's HTTP endpoints.
