@@ -320,7 +320,7 @@ var (
 	restoreFailuresDesc = metricdesc.New("kubeproxy", "sync_failures_total",
 		"Rule syncs kube-proxy failed to apply: iptables-restore failures (kubeproxy_sync_proxy_rules_iptables_restore_failures_total) plus nftables sync failures (kubeproxy_sync_proxy_rules_nftables_sync_failures_total), over IP families; resets when kube-proxy restarts.")
 	syncFailingDesc = metricdesc.New("kubeproxy", "sync_failing_seconds",
-		"How long kube-proxy's rule syncs have been failing: now minus the first failure seen with no sync applied since (kube-proxy's start when it has applied none since it started); 0 while they are not failing. kube-proxy retries a failed sync every sync period and stays healthy meanwhile; a restart does not mend a cause on the node, such as a kernel module it lacks.")
+		"How long kube-proxy's rule syncs have been failing: now minus the first failure seen with no sync of the same IP family applied since (kube-proxy's start when that family has applied none since it started); 0 while they are not failing. kube-proxy retries a failed sync every sync period and stays healthy meanwhile; a restart does not mend a cause on the node, such as a kernel module it lacks.")
 	buildInfoDesc = metricdesc.New("kubeproxy", "build_info",
 		"1, labelled with the version kube-proxy reports (the git_version of its kubernetes_build_info) at the last poll it answered, kept while it does not answer; absent when it reports none. proxyhealth is tested with kube-proxy v1.34 to v1.37.", "version")
 	invalidDroppedDesc = metricdesc.New("kubeproxy", "invalid_dropped_packets_total",

@@ -10,10 +10,9 @@
 #                                           what CI runs; the oldest of test/kube/ with
 #                                           the newest: 'v1.34.4 v1.37.2')
 #   IPVS_KERNEL=6.1                         the kernel (a name of test/vm/kernels)
-#   RUN=REGEXP                              the tests (default: TestDriftCutOffIPVS, and
-#                                           TestCaptureKubeProxyIPVS with CAPTURE=1; the failing
-#                                           syncs too: '^(TestDriftCutOffIPVS|TestSyncFailingIPVS)$',
-#                                           by hand until it has passed whole in CI's guest)
+#   RUN=REGEXP                              the tests (default: TestDriftCutOffIPVS and
+#                                           TestSyncFailingIPVS, and TestCaptureKubeProxyIPVS
+#                                           with CAPTURE=1)
 #   VM_TIMEOUT=45m                          how long one guest may run before it is killed
 #   VM_PARALLEL=0                           the guests one after another, not side by side
 #   CAPTURE=1                               also write each version's IPVS capture
@@ -28,8 +27,8 @@ repo=$(cd "$here/../.." && pwd)
 default_version=$(cat "$repo/test/kube/VERSION")
 versions=${KUBE_PROXY_VERSIONS:-$default_version}
 kernel=${IPVS_KERNEL:-6.1}
-run=${RUN:-'^TestDriftCutOffIPVS$'}
-[ "${CAPTURE:-0}" = 0 ] || run=${RUN:-'^(TestDriftCutOffIPVS|TestCaptureKubeProxyIPVS)$'}
+run=${RUN:-'^(TestDriftCutOffIPVS|TestSyncFailingIPVS)$'}
+[ "${CAPTURE:-0}" = 0 ] || run=${RUN:-'^(TestDriftCutOffIPVS|TestSyncFailingIPVS|TestCaptureKubeProxyIPVS)$'}
 vm_timeout=${VM_TIMEOUT:-45m}
 test_timeout=40m
 # The kernel matrix's modules and what kube-proxy's IPVS mode needs: its schedulers (it checks
