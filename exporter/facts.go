@@ -277,6 +277,7 @@ func syncFailuresInput(k *verdict.KubeProxyFacts, last kubeproxy.Status, o input
 	if last.SyncFailing {
 		k.SyncFailing, k.SyncFailures = true, last.FailingSyncs
 		k.SyncFailingSince, k.SyncNeverApplied = last.FailingSince, last.SyncNeverApplied
+		k.SyncFailingFamilies = last.FailingFamilies
 	} else if last.SyncFailures > 0 && !logged.At.IsZero() && logged.At.After(last.LastSync) && !last.LastSync.IsZero() {
 		// The polls saw no failure yet (a one-shot look shorter than kube-proxy's retry),
 		// but its log shows one after its last applied sync: failing since then at least.

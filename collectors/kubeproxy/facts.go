@@ -61,6 +61,9 @@ type Status struct {
 	FailingSyncs     uint64
 	FailingSince     time.Time
 	SyncNeverApplied bool
+	// FailingFamilies names the IP families whose syncs are failing while another family's
+	// are not (a dual-stack kube-proxy runs one proxier per family); nil when all fail.
+	FailingFamilies []string
 	// Started is kube-proxy's start (its process_start_time_seconds); zero when unknown.
 	Started time.Time
 	// SyncErrors are the failed syncs its log reported since the follower started, and
@@ -81,7 +84,7 @@ type SyncError struct {
 func (c *Collector) Status() Status {
 	c.mu.Lock()
 	logs, logsRead, res, version := c.logs, c.logsRead, c.probe, c.version
-	failures, since, neverApplied, failing := c.failures.failing()
+	failingRuns, failing := c.failures.failing()
 	c.mu.Unlock()
 	s := Status{
 		Version:       version,
@@ -105,7 +108,8 @@ func (c *Collector) Status() Status {
 			s.SyncFailures = uint64(res.restoreFailures)
 			s.SyncTool = res.syncTool()
 			s.Started = res.started
-			s.SyncFailing, s.FailingSyncs, s.FailingSince, s.SyncNeverApplied = failing, failures, since, neverApplied
+			s.SyncFailing, s.FailingSyncs, s.FailingSince, s.SyncNeverApplied = failing, failingRuns.failures, failingRuns.since, failingRuns.neverApplied
+			s.FailingFamilies = failingRuns.families
 		}
 	}
 	return s

@@ -119,20 +119,37 @@ func (fw *familyWatch) observe(count float64, applied time.Time, res *probeResul
 	fw.count, fw.applied = count, applied
 }
 
-// failing reports the current runs, over IP families: the failures in them, since when (the
-// earliest), and whether a family has applied no sync since kube-proxy started; ok is false
-// when no family's syncs are failing.
-func (w *failureWatch) failing() (failures uint64, since time.Time, neverApplied, ok bool) {
+// failingSyncs is kube-proxy's current runs of failed syncs, over IP families.
+type failingSyncs struct {
+	failures     uint64    // the failures in the runs
+	since        time.Time // the earliest run's start
+	neverApplied bool      // a family has applied no sync since kube-proxy started
+	// families names the failing IP families while another family's syncs are not failing
+	// (one proxier of a dual-stack kube-proxy); nil when every family known fails.
+	families []string
+}
+
+// failing reports the current runs; ok is false when no family's syncs are failing.
+func (w *failureWatch) failing() (f failingSyncs, ok bool) {
+	partial := false
 	for _, fw := range w.families[:w.numFamilies] {
 		if fw.run == nil {
+			partial = true
 			continue
 		}
-		failures += uint64(fw.count - fw.run.base)
-		if !ok || fw.run.since.Before(since) {
-			since = fw.run.since
+		f.failures += uint64(fw.count - fw.run.base)
+		if !ok || fw.run.since.Before(f.since) {
+			f.since = fw.run.since
 		}
-		neverApplied = neverApplied || fw.run.neverApplied
+		f.neverApplied = f.neverApplied || fw.run.neverApplied
 		ok = true
 	}
-	return failures, since, neverApplied, ok
+	if ok && partial {
+		for _, fw := range w.families[:w.numFamilies] {
+			if fw.run != nil && fw.name != "" {
+				f.families = append(f.families, fw.name)
+			}
+		}
+	}
+	return f, ok
 }

@@ -1,6 +1,7 @@
 package kubeproxy
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -43,6 +44,7 @@ func TestFailureWatch(t *testing.T) {
 		failures     uint64
 		since        time.Time
 		neverApplied bool
+		families     string // the failing families named, comma-separated
 	}
 	down := failurePoll{down: true}
 	for _, c := range []struct {
@@ -52,34 +54,34 @@ func TestFailureWatch(t *testing.T) {
 	}{
 		{"healthy", []failurePoll{v4(0, 1), v4(0, 1), v4(0, 40)}, want{}},
 		{"a new node: failing from the start", []failurePoll{v4(3, -1), v4(4, -1)},
-			want{true, 4, started, true}},
+			want{true, 4, started, true, ""}},
 		{"a new node seen before its first sync", []failurePoll{v4(0, -1), v4(1, -1)},
-			want{true, 1, started, true}},
+			want{true, 1, started, true, ""}},
 		{"mid-life: failing after a sync applied", []failurePoll{v4(0, 1), v4(1, 1), v4(3, 1)},
-			want{true, 3, at(5), false}},
+			want{true, 3, at(5), false, ""}},
 		{"mended by the retry", []failurePoll{v4(0, 1), v4(1, 1), v4(1, 12)}, want{}},
 		{"mended, then failing again", []failurePoll{v4(0, 1), v4(1, 1), v4(1, 12), v4(2, 12)},
-			want{true, 1, at(15), false}},
+			want{true, 1, at(15), false, ""}},
 		{"failures before the exporter started, mended since: not known failing", []failurePoll{v4(5, 1), v4(5, 1)}, want{}},
 		{"kube-proxy down in between changes nothing", []failurePoll{v4(0, 1), v4(1, 1), down, v4(2, 1)},
-			want{true, 2, at(5), false}},
+			want{true, 2, at(5), false, ""}},
 		{"kube-proxy restarted (its counter went back)", []failurePoll{v4(0, 1), v4(3, 1), v4(1, -1)},
-			want{true, 1, started.Add(time.Hour), true}},
+			want{true, 1, started.Add(time.Hour), true, ""}},
 
 		// Dual-stack: one proxier per family, each with its own counter and last sync.
 		{"dual-stack mid-life: IPv4 restores fail while IPv6 syncs apply",
 			[]failurePoll{dual(0, 1, 0, 1), dual(1, 1, 0, 6), dual(2, 1, 0, 11), dual(3, 1, 0, 16)},
-			want{true, 3, at(5), false}},
+			want{true, 3, at(5), false, "IPv4"}},
 		{"dual-stack new node: IPv4 never applied while IPv6 applies",
 			[]failurePoll{dual(2, -1, 0, 1), dual(3, -1, 0, 6)},
-			want{true, 3, started, true}},
+			want{true, 3, started, true, "IPv4"}},
 		{"dual-stack: the IPv4 retry mends its run", []failurePoll{dual(0, 1, 0, 1), dual(1, 1, 0, 6), dual(1, 11, 0, 11)}, want{}},
 		{"dual-stack: both failing, the runs summed from the earliest",
 			[]failurePoll{dual(0, 1, 0, 1), dual(1, 1, 0, 1), dual(2, 1, 1, 1), dual(3, 1, 2, 1)},
-			want{true, 5, at(5), false}},
+			want{true, 5, at(5), false, ""}},
 		{"dual-stack: a family's first failure series appears mid-life",
 			[]failurePoll{{families: []familyPoll{{"IPv4", 0, 1}}}, dual(0, 1, 2, 1)},
-			want{true, 2, at(5), false}},
+			want{true, 2, at(5), false, "IPv6"}},
 
 		// Failures with no ip_family beside labelled timestamps: any family's sync mends, as a
 		// single counter cannot say whose sync failed.
@@ -89,7 +91,7 @@ func TestFailureWatch(t *testing.T) {
 			want{}},
 		{"unlabelled failures, none applied since",
 			[]failurePoll{{families: []familyPoll{{"", 0, -1}, {"IPv4", 0, 1}}}, {families: []familyPoll{{"", 2, -1}, {"IPv4", 0, 1}}}},
-			want{true, 2, at(5), false}},
+			want{true, 2, at(5), false, ""}},
 	} {
 		var w failureWatch
 		for i, p := range c.polls {
@@ -107,8 +109,8 @@ func TestFailureWatch(t *testing.T) {
 			}
 			w.observe(res)
 		}
-		n, since, never, ok := w.failing()
-		if got := (want{ok, n, since, never}); got != c.want {
+		f, ok := w.failing()
+		if got := (want{ok, f.failures, f.since, f.neverApplied, strings.Join(f.families, ",")}); got != c.want {
 			t.Errorf("%s: got %+v, want %+v", c.name, got, c.want)
 		}
 	}

@@ -341,7 +341,8 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *Collector) Update(ch chan<- prometheus.Metric) error {
 	c.mu.Lock()
 	logs, logsRead, res, version := c.logs, c.logsRead, c.probe, c.version
-	_, failingSince, _, failing := c.failures.failing()
+	failingRuns, failing := c.failures.failing()
+	failingSince := failingRuns.since
 	c.mu.Unlock()
 	now := c.now()
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {

@@ -100,6 +100,9 @@ type SyncFailuresEvidence struct {
 	Total        uint64    `json:"total"`
 	Since        time.Time `json:"since,omitzero"`
 	NeverApplied bool      `json:"never_applied"`
+	// IPFamilies names the IP families whose syncs fail while the other's apply (a
+	// dual-stack kube-proxy runs one proxier per family); empty when all fail.
+	IPFamilies []string `json:"ip_families,omitempty"`
 	// Tool is what failed: iptables-restore (iptables and IPVS mode) or nft (nftables mode).
 	Tool string `json:"tool,omitempty"`
 	// Error is the last failure's error as kube-proxy logged it (one line, at most 512 bytes),

@@ -107,6 +107,9 @@ type KubeProxyFacts struct {
 	SyncFailures, SyncFailuresTotal uint64
 	SyncFailingSince                time.Time
 	SyncNeverApplied                bool
+	// SyncFailingFamilies names the IP families whose syncs fail while another family's
+	// apply (one proxier of a dual-stack kube-proxy); nil when all fail.
+	SyncFailingFamilies []string
 	// SyncTool is the tool that failed: "iptables-restore" (iptables and IPVS mode) or "nft"
 	// (nftables mode); "" when unknown.
 	SyncTool string

@@ -19,6 +19,7 @@ func (e *evaluation) syncFailuresEvidence() *SyncFailuresEvidence {
 		Total:        max(k.SyncFailuresTotal, k.SyncFailures),
 		Since:        k.SyncFailingSince.UTC(),
 		NeverApplied: k.SyncNeverApplied,
+		IPFamilies:   k.SyncFailingFamilies,
 		Tool:         k.SyncTool,
 		Error:        k.SyncError,
 	}
@@ -27,6 +28,9 @@ func (e *evaluation) syncFailuresEvidence() *SyncFailuresEvidence {
 		if e.in.Rules.Mode == "nftables" {
 			ev.Tool = "nft"
 		}
+	}
+	if ev.Tool == "iptables-restore" && len(ev.IPFamilies) == 1 && ev.IPFamilies[0] == "IPv6" {
+		ev.Tool = "ip6tables-restore" // what kube-proxy's IPv6 proxier runs
 	}
 	if !k.SyncErrorAt.IsZero() {
 		ev.ErrorAt = k.SyncErrorAt.UTC()
@@ -64,10 +68,14 @@ func syncFailureClause(ev *SyncFailuresEvidence, mode string) string {
 	default:
 		when = fmt.Sprintf("%s failed in a row since %s", what, formatTime(ev.Since))
 	}
-	rules := "its rules"
+	rules := "rules"
 	if mode == "ipvs" {
-		rules = "its iptables rules"
+		rules = "iptables rules"
 	}
+	if len(ev.IPFamilies) > 0 {
+		rules = strings.Join(ev.IPFamilies, " and ") + " " + rules
+	}
+	rules = "its " + rules
 	clause := "kube-proxy cannot apply " + rules + ": " + when
 	if ev.Error != "" {
 		clause += fmt.Sprintf(", last error %q", ev.Error)

@@ -198,6 +198,37 @@ func TestFailingSyncsIPVS(t *testing.T) {
 	}
 }
 
+// A dual-stack kube-proxy whose IPv4 (or IPv6) syncs fail while the other family's apply: the
+// finding names the failing family, and the tool of an IPv6 proxier is ip6tables-restore.
+func TestFailingSyncsOfOneIPFamily(t *testing.T) {
+	for _, c := range []struct {
+		mode     string
+		families []string
+		want     []string
+	}{
+		{"iptables", []string{"IPv4"}, []string{"kube-proxy cannot apply its IPv4 rules: 14 iptables-restore runs failed in a row", `the iptables-restore extension "ipvs"`}},
+		{"ipvs", []string{"IPv4"}, []string{"kube-proxy cannot apply its IPv4 iptables rules: 14 iptables-restore runs failed in a row"}},
+		{"iptables", []string{"IPv6"}, []string{"kube-proxy cannot apply its IPv6 rules: 14 ip6tables-restore runs failed in a row", `the ip6tables-restore extension "ipvs"`}},
+		{"iptables", nil, []string{"kube-proxy cannot apply its rules: 14 iptables-restore runs failed in a row"}},
+	} {
+		in := healthyInput()
+		in.Rules.Mode = c.mode
+		failingSyncs(&in, 14, false)
+		in.KubeProxy.SyncFailingFamilies = c.families
+		r := Evaluate(in)
+		only(t, r, KubeProxySyncFailing)
+		f := r.Findings[0]
+		for _, w := range c.want {
+			if !strings.Contains(f.Summary, w) {
+				t.Errorf("%s %v: summary %q\nwant %q", c.mode, c.families, f.Summary, w)
+			}
+		}
+		if ev := f.Evidence.(*KubeProxyEvidence); !slices.Equal(ev.SyncFailures.IPFamilies, c.families) {
+			t.Errorf("%s %v: evidence's IP families %v", c.mode, c.families, ev.SyncFailures.IPFamilies)
+		}
+	}
+}
+
 // Failing syncs and a failing watch are both told; a kube-proxy that does not answer has no
 // failing syncs to tell.
 func TestFailingSyncsWithOtherKubeProxyCauses(t *testing.T) {
