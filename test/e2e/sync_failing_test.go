@@ -227,6 +227,10 @@ func testSyncFailing(t *testing.T, mode string) {
 			sf.Failed < 1 || sf.Total < sf.Failed || sf.Since.IsZero() || !strings.Contains(sf.Remedy, wantRemedy) {
 			t.Errorf("%s: sync failures %+v", what, sf)
 		}
+		// The lab is single-stack (IPv6 off in the node's namespace), so no family is named.
+		if len(sf.IPFamilies) > 0 {
+			t.Errorf("%s: failing IP families %v named on a single-stack node", what, sf.IPFamilies)
+		}
 		for _, want := range []string{"kube-proxy cannot apply its rules: ", wantError, wantRemedy, "restarting kube-proxy does not help"} {
 			if !strings.Contains(f.Summary, want) {
 				t.Errorf("%s: summary %q\nwant %q in it", what, f.Summary, want)
