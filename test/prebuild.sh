@@ -8,8 +8,8 @@
 #
 #   test/prebuild.sh               # every part, in the foreground
 #   test/prebuild.sh part <part>   # one part, in the foreground
-#   test/prebuild.sh start         # every part in the background, side by side, at the lowest
-#                                  # priority, each logging to .build/prebuild/<part>.log
+#   test/prebuild.sh start         # every part in the background, side by side, at nice 19,
+#                                  # each logging to .build/prebuild/<part>.log
 #   test/prebuild.sh wait [part…]  # waits for those parts (all by default) at normal priority
 #                                  # from then on, prints their logs, fails as one of them did
 #
@@ -18,6 +18,13 @@
 # mmdebstrap's downloads) overlap the unit tests, which spend much of their time waiting on
 # timers and on the kernel. The parts run side by side rather than one after another: the
 # downloads leave the CPU idle, and a compile's link step uses one core of the machine's two.
+#
+# Each part is a session of its own (setsid), so that wait can reach its whole process group.
+# Where the kernel groups tasks by session for scheduling (sched_autogroup_enabled, as on the
+# machines CI runs on), nice 19 orders a part's processes only among themselves: each part then
+# gets about an equal share of the CPU beside the stages that run meanwhile, and the kube part,
+# the longest, is done sooner for it. The fresh-machine figures in BENCHMARKS.md were measured
+# so.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
