@@ -95,7 +95,7 @@ wait)
 			pgid=$(cat "$state/$part.pgid")
 			renice -n 0 -g "$pgid" >/dev/null 2>&1 || true
 			# The session's share too (the session leader's pid is the group's id).
-			echo 0 >"/proc/$pgid/autogroup" 2>/dev/null || true
+			{ echo 0 >"/proc/$pgid/autogroup"; } 2>/dev/null || true
 		fi
 		# Bounded: the builds take tens of minutes on a fresh machine, not hours.
 		while [ ! -f "$state/$part.rc" ]; do
