@@ -1,6 +1,7 @@
 package exporter
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -26,6 +27,12 @@ func TestSyncFailuresInput(t *testing.T) {
 			nil,
 			verdict.KubeProxyFacts{Up: true, SyncFailing: true, SyncFailures: 3, SyncFailuresTotal: 5, SyncFailingSince: t0.Add(-time.Minute),
 				SyncTool: "iptables-restore", SyncError: logged.Text, SyncErrorAt: logged.At}},
+		{"the poller's run of one IP family, on a new node",
+			kubeproxy.Status{SyncFailures: 2, SyncTool: "iptables-restore", SyncFailing: true, FailingSyncs: 2, FailingSince: t0.Add(-time.Minute),
+				SyncNeverApplied: true, FailingFamilies: []string{"IPv4"}, LastSync: t0.Add(-2 * time.Minute), LastSyncError: logged},
+			nil,
+			verdict.KubeProxyFacts{Up: true, SyncFailing: true, SyncFailures: 2, SyncFailuresTotal: 2, SyncFailingSince: t0.Add(-time.Minute),
+				SyncNeverApplied: true, SyncFailingFamilies: []string{"IPv4"}, SyncTool: "iptables-restore", SyncError: logged.Text, SyncErrorAt: logged.At}},
 		{"a one-shot look: a failure logged after the last applied sync",
 			kubeproxy.Status{SyncFailures: 5, SyncTool: "iptables-restore", LastSync: t0.Add(-time.Minute)},
 			&kubeproxy.LogScan{LastSyncError: logged},
@@ -40,7 +47,8 @@ func TestSyncFailuresInput(t *testing.T) {
 		syncFailuresInput(&k, c.st, inputOptions{logScan: c.scan})
 		if k.SyncFailing != c.want.SyncFailing || k.SyncFailures != c.want.SyncFailures || k.SyncFailuresTotal != c.want.SyncFailuresTotal ||
 			!k.SyncFailingSince.Equal(c.want.SyncFailingSince) || k.SyncTool != c.want.SyncTool || k.SyncError != c.want.SyncError ||
-			!k.SyncErrorAt.Equal(c.want.SyncErrorAt) {
+			!k.SyncErrorAt.Equal(c.want.SyncErrorAt) || k.SyncNeverApplied != c.want.SyncNeverApplied ||
+			!slices.Equal(k.SyncFailingFamilies, c.want.SyncFailingFamilies) {
 			t.Errorf("%s: got %+v\nwant %+v", c.name, k, c.want)
 		}
 	}

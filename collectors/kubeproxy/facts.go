@@ -85,6 +85,7 @@ func (c *Collector) Status() Status {
 	c.mu.Lock()
 	logs, logsRead, res, version := c.logs, c.logsRead, c.probe, c.version
 	failingRuns, failing := c.failures.failing()
+	failingFamilies := c.failures.failingFamilies()
 	c.mu.Unlock()
 	s := Status{
 		Version:       version,
@@ -109,7 +110,7 @@ func (c *Collector) Status() Status {
 			s.SyncTool = res.syncTool()
 			s.Started = res.started
 			s.SyncFailing, s.FailingSyncs, s.FailingSince, s.SyncNeverApplied = failing, failingRuns.failures, failingRuns.since, failingRuns.neverApplied
-			s.FailingFamilies = failingRuns.families
+			s.FailingFamilies = failingFamilies
 		}
 	}
 	return s

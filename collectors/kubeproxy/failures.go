@@ -124,17 +124,15 @@ type failingSyncs struct {
 	failures     uint64    // the failures in the runs
 	since        time.Time // the earliest run's start
 	neverApplied bool      // a family has applied no sync since kube-proxy started
-	// families names the failing IP families while another family's syncs are not failing
-	// (one proxier of a dual-stack kube-proxy); nil when every family known fails.
-	families []string
+	partial      bool      // another family's syncs are not failing
 }
 
-// failing reports the current runs; ok is false when no family's syncs are failing.
+// failing reports the current runs; ok is false when no family's syncs are failing. It
+// allocates nothing: every scrape asks.
 func (w *failureWatch) failing() (f failingSyncs, ok bool) {
-	partial := false
 	for _, fw := range w.families[:w.numFamilies] {
 		if fw.run == nil {
-			partial = true
+			f.partial = true
 			continue
 		}
 		f.failures += uint64(fw.count - fw.run.base)
@@ -144,12 +142,20 @@ func (w *failureWatch) failing() (f failingSyncs, ok bool) {
 		f.neverApplied = f.neverApplied || fw.run.neverApplied
 		ok = true
 	}
-	if ok && partial {
-		for _, fw := range w.families[:w.numFamilies] {
-			if fw.run != nil && fw.name != "" {
-				f.families = append(f.families, fw.name)
-			}
+	return f, ok
+}
+
+// failingFamilies names the IP families failing while another family's syncs are not (one
+// proxier of a dual-stack kube-proxy); nil when every family known fails, or none does.
+func (w *failureWatch) failingFamilies() []string {
+	if f, ok := w.failing(); !ok || !f.partial {
+		return nil
+	}
+	var names []string
+	for _, fw := range w.families[:w.numFamilies] {
+		if fw.run != nil && fw.name != "" {
+			names = append(names, fw.name)
 		}
 	}
-	return f, ok
+	return names
 }

@@ -110,7 +110,7 @@ func TestFailureWatch(t *testing.T) {
 			w.observe(res)
 		}
 		f, ok := w.failing()
-		if got := (want{ok, f.failures, f.since, f.neverApplied, strings.Join(f.families, ",")}); got != c.want {
+		if got := (want{ok, f.failures, f.since, f.neverApplied, strings.Join(w.failingFamilies(), ",")}); got != c.want {
 			t.Errorf("%s: got %+v, want %+v", c.name, got, c.want)
 		}
 	}
