@@ -105,7 +105,7 @@ func TestBuildsInAGitCheckout(t *testing.T) {
 		"GIT_CONFIG_GLOBAL=/dev/null", "GIT_CONFIG_NOSYSTEM=1",
 		"GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.com", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com",
 	)
-	run := func(name string, args ...string) string {
+	runEnv := func(env []string, name string, args ...string) string {
 		t.Helper()
 		cmd := exec.Command(name, args...)
 		cmd.Dir, cmd.Env = dir, env
@@ -114,6 +114,10 @@ func TestBuildsInAGitCheckout(t *testing.T) {
 			t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
 		}
 		return strings.TrimSpace(string(out))
+	}
+	run := func(name string, args ...string) string {
+		t.Helper()
+		return runEnv(env, name, args...)
 	}
 	build := func(ldflags string) map[string]string {
 		t.Helper()
@@ -129,7 +133,11 @@ func TestBuildsInAGitCheckout(t *testing.T) {
 		}
 		return got
 	}
-	run("go", "mod", "tidy")
+	// tidy may need modules the exporter's build did not fetch (its dependencies' tests'
+	// imports; `make vet`'s tidy fetches them, a first `go test` has not): from the proxy the
+	// go command is configured with, the last value of a key in env being the one used.
+	proxy := runEnv(os.Environ(), "go", "env", "GOPROXY")
+	runEnv(append(env[:len(env):len(env)], "GOPROXY="+proxy), "go", "mod", "tidy")
 	run("git", "init", "-q")
 	if err := os.WriteFile(filepath.Join(dir, ".gitignore"), []byte("/prog\n"), 0o644); err != nil {
 		t.Fatal(err)
