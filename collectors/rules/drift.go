@@ -1,6 +1,8 @@
 package rules
 
 import (
+	"bytes"
+	"cmp"
 	"net/netip"
 	"slices"
 	"sort"
@@ -39,14 +41,64 @@ func (c Chains) String() string {
 	return ""
 }
 
-// diffKey is one endpoint that differs between one of a service port's chains and what the
-// API says that chain should hold.
-type diffKey struct {
-	name  cluster.ServicePortName
-	ipv6  bool
-	ep    netip.AddrPort
+// endpointDiff is one endpoint that differs between one of a service port's chains and what
+// the API says that chain should hold; the port is the portState that follows it. It holds no
+// pointer and the port's name is not in it: a check of kube-proxy's first, empty chains at
+// 10,000 ports x 10 endpoints follows 100,000 of them until the rules catch up.
+type endpointDiff struct {
+	addr  [16]byte // the endpoint's address, an IPv4 one in its IPv4-mapped form
+	port  uint16
+	is4   bool   // addr is an IPv4 address
+	ipv6  bool   // found in the IPv6 rules
 	stale bool   // in the chain, not in its list in the API; else missing: the reverse
 	chain Chains // one of portChains
+}
+
+func newEndpointDiff(ep netip.AddrPort, ipv6, stale bool, chain Chains) endpointDiff {
+	return endpointDiff{addr: ep.Addr().As16(), port: ep.Port(), is4: ep.Addr().Is4(), ipv6: ipv6, stale: stale, chain: chain}
+}
+
+func compareEndpointDiffs(a, b endpointDiff) int {
+	if c := bytes.Compare(a.addr[:], b.addr[:]); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.port, b.port); c != 0 {
+		return c
+	}
+	if c := compareBool(a.is4, b.is4); c != 0 {
+		return c
+	}
+	if c := compareBool(a.ipv6, b.ipv6); c != 0 {
+		return c
+	}
+	if c := compareBool(a.stale, b.stale); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.chain, b.chain)
+}
+
+func compareBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
+}
+
+// pendingDiff is a difference followed through the grace period: first is when it was first
+// seen, as time since the engine's epoch (a time.Time would hold a pointer and 24 bytes).
+type pendingDiff struct {
+	diff  endpointDiff
+	first time.Duration
+}
+
+// foundDiff is a difference the check under way found in the port it is comparing.
+type foundDiff struct {
+	diff   endpointDiff
+	ep     netip.AddrPort
+	server ipvs.Key
 }
 
 // chainDiff is a counted difference of a drifting port: an endpoint stale (or missing) in
@@ -115,15 +167,19 @@ type checkResult struct {
 // but a sync under load can take much longer, and during steady churn every endpoint's
 // difference is short-lived even when some difference exists at every check. In incident 3
 // the same endpoints stay wrong.
+//
+// The differences are followed per service port (portState.pending), so that a port's name is
+// held once however many of its endpoints differ.
 type driftEngine struct {
 	grace time.Duration
-	since map[diffKey]time.Time
+	// epoch is the first check's time, from which pendingDiff.first counts.
+	epoch time.Time
 	// ports remembers per service port what a check learns for the next (portStates).
 	ports *portStates
 }
 
 func newDriftEngine(grace time.Duration) *driftEngine {
-	return &driftEngine{grace: grace, since: map[diffKey]time.Time{}, ports: newPortStates()}
+	return &driftEngine{grace: grace, ports: newPortStates()}
 }
 
 // check compares snap with rules (by IP family; a family without rules is not compared) at now,
@@ -138,8 +194,13 @@ func (e *driftEngine) checkBehind(snap *cluster.Snapshot, rules map[bool]program
 	res := checkResult{at: now, fresh: snap.Fresh}
 	if !snap.Fresh {
 		// Start every grace period anew once the view is trusted again.
-		clear(e.since)
+		for _, st := range e.ports.order {
+			st.pending = nil
+		}
 		return res
+	}
+	if e.epoch.IsZero() {
+		e.epoch = now
 	}
 	c := driftCheck{
 		e:           e,
@@ -147,7 +208,6 @@ func (e *driftEngine) checkBehind(snap *cluster.Snapshot, rules map[bool]program
 		now:         now,
 		lastHeard:   snap.LastHeard,
 		rulesBehind: rulesBehind,
-		next:        make(map[diffKey]time.Time, len(e.since)),
 		drifts:      map[cluster.ServicePortName]*portDrift{},
 		tables:      [2]programmedRules{rules[false], rules[true]},
 	}
@@ -165,7 +225,6 @@ func (e *driftEngine) checkBehind(snap *cluster.Snapshot, rules map[bool]program
 	for _, sp := range snap.Ports {
 		c.comparePort(sp)
 	}
-	e.since = c.next
 	c.finish()
 	return res
 }
@@ -178,28 +237,72 @@ type driftCheck struct {
 	// lastHeard is when the view was last confirmed current, rulesBehind since when the rules
 	// may lag (zero: they do not), confirmed the earlier of both, never later than now.
 	lastHeard, rulesBehind, confirmed time.Time
-	// next is the differences found, with when each was first seen: the engine's since for
-	// the next check.
-	next   map[diffKey]time.Time
+
 	drifts map[cluster.ServicePortName]*portDrift
 	tables [2]programmedRules // by familyIndex
 	ids    [2]any             // the tables' rulesIdentity
 	// held are, by family, the holders of the port being compared (lookup), reused.
 	held [2][]holder
+	// found are the differences found in the port being compared; stale and missing, those
+	// of one of its holders. Reused.
+	found          []foundDiff
+	stale, missing []netip.AddrPort
 	// Per family, the chains in the rules that an API service port accounts for: the others
 	// are orphans.
 	accounted [2]int
 }
 
-// note follows the difference k of a service port with the Service's port number port through
-// the grace period, counting it in the port's drift once it has lasted the grace period.
-func (c *driftCheck) note(k diffKey, port uint16, server ipvs.Key) {
-	res := c.res
-	first, ok := c.e.since[k]
-	if !ok {
-		first = c.now
+// follow follows the differences found in the port st, sp (c.found) through the grace period,
+// each from when the last check saw it first (st.pending) or from now, and counts in the
+// port's drift those that have lasted it.
+func (c *driftCheck) follow(st *portState, sp *cluster.ServicePort, first bool) {
+	if first {
+		st.prev, st.pending = st.pending, nil
 	}
-	c.next[k] = first
+	if len(c.found) == 0 {
+		return
+	}
+	slices.SortFunc(c.found, func(a, b foundDiff) int { return compareEndpointDiffs(a.diff, b.diff) })
+	// The port's new pending differences, one per endpointDiff (IPVS shows one in each virtual
+	// server lacking it), with those of a meeting before this one (a snapshot lists a port
+	// once; this keeps it right if not).
+	n := len(st.pending)
+	for i, f := range c.found {
+		if i == 0 || f.diff != c.found[i-1].diff {
+			n++
+		}
+	}
+	pending := make([]pendingDiff, 0, n)
+	prev := st.prev
+	nowAt := c.now.Sub(c.e.epoch)
+	for i, f := range c.found {
+		if i > 0 && f.diff == c.found[i-1].diff {
+			c.count(sp, f, c.e.epoch.Add(pending[len(pending)-1].first))
+			continue
+		}
+		for len(prev) > 0 && compareEndpointDiffs(prev[0].diff, f.diff) < 0 {
+			prev = prev[1:]
+		}
+		at := nowAt
+		if len(prev) > 0 && prev[0].diff == f.diff {
+			at = prev[0].first
+		}
+		pending = append(pending, pendingDiff{diff: f.diff, first: at})
+		c.count(sp, f, c.e.epoch.Add(at))
+	}
+	if len(st.pending) > 0 {
+		pending = append(pending, st.pending...)
+		slices.SortFunc(pending, func(a, b pendingDiff) int { return compareEndpointDiffs(a.diff, b.diff) })
+		pending = slices.CompactFunc(pending, func(a, b pendingDiff) bool { return a.diff == b.diff })
+	}
+	st.pending = pending
+	c.found = c.found[:0]
+}
+
+// count counts the difference f of the service port sp, first seen at first, in the port's
+// drift once it has lasted the grace period.
+func (c *driftCheck) count(sp *cluster.ServicePort, f foundDiff, first time.Time) {
+	res := c.res
 	if due := first.Add(c.e.grace); due.After(c.now) && (res.nextDeadline.IsZero() || due.Before(res.nextDeadline)) {
 		res.nextDeadline = due
 	}
@@ -216,12 +319,12 @@ func (c *driftCheck) note(k diffKey, port uint16, server ipvs.Key) {
 		}
 		return
 	}
-	d := c.drifts[k.name]
+	d := c.drifts[sp.Name]
 	if d == nil {
-		d = &portDrift{name: k.name, port: port, since: first}
-		c.drifts[k.name] = d
+		d = &portDrift{name: sp.Name, port: sp.Port, since: first}
+		c.drifts[sp.Name] = d
 	}
-	d.found = append(d.found, chainDiff{ep: k.ep, stale: k.stale, chains: k.chain, server: server})
+	d.found = append(d.found, chainDiff{ep: f.ep, stale: f.diff.stale, chains: f.diff.chain, server: f.server})
 	if first.Before(d.since) {
 		d.since = first
 	}
@@ -240,7 +343,7 @@ func (c *driftCheck) comparePort(sp *cluster.ServicePort) {
 	st, first := c.e.ports.meet(sp.Name)
 	if !first {
 		st.seen = nil
-	} else if acc, ok := st.reusable(sp, c.ids); ok {
+	} else if acc, ok := st.reusable(sp, c.ids, c.tables); ok {
 		// The same entry against the same rules, with no difference: under EndpointSlice
 		// churn most checks change a few ports only.
 		c.accounted[0] += int(acc[0])
@@ -265,16 +368,17 @@ func (c *driftCheck) comparePort(sp *cluster.ServicePort) {
 			if slices.Equal(h.eps, h.want) {
 				continue // the same endpoints: nothing differs (the usual case, told cheaply)
 			}
-			stale, missing := diffEndpoints(h.eps, h.want, ipv6)
-			differs = differs || len(stale)+len(missing) > 0
-			for _, ep := range stale {
-				c.note(diffKey{sp.Name, ipv6, ep, true, h.list}, sp.Port, h.server)
+			c.stale, c.missing = appendEndpointDiffs(c.stale[:0], c.missing[:0], h.eps, h.want, ipv6)
+			differs = differs || len(c.stale)+len(c.missing) > 0
+			for _, ep := range c.stale {
+				c.found = append(c.found, foundDiff{newEndpointDiff(ep, ipv6, true, h.list), ep, h.server})
 			}
-			for _, ep := range missing {
-				c.note(diffKey{sp.Name, ipv6, ep, false, h.list}, sp.Port, h.server)
+			for _, ep := range c.missing {
+				c.found = append(c.found, foundDiff{newEndpointDiff(ep, ipv6, false, h.list), ep, h.server})
 			}
 		}
 	}
+	c.follow(st, sp, first)
 	if first {
 		st.seen, st.seenRules, st.accounted = nil, c.ids, portAccounted
 		if !differs {
@@ -433,16 +537,21 @@ func hasFamily(ips []netip.Addr, ipv6 bool) bool {
 }
 
 // diffEndpoints returns the distinct endpoints of the given family that are programmed but not
-// expected (stale) and expected but not programmed (missing). Lists sorted without duplicates,
-// as the API view and the netfilter readers hand them in, are merged; others are short (a
-// service port has a handful of endpoints) so they are scanned rather than hashed, except
-// large ones.
+// expected (stale) and expected but not programmed (missing).
 func diffEndpoints(programmed, expected []netip.AddrPort, ipv6 bool) (stale, missing []netip.AddrPort) {
+	return appendEndpointDiffs(nil, nil, programmed, expected, ipv6)
+}
+
+// appendEndpointDiffs is diffEndpoints appending to stale and missing, which a check reuses
+// from port to port. Lists sorted without duplicates, as the API view and the netfilter readers
+// hand them in, are merged; others are short (a service port has a handful of endpoints) so
+// they are scanned rather than hashed, except large ones.
+func appendEndpointDiffs(stale, missing, programmed, expected []netip.AddrPort, ipv6 bool) ([]netip.AddrPort, []netip.AddrPort) {
 	if strictlySorted(programmed) && strictlySorted(expected) {
-		return diffEndpointsSorted(programmed, expected, ipv6)
+		return diffEndpointsSorted(stale, missing, programmed, expected, ipv6)
 	}
 	if len(programmed)+len(expected) > 64 {
-		return diffEndpointsLarge(programmed, expected, ipv6)
+		return diffEndpointsLarge(stale, missing, programmed, expected, ipv6)
 	}
 	for i, ep := range programmed {
 		if slices.Contains(programmed[:i], ep) {
@@ -474,7 +583,7 @@ func strictlySorted(eps []netip.AddrPort) bool {
 }
 
 // diffEndpointsSorted is diffEndpoints of lists sorted without duplicates, in one merge.
-func diffEndpointsSorted(programmed, expected []netip.AddrPort, ipv6 bool) (stale, missing []netip.AddrPort) {
+func diffEndpointsSorted(stale, missing, programmed, expected []netip.AddrPort, ipv6 bool) ([]netip.AddrPort, []netip.AddrPort) {
 	i, j := 0, 0
 	for i < len(programmed) || j < len(expected) {
 		c := -1 // programmed[i] first
@@ -500,7 +609,7 @@ func diffEndpointsSorted(programmed, expected []netip.AddrPort, ipv6 bool) (stal
 	return stale, missing
 }
 
-func diffEndpointsLarge(programmed, expected []netip.AddrPort, ipv6 bool) (stale, missing []netip.AddrPort) {
+func diffEndpointsLarge(stale, missing, programmed, expected []netip.AddrPort, ipv6 bool) ([]netip.AddrPort, []netip.AddrPort) {
 	// want holds every expected endpoint, true for those of the family: a programmed one is
 	// stale only if the API has it in neither, as in the scan.
 	want := make(map[netip.AddrPort]bool, len(expected))

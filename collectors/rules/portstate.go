@@ -34,6 +34,10 @@ type portState struct {
 	seen      *cluster.ServicePort
 	seenRules [2]any
 	accounted [2]uint8
+
+	// pending are the port's differences followed through the grace period, sorted
+	// (compareEndpointDiffs); prev, during a check that has met the port, the last check's.
+	pending, prev []pendingDiff
 }
 
 func newPortStates() *portStates {
@@ -78,6 +82,7 @@ func (ps *portStates) end() {
 	}
 	for i, st := range ps.next {
 		st.index = i
+		st.prev = nil
 	}
 	clear(ps.order) // drop the forgotten ones
 	ps.order, ps.next = ps.next, ps.order
@@ -103,11 +108,31 @@ func rulesIdentity(r programmedRules) any {
 	return r.identity()
 }
 
+// deltaRules are rules that can tell whether a port's holders are the same as in an earlier
+// read of theirs (byChains over a followed table).
+type deltaRules interface {
+	// unchangedFor reports whether the port's holders are the same in these rules as in the
+	// rules whose identity is since.
+	unchangedFor(st *portState, since any) bool
+}
+
 // reusable reports whether the last check's finding of no difference holds for the port's
-// entry sp against rules of these identities, telling how many chains it accounts for.
-func (st *portState) reusable(sp *cluster.ServicePort, rules [2]any) (accounted [2]uint8, ok bool) {
-	if st.seen != sp || rules[0] == nil || rules[1] == nil || st.seenRules != rules {
+// entry sp against rules of these identities (tables, by family), telling how many chains it
+// accounts for: the same entry, and per family the same rules or rules that say the port's
+// holders did not change since. The port then counts as compared with these rules.
+func (st *portState) reusable(sp *cluster.ServicePort, rules [2]any, tables [2]programmedRules) (accounted [2]uint8, ok bool) {
+	if st.seen != sp || rules[0] == nil || rules[1] == nil {
 		return accounted, false
 	}
+	for fam := range rules {
+		if st.seenRules[fam] == rules[fam] {
+			continue
+		}
+		dr, ok := tables[fam].(deltaRules)
+		if !ok || !dr.unchangedFor(st, st.seenRules[fam]) {
+			return accounted, false
+		}
+	}
+	st.seenRules = rules
 	return st.accounted, true
 }

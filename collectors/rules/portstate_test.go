@@ -2,6 +2,7 @@ package rules
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/proxyhealth/proxyhealth/internal/cluster"
+	"github.com/proxyhealth/proxyhealth/internal/hostrules"
 	"github.com/proxyhealth/proxyhealth/internal/ruleset"
 )
 
@@ -244,5 +246,39 @@ func TestDriftEngineFollowsModeChange(t *testing.T) {
 		if res.checked != 2 || len(res.drifting) != 0 || res.orphans != 0 {
 			t.Errorf("check %d (nftables %v): checked %d, drifting %+v, orphans %d; want 2, none, 0", i, nftables, res.checked, res.drifting, res.orphans)
 		}
+	}
+}
+
+// After a followed table's change a check compares again only the ports whose chains the table
+// says changed (and those whose API entry did); after a table that cannot tell, every port.
+func TestCheckComparesOnlyTheChangedChains(t *testing.T) {
+	snap, chains := churnCluster(3, 2)
+	e := newDriftEngine(0)
+	check := func(pt *ruleset.ProxyTable, at int64) []cluster.ServicePortName {
+		t.Helper()
+		st := &hostrules.State{Seq: 1, Mode: hostrules.ModeIPTables, Proxy: map[bool]*ruleset.ProxyTable{false: pt}}
+		res := e.check(snap, programmedByFamily(st), time.Unix(at, 0))
+		var names []cluster.ServicePortName
+		for _, d := range res.drifting {
+			names = append(names, d.name)
+		}
+		return names
+	}
+	if got := check(&ruleset.ProxyTable{ID: 101, Chains: chains}, 1); len(got) != 0 {
+		t.Fatalf("rules as the API says: drifting %v", got)
+	}
+	// Both a's and b's chains lost an endpoint, but the table says only a's changed: b is
+	// not compared again.
+	a, b := snap.Ports[0], snap.Ports[1]
+	next := maps.Clone(chains)
+	next[clusterChain(a.Name)] = a.ClusterEndpoints[1:]
+	next[clusterChain(b.Name)] = b.ClusterEndpoints[1:]
+	followed := &ruleset.ProxyTable{ID: 102, Chains: next, Deltas: []ruleset.Delta{{Since: 101, Changed: map[string]struct{}{clusterChain(a.Name): {}}}}}
+	if got := check(followed, 2); !slices.Equal(got, []cluster.ServicePortName{a.Name}) {
+		t.Errorf("after a followed change of a's chain: drifting %v, want %v", got, a.Name)
+	}
+	// A table that tells nothing of what changed: every port is compared.
+	if got := check(&ruleset.ProxyTable{Chains: next}, 3); len(got) != 2 {
+		t.Errorf("after a whole read: drifting %v, want %v and %v", got, a.Name, b.Name)
 	}
 }

@@ -86,6 +86,20 @@ func (b byChains) holders(dst []holder, st *portState, sp *cluster.ServicePort, 
 
 func (b byChains) holderCount() int { return b.chainCount() }
 
+// unchangedFor is deltaRules's: a followed table says which chains changed since the tables
+// before it (ruleset.ProxyTable.Deltas).
+func (b byChains) unchangedFor(st *portState, since any) bool {
+	p, ok := b.chainRules.(programmed)
+	if !ok {
+		return false
+	}
+	q, ok := since.(programmed)
+	if !ok || q.nft != p.nft || q.table.ID == 0 || st.chains[0] == "" || st.nftables != p.nft {
+		return false
+	}
+	return !p.table.ChangedSince(q.table.ID, st.chains[0]) && !p.table.ChangedSince(q.table.ID, st.chains[1])
+}
+
 // programmed is kube-proxy's rules of one family as hostrules read them, with the chain names
 // of the mode they were read in.
 type programmed struct {

@@ -141,8 +141,30 @@ func TestStaleViewReportsNoDrift(t *testing.T) {
 	if res.fresh || res.checked != 0 || len(res.drifting) != 0 {
 		t.Errorf("stale view: %+v, want nothing compared", res)
 	}
-	if len(e.since) != 0 {
-		t.Errorf("grace periods kept across a stale view: %v", e.since)
+	if n := e.pendingCount(); n != 0 {
+		t.Errorf("grace periods kept across a stale view: %d differences followed", n)
+	}
+}
+
+// A view should list a service port once; one that lists it twice gets the differences of
+// both entries followed, each from when it was first seen.
+func TestPortListedTwice(t *testing.T) {
+	rules := map[bool]programmedRules{false: byChains{loadRules(t, "kube-proxy-nat.txt")}} // kube-dns: 10.244.1.5, 10.244.2.6, 10.244.3.7
+	e := newDriftEngine(2 * time.Second)
+	snap := snapshot(dnsPort("10.244.1.5:53", "10.244.7.7:53"), dnsPort("10.244.2.6:53", "10.244.8.8:53"))
+	if res := e.check(snap, rules, time.Unix(1, 0)); len(res.drifting) != 0 || e.pendingCount() != 5 {
+		t.Fatalf("first check: drifting %+v, %d differences followed; want none, 5", res.drifting, e.pendingCount())
+	}
+	for _, at := range []int64{3, 4} {
+		res := e.check(snap, rules, time.Unix(at, 0))
+		if len(res.drifting) != 1 {
+			t.Fatalf("at %d: drifting %+v, want kube-dns", at, res.drifting)
+		}
+		d := res.drifting[0]
+		want := []netip.AddrPort{ap("10.244.1.5:53"), ap("10.244.2.6:53"), ap("10.244.3.7:53")}
+		if d.stale != 3 || d.missing != 2 || !slices.Equal(d.staleAddrs, want) || !d.since.Equal(time.Unix(1, 0)) {
+			t.Errorf("at %d: %+v, want stale %v, missing 10.244.7.7 and 10.244.8.8, since 1", at, d, want)
+		}
 	}
 }
 

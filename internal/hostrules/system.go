@@ -268,7 +268,7 @@ func affectsForward(c *nftnl.Change) bool {
 }
 
 func (b *systemBackends) watchNFT(ctx context.Context) (<-chan nftChange, error) {
-	w, err := nftnl.Watch(ctx, nil, nftnl.FollowNATRules())
+	w, err := nftnl.Watch(ctx, nil, nftnl.FollowNATRules(), nftnl.FollowNFTMaps())
 	if err != nil {
 		return nil, err
 	}

@@ -240,7 +240,7 @@ COMMIT
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(st.ProxyRules(false), fresh) {
+	if !reflect.DeepEqual(st.ProxyRules(false).Content(), fresh.Content()) {
 		t.Errorf("followed rules differ from a fresh read:\nfollowed %+v\nfresh    %+v", st.ProxyRules(false), fresh)
 	}
 	// Nothing read: the chains written (the service chain, the new KUBE-SEP chain and
@@ -277,7 +277,7 @@ func TestSourceNFTablesFollowsOneService(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !reflect.DeepEqual(st.ProxyRules(false), fresh) {
+		if !reflect.DeepEqual(st.ProxyRules(false).Content(), fresh.Content()) {
 			t.Errorf("%s: followed rules differ from a fresh read:\nfollowed %+v\nfresh    %+v", what, st.ProxyRules(false), fresh)
 		}
 		if d := readsSince(before, followStats(t, s)); d.FullReads != 0 || d.RuleDumps != rules || d.ElementDumps != elements {
@@ -291,8 +291,9 @@ func TestSourceNFTablesFollowsOneService(t *testing.T) {
 	waitState(t, s, sub, "the rewritten service chain", func(st *State) bool {
 		return slices.Equal(st.ProxyRules(false).Chains[svc.Chain], []netip.AddrPort{newEP})
 	})
-	if d := readsSince(before, followStats(t, s)); d.FullReads != 0 || d.RuleDumps != 1 || d.ElementDumps != 1 {
-		t.Errorf("service chain rewritten: reads %+v, want 1 chain dump and 1 element dump", d)
+	// The chain is dumped; its new map's elements came with the watch's notifications.
+	if d := readsSince(before, followStats(t, s)); d.FullReads != 0 || d.RuleDumps != 1 || d.ElementDumps != 0 {
+		t.Errorf("service chain rewritten: reads %+v, want 1 chain dump and no element dump", d)
 	}
 	check("the rewritten service chain", func(*State) bool { return true }, 0, 0)
 

@@ -210,6 +210,7 @@ func mergeDetail(acc, d *TableChange) *TableChange {
 	acc.Chains = append(acc.Chains, d.Chains...)
 	acc.ChainEvents = append(acc.ChainEvents, d.ChainEvents...)
 	acc.Sets = append(acc.Sets, d.Sets...)
+	mergeAnonSets(acc, d)
 	// A chain deleted by one change may be created again by a later one: the last says.
 	if len(d.ChainEvents) > 0 {
 		deleted := make(map[string]bool, len(acc.DeletedChains)+len(d.ChainEvents))
@@ -283,6 +284,7 @@ func (ft *followed) setChain(name string, c *kpChain) {
 	if c == nil {
 		return
 	}
+	c.normalize()
 	ft.chains[name] = c
 	for _, t := range c.targets {
 		index(ft.byTarget, t, name)
@@ -290,6 +292,15 @@ func (ft *followed) setChain(name string, c *kpChain) {
 	for _, s := range c.sets() {
 		index(ft.bySet, s, name)
 	}
+}
+
+// normalize sorts c's inline endpoints, without duplicates, into an array of their own size:
+// the reader's appends leave up to twice the room, and the snapshots share the array
+// (endpointsOf) of a chain without endpoint chains, kube-proxy's usual one.
+func (c *kpChain) normalize() {
+	slices.SortFunc(c.eps, netip.AddrPort.Compare)
+	eps := slices.Compact(c.eps)
+	c.eps = append(make([]netip.AddrPort, 0, len(eps)), eps...)
 }
 
 func (c *kpChain) sets() []string {
@@ -320,6 +331,9 @@ func unindex(ix map[string]map[string]struct{}, key, chain string) {
 
 // endpointsOf is what service chain c DNATs to.
 func (ft *followed) endpointsOf(c *kpChain) []netip.AddrPort {
+	if len(c.targets) == 0 {
+		return c.eps // normalized: the usual chain's endpoints, held once
+	}
 	eps := make([]netip.AddrPort, 0, len(c.eps)+len(c.targets))
 	eps = append(eps, c.eps...)
 	for _, t := range c.targets {
@@ -334,7 +348,7 @@ func (ft *followed) endpointsOf(c *kpChain) []netip.AddrPort {
 // build derives a ProxyTable: from the state alone when old is nil, else from old with only
 // the affected service chains recomputed. old is not modified.
 func (ft *followed) build(old *ruleset.ProxyTable, affected map[string]struct{}) *ruleset.ProxyTable {
-	pt := &ruleset.ProxyTable{Services: ft.services}
+	pt := &ruleset.ProxyTable{Services: ft.services, ID: ruleset.NextID()}
 	if old == nil {
 		pt.Chains = make(map[string][]netip.AddrPort, len(ft.chains))
 		for name, c := range ft.chains {
@@ -350,7 +364,38 @@ func (ft *followed) build(old *ruleset.ProxyTable, affected map[string]struct{})
 			delete(pt.Chains, name)
 		}
 	}
+	pt.Deltas = deltasAfter(old, affected)
 	return pt
+}
+
+// A followed table tells what changed since the last maxDeltas tables before it, as long as
+// no more than maxDeltaChains chains did: a drift check that compared an earlier table then
+// compares again only the service ports whose chains changed, not every port at every sync.
+const (
+	maxDeltas      = 8
+	maxDeltaChains = 1024
+)
+
+// deltasAfter is the Deltas of the table derived from old by changing the chains affected
+// (which it keeps: the caller makes it for this build).
+func deltasAfter(old *ruleset.ProxyTable, affected map[string]struct{}) []ruleset.Delta {
+	if old.ID == 0 || len(affected) > maxDeltaChains {
+		return nil
+	}
+	out := make([]ruleset.Delta, 0, min(len(old.Deltas)+1, maxDeltas))
+	out = append(out, ruleset.Delta{Since: old.ID, Changed: affected})
+	for _, d := range old.Deltas {
+		if len(out) == maxDeltas || len(d.Changed)+len(affected) > maxDeltaChains {
+			break
+		}
+		changed := maps.Clone(d.Changed)
+		if changed == nil {
+			changed = map[string]struct{}{}
+		}
+		maps.Copy(changed, affected)
+		out = append(out, ruleset.Delta{Since: d.Since, Changed: changed})
+	}
+	return out
 }
 
 // partial re-reads the chains and sets d names; u is what the changes did to KUBE-SERVICES

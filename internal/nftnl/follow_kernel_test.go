@@ -90,7 +90,7 @@ func (ft *followTest) same(what string) {
 			if err != nil || gotErr != nil {
 				t.Fatalf("%s: %s ipv6=%v: read %v, follower %v", what, kind, ipv6, err, gotErr)
 			}
-			if !reflect.DeepEqual(got, want) {
+			if !reflect.DeepEqual(got.Content(), want.Content()) {
 				t.Errorf("%s: %s ipv6=%v:\nfollower %+v\nfresh    %+v", what, kind, ipv6, got, want)
 			}
 		}
@@ -267,16 +267,28 @@ COMMIT
 // removed.
 func TestKernelFollowKubeProxyNFT(t *testing.T) {
 	needNetns(t)
+	t.Run("maps dumped", func(t *testing.T) { followKubeProxyNFT(t, false) })
+	t.Run("maps from the watch", func(t *testing.T) { followKubeProxyNFT(t, true, FollowNFTMaps()) })
+}
+
+// followKubeProxyNFT replays kube-proxy's partial syncs in nftables mode; with maps, the watch
+// keeps the anonymous maps' elements (FollowNFTMaps) and no map a commit created is dumped.
+func followKubeProxyNFT(t *testing.T, maps bool, opts ...WatchOption) {
 	nftnltest.Flush(t)
 	nftnltest.LoadNFT(t, genNFT(5))
-	ft := newFollowTest(t)
+	ft := newFollowTest(t, opts...)
+	// created is the element dumps of a commit that created one anonymous map.
+	created := uint64(1)
+	if maps {
+		created = 0
+	}
 	ft.same("initial read")
 
 	nftnltest.LoadNFT(t, []byte(`flush chain ip kube-proxy service-00000001-ns/svc1/tcp/http
 add rule ip kube-proxy service-00000001-ns/svc1/tcp/http meta l4proto tcp dnat ip to numgen random mod 2 map { 0 : 10.1.1.1 . 8080, 1 : 10.1.1.2 . 8080 }
 `))
 	// The chain, and its new map.
-	wantReads(t, "service chain rewritten", ft.step("service chain rewritten"), 0, 1, 1)
+	wantReads(t, "service chain rewritten", ft.step("service chain rewritten"), 0, 1, created)
 
 	// kube-proxy v1.37 writes a service chain with one endpoint as a plain dnat, no map
 	// (writeServiceToEndpointDNATs).
@@ -302,7 +314,24 @@ flush chain ip kube-proxy service-00000000-ns/svc0/tcp/http
 add rule ip kube-proxy service-00000000-ns/svc0/tcp/http ip saddr @affinity-aaaa goto endpoint-aaaa
 add rule ip kube-proxy service-00000000-ns/svc0/tcp/http numgen random mod 2 vmap { 0 : goto endpoint-aaaa, 1 : goto endpoint-bbbb }
 `))
-	ft.step("affinity form")
+	if got := ft.step("affinity form"); got.ElementDumps != created {
+		t.Errorf("affinity form: %d element dumps, want %d (its vmap)", got.ElementDumps, created)
+	}
+
+	// Two syncs followed at once: the first rewrites service 1's chain, the second service
+	// 2's, whose new map may take the name the first one freed (the kernel gives an anonymous
+	// set the lowest free number).
+	nftnltest.LoadNFT(t, []byte(`flush chain ip kube-proxy service-00000001-ns/svc1/tcp/http
+add rule ip kube-proxy service-00000001-ns/svc1/tcp/http meta l4proto tcp dnat ip to numgen random mod 2 map { 0 : 10.1.1.3 . 8080, 1 : 10.1.1.4 . 8080 }
+`))
+	nftnltest.LoadNFT(t, []byte(`flush chain ip kube-proxy service-00000001-ns/svc1/tcp/http
+add rule ip kube-proxy service-00000001-ns/svc1/tcp/http meta l4proto tcp dnat to 10.1.1.5:8080
+flush chain ip kube-proxy service-00000002-ns/svc2/tcp/http
+add rule ip kube-proxy service-00000002-ns/svc2/tcp/http meta l4proto tcp dnat ip to numgen random mod 3 map { 0 : 10.2.2.1 . 8080, 1 : 10.2.2.2 . 8080, 2 : 10.2.2.3 . 8080 }
+`))
+	if got := ft.step("two syncs at once"); got.ElementDumps != created {
+		t.Errorf("two syncs at once: %d element dumps, want %d", got.ElementDumps, created)
+	}
 
 	nftnltest.LoadNFT(t, []byte(`flush chain ip kube-proxy endpoint-aaaa
 add rule ip kube-proxy endpoint-aaaa meta l4proto tcp dnat ip to 10.9.9.10:80
@@ -324,4 +353,18 @@ delete chain ip kube-proxy service-00000003-ns/svc3/tcp/http
 	wantReads(t, "table deleted", ft.step("table deleted"), 1, 0, 0)
 	nftnltest.LoadNFTJSON(t, readFile(t, nftCapture))
 	ft.step("capture loaded")
+}
+
+// A commit that creates more map elements than the watch keeps has its maps dumped.
+func TestKernelFollowNFTMapsPastTheBound(t *testing.T) {
+	needNetns(t)
+	defer func(n int) { maxKeptElements = n }(maxKeptElements)
+	maxKeptElements = 1
+	nftnltest.Flush(t)
+	nftnltest.LoadNFT(t, genNFT(2))
+	ft := newFollowTest(t, FollowNFTMaps())
+	nftnltest.LoadNFT(t, []byte(`flush chain ip kube-proxy service-00000001-ns/svc1/tcp/http
+add rule ip kube-proxy service-00000001-ns/svc1/tcp/http meta l4proto tcp dnat ip to numgen random mod 2 map { 0 : 10.1.1.1 . 8080, 1 : 10.1.1.2 . 8080 }
+`))
+	wantReads(t, "two elements, one kept at most", ft.step("two elements, one kept at most"), 0, 1, 1)
 }

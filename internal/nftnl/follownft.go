@@ -23,7 +23,7 @@ func (f *Follower) fullNFT(ctx context.Context, ft *followed) error {
 	if err := dumpRules(ctx, f.q, family, kubeProxyTable, "", kr.rule); err != nil {
 		return err
 	}
-	if err := kr.resolveMaps(ctx, f.q); err != nil {
+	if err := kr.resolveMaps(ctx, f.q, nil); err != nil {
 		return err
 	}
 	ft.endpoints = kr.endpoints
@@ -97,7 +97,7 @@ func (f *Follower) partialNFT(ctx context.Context, ft *followed, d *TableChange,
 			return false, err
 		}
 	}
-	if err := kr.resolveMaps(ctx, f.q); err != nil {
+	if err := kr.resolveMaps(ctx, f.q, d.anonSets); err != nil {
 		return false, err
 	}
 	for _, chain := range svcChains {

@@ -47,7 +47,7 @@ func readKubeProxyNFT(ctx context.Context, q querier, family uint8) (*ruleset.Pr
 		if err := dumpRules(ctx, q, family, kubeProxyTable, "", kr.rule); err != nil {
 			return err
 		}
-		if err := kr.resolveMaps(ctx, q); err != nil {
+		if err := kr.resolveMaps(ctx, q, nil); err != nil {
 			return err
 		}
 		pt = &ruleset.ProxyTable{Chains: kr.endpointsByChain()}
@@ -116,15 +116,27 @@ func (kr *kpReader) rule(r *ruleMsg) error {
 	return nil
 }
 
-// resolveMaps reads the anonymous maps the service chains use: one small dump per map (the
-// kernel dumps elements of one named set at a time). A map that went away since its chain was
-// read is skipped: the commit that removed it moved the generation (a whole read is retried)
-// and changed the chain (a Follower re-reads it).
-func (kr *kpReader) resolveMaps(ctx context.Context, q querier) error {
+// resolveMaps reads the anonymous maps the service chains use: those of known (the maps the
+// commits being followed created, FollowNFTMaps) from there, the others with one small dump per
+// map (the kernel dumps elements of one named set at a time). A map that went away since its
+// chain was read is skipped: the commit that removed it moved the generation (a whole read is
+// retried) and changed the chain (a Follower re-reads it).
+func (kr *kpReader) resolveMaps(ctx context.Context, q querier, known map[string]*anonSet) error {
 	family := kr.in.family
+	elements := func(set string, fn func(e *element) error) error {
+		if s := known[set]; s != nil {
+			for i := range s.elems {
+				if err := fn(&s.elems[i]); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		return dumpElements(ctx, q, family, kubeProxyTable, set, fn)
+	}
 	for _, c := range kr.chains {
 		for _, m := range c.dnatMaps {
-			err := dumpElements(ctx, q, family, kubeProxyTable, m.set, func(e *element) error {
+			err := elements(m.set, func(e *element) error {
 				if ap, ok := addrPort(family, e.value); ok && m.portOff == addrLen(family) {
 					c.eps = append(c.eps, ap)
 				}
@@ -135,7 +147,7 @@ func (kr *kpReader) resolveMaps(ctx context.Context, q querier) error {
 			}
 		}
 		for _, set := range c.vmaps {
-			err := dumpElements(ctx, q, family, kubeProxyTable, set, func(e *element) error {
+			err := elements(set, func(e *element) error {
 				if (e.verdict == ruleset.Jump || e.verdict == ruleset.Goto) && kubeproxynames.IsNFTEndpointChainBytes(e.target) {
 					c.targets = append(c.targets, string(e.target))
 				}

@@ -217,14 +217,21 @@ func cpu(t *testing.T, label string, fn func()) {
 		float64(ms1.TotalAlloc-ms0.TotalAlloc)/(1<<20), ms1.Mallocs-ms0.Mallocs)
 }
 
-// followScale loads a table, follows it, makes one service's change and measures the Apply.
-func followScale(t *testing.T, load func(), change func(), check func(f *Follower)) {
+// followScale loads a table, follows it (reporting the heap it holds), makes one service's
+// change and measures the Apply.
+func followScale(t *testing.T, load func(), change func(), check func(f *Follower), opts ...WatchOption) {
 	needNetns(t)
 	nftnltest.Flush(t)
 	start := time.Now()
 	load()
 	t.Logf("loaded in %v", time.Since(start).Round(time.Millisecond))
-	ft := newFollowTest(t)
+	var ms0, ms1 runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms0)
+	ft := newFollowTest(t, opts...)
+	runtime.GC()
+	runtime.ReadMemStats(&ms1)
+	t.Logf("the Follower and its watch hold %.2f MiB of heap", float64(int64(ms1.HeapAlloc)-int64(ms0.HeapAlloc))/(1<<20))
 	cpu(t, "Follower full read (Resync)", func() {
 		if err := ft.f.Resync(context.Background()); err != nil {
 			t.Fatal(err)
@@ -285,7 +292,7 @@ func TestScaleFollowKubeProxyNFT(t *testing.T) {
 				if eps := pt.Chains["service-00000000-ns/svc0/tcp/http"]; len(eps) != 2 {
 					t.Errorf("service 0: %v", eps)
 				}
-			})
+			}, FollowNFTMaps())
 		})
 	}
 }

@@ -71,6 +71,13 @@ type TableChange struct {
 	// RulesDropped: the commit's kept rule messages were dropped (more than maxKeptRules, or
 	// one the watch could not decode); Rules is then empty and the chains must be read.
 	RulesDropped bool
+
+	// anonSets are, by name, the anonymous sets the commit created, with their elements, or
+	// deleted or not followed (nil), in kube-proxy's nftables tables (FollowNFTMaps).
+	// mapsDropped: the commit created too many elements to keep, or was too large to follow:
+	// its maps are to be dumped, and what earlier commits said of any name forgotten.
+	anonSets    map[string]*anonSet
+	mapsDropped bool
 }
 
 // RuleEvent is one rule a commit added or deleted in a chain the watch decodes.
@@ -286,6 +293,7 @@ func (w *Watcher) run(ctx context.Context, c *socket.Conn, ch chan<- Change, acc
 type changeAccumulator struct {
 	interest func(Table) bool
 	rules    ruleDecoder // nil: no rule messages are kept
+	keepMaps bool        // FollowNFTMaps
 	// keptHint is the most rule messages a recent commit kept for one table: the next
 	// commit's list starts that large, as kube-proxy rewrites the same chain each time.
 	keptHint int
@@ -314,6 +322,11 @@ type detailAcc struct {
 	keptHint  int
 	// chainGone says, per chain of ChainEvents, whether its last event deleted it.
 	chainGone map[string]bool
+
+	// keepMaps: the anonymous maps of this table are kept (FollowNFTMaps, keepsMaps);
+	// keptElements counts their elements.
+	keepMaps     bool
+	keptElements int
 }
 
 // finish completes the TableChange at the commit's end.
@@ -387,6 +400,7 @@ func (d *detailAcc) add(kind byte, name []byte) {
 		d.tc.Chains, d.tc.ChainEvents, d.tc.Sets, d.seen, d.lastChain = nil, nil, nil, nil, nil
 		d.tc.KeptChains = nil
 		d.dropRules() // the table is read whole
+		d.dropMaps()
 		return
 	}
 	if d.seen == nil {
@@ -435,10 +449,12 @@ func (d *detailAcc) note(m message) {
 	case unix.NFT_MSG_NEWSET, unix.NFT_MSG_DELSET:
 		if name, ok := strAttr(m.attrs, unix.NFTA_SET_NAME); ok {
 			d.add('s', name)
+			d.noteSet(m, name)
 		}
 	case unix.NFT_MSG_NEWSETELEM, unix.NFT_MSG_DELSETELEM:
 		if name, ok := strAttr(m.attrs, unix.NFTA_SET_ELEM_LIST_SET); ok {
 			d.add('s', name)
+			d.noteElements(m, name)
 		}
 	default:
 		d.tc.Other = true
@@ -532,7 +548,7 @@ func (a *changeAccumulator) event(m message) (Change, bool) {
 		return Change{}, false
 	}
 	a.touched = append(a.touched, table)
-	d := &detailAcc{tc: TableChange{Table: table}, rules: a.rules, keptHint: a.keptHint}
+	d := &detailAcc{tc: TableChange{Table: table}, rules: a.rules, keptHint: a.keptHint, keepMaps: a.keepMaps && keepsMaps(table)}
 	d.note(m)
 	a.details = append(a.details, d)
 	return Change{}, false

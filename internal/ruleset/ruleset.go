@@ -8,6 +8,7 @@ package ruleset
 
 import (
 	"net/netip"
+	"sync/atomic"
 )
 
 // IP protocol numbers, as conntrack reports them.
@@ -30,7 +31,53 @@ type ProxyTable struct {
 	// rules that jump to a service chain, or the elements of the service-ips map), for
 	// attributing flows to Services without an API.
 	Services []Service
+	// ID numbers the tables a reader that follows changes derives one from another (NextID);
+	// 0 for a table read whole.
+	ID uint64
+	// Deltas say how Chains differs from the tables this one was derived from, the nearest
+	// first: a reader of a table with a given ID learns what changed since without comparing
+	// every chain.
+	Deltas []Delta
 }
+
+// Delta is what changed in a ProxyTable's Chains since the table numbered Since: the chains
+// named in Changed were added, changed or removed; every other chain is the same.
+type Delta struct {
+	Since   uint64
+	Changed map[string]struct{}
+}
+
+// ChangedSince reports whether Chains may differ from those of the table numbered id in chain
+// name: true unless a Delta since id says it is the same.
+func (t *ProxyTable) ChangedSince(id uint64, name string) bool {
+	if id == 0 {
+		return true
+	}
+	if id == t.ID {
+		return false
+	}
+	for _, d := range t.Deltas {
+		if d.Since == id {
+			_, changed := d.Changed[name]
+			return changed
+		}
+	}
+	return true
+}
+
+// Content is the table without its derivation (ID, Deltas): two reads of the same rules have
+// the same Content, whichever way they were read.
+func (t *ProxyTable) Content() *ProxyTable {
+	if t == nil {
+		return nil
+	}
+	return &ProxyTable{Chains: t.Chains, Services: t.Services}
+}
+
+var lastID atomic.Uint64
+
+// NextID returns a ProxyTable ID not given out before in this process.
+func NextID() uint64 { return lastID.Add(1) }
 
 // Service is one cluster IP service port as kube-proxy's dispatch names it.
 type Service struct {
