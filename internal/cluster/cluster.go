@@ -15,7 +15,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/klog/v2"
 
 	"github.com/proxyhealth/proxyhealth/internal/notify"
 	"github.com/proxyhealth/proxyhealth/internal/proxyversion"
@@ -174,7 +173,7 @@ func (c *Cluster) heard() { c.lastHeard.Store(c.now().UnixNano()) }
 func (c *Cluster) Run(ctx context.Context) {
 	// client-go's reflectors report list and watch failures through klog; send them to
 	// the exporter's log in its format.
-	klog.SetSlogLogger(c.logger.With("component", "client-go"))
+	routeKlog(c.logger.With("component", "client-go"))
 	if c.api == nil && !c.waitForConfig(ctx) {
 		return
 	}
