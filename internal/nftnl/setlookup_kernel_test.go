@@ -7,8 +7,8 @@ import (
 	"net/netip"
 	"os/exec"
 	"syscall"
-	"time"
 	"testing"
+	"time"
 
 	"github.com/proxyhealth/proxyhealth/internal/nftnl/nftnltest"
 )
