@@ -250,7 +250,7 @@ func (f *Follower) full(ctx context.Context, ft *followed) error {
 			}
 		}
 	case kindNFT:
-		err = consistently(ctx, f.q, func() error { return f.fullNFT(ctx, ft) })
+		err = f.fullNFT(ctx, ft)
 	}
 	if err != nil {
 		ft.err = fmt.Errorf("read %s table: %w", ft.table, err)

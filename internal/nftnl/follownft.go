@@ -12,6 +12,12 @@ import (
 	"github.com/proxyhealth/proxyhealth/internal/kubeproxynames"
 )
 
+// fullNFT reads kube-proxy's table whole, its dumps one after the other without asking that no
+// commit come between them. The read costs the kernel the square of the table's maps (it finds
+// each map by name in a list: BenchmarkKernelElementDumpByPosition), tens of seconds at 40,000
+// Services; retried until no kube-proxy sync came during it, it might never end under churn.
+// Each dump is whole (retried alone if a commit cut it), and what a commit between two dumps
+// changed the changes that follow name: Apply reads it again, as it does for every change.
 func (f *Follower) fullNFT(ctx context.Context, ft *followed) error {
 	ft.reset()
 	family := ft.table.Family
@@ -19,8 +25,11 @@ func (f *Follower) fullNFT(ctx context.Context, ft *followed) error {
 	if err != nil || !ok {
 		return err
 	}
-	kr := &kpReader{in: interp{family: family}, chains: map[string]*kpChain{}, endpoints: map[string]netip.AddrPort{}}
-	if err := dumpRules(ctx, f.q, family, kubeProxyTable, "", kr.rule); err != nil {
+	var kr *kpReader
+	reset := func() {
+		kr = &kpReader{in: interp{family: family}, chains: map[string]*kpChain{}, endpoints: map[string]netip.AddrPort{}}
+	}
+	if err := wholeDump(reset, func() error { return dumpRules(ctx, f.q, family, kubeProxyTable, "", kr.rule) }); err != nil {
 		return err
 	}
 	if err := kr.resolveMaps(ctx, f.q, nil); err != nil {

@@ -118,12 +118,13 @@ func (kr *kpReader) rule(r *ruleMsg) error {
 
 // resolveMaps reads the anonymous maps the service chains use: those of known (the maps the
 // commits being followed created, FollowNFTMaps) from there, the others with one small dump per
-// map (the kernel dumps elements of one named set at a time). A map that went away since its
-// chain was read is skipped: the commit that removed it moved the generation (a whole read is
-// retried) and changed the chain (a Follower re-reads it).
+// map (the kernel dumps elements of one named set at a time; one a commit cut is dumped
+// again). A map that went away since its chain was read is skipped: the commit that removed
+// it changed the chain, which a Follower reads again for that change, and moved the
+// generation, which has a one-time read (readKubeProxyNFT) start over.
 func (kr *kpReader) resolveMaps(ctx context.Context, q querier, known map[string]*anonSet) error {
 	family := kr.in.family
-	elements := func(set string, fn func(e *element) error) error {
+	elements := func(set string, reset func(), fn func(e *element) error) error {
 		if s := known[set]; s != nil {
 			for i := range s.elems {
 				if err := fn(&s.elems[i]); err != nil {
@@ -132,28 +133,35 @@ func (kr *kpReader) resolveMaps(ctx context.Context, q querier, known map[string
 			}
 			return nil
 		}
-		return dumpElements(ctx, q, family, kubeProxyTable, set, fn)
+		err := wholeDump(reset, func() error { return dumpElements(ctx, q, family, kubeProxyTable, set, fn) })
+		if isNotExist(err) {
+			reset()
+			return nil
+		}
+		return err
 	}
 	for _, c := range kr.chains {
 		for _, m := range c.dnatMaps {
-			err := elements(m.set, func(e *element) error {
+			n := len(c.eps)
+			err := elements(m.set, func() { c.eps = c.eps[:n] }, func(e *element) error {
 				if ap, ok := addrPort(family, e.value); ok && m.portOff == addrLen(family) {
 					c.eps = append(c.eps, ap)
 				}
 				return nil
 			})
-			if err != nil && !isNotExist(err) {
+			if err != nil {
 				return err
 			}
 		}
 		for _, set := range c.vmaps {
-			err := elements(set, func(e *element) error {
+			n := len(c.targets)
+			err := elements(set, func() { c.targets = c.targets[:n] }, func(e *element) error {
 				if (e.verdict == ruleset.Jump || e.verdict == ruleset.Goto) && kubeproxynames.IsNFTEndpointChainBytes(e.target) {
 					c.targets = append(c.targets, string(e.target))
 				}
 				return nil
 			})
-			if err != nil && !isNotExist(err) {
+			if err != nil {
 				return err
 			}
 		}
@@ -185,7 +193,7 @@ func (kr *kpReader) endpointsByChain() map[string][]netip.AddrPort {
 // cluster IP service ports.
 func readServiceIPs(ctx context.Context, q querier, family uint8) ([]ruleset.Service, error) {
 	var out []ruleset.Service
-	err := dumpElements(ctx, q, family, kubeProxyTable, "service-ips", func(e *element) error {
+	element := func(e *element) error {
 		if !e.hasVerdict || e.verdict != ruleset.Goto && e.verdict != ruleset.Jump || !kubeproxynames.IsNFTServiceChainBytes(e.target) {
 			return nil
 		}
@@ -198,6 +206,10 @@ func readServiceIPs(ctx context.Context, q querier, family uint8) ([]ruleset.Ser
 		s.Namespace, s.Name, s.PortName, _ = kubeproxynames.ParseNFTServiceChain(chain)
 		out = append(out, s)
 		return nil
+	}
+	// A map of a few thousand elements takes several parts, which a commit may cut.
+	err := wholeDump(func() { out = out[:0] }, func() error {
+		return dumpElements(ctx, q, family, kubeProxyTable, "service-ips", element)
 	})
 	if err != nil && !isNotExist(err) {
 		return nil, err

@@ -32,6 +32,19 @@ var errInterrupted = errors.New("nf_tables dump interrupted by a ruleset change"
 // maxAttempts bounds the retries of a read that a concurrent commit made inconsistent.
 const maxAttempts = 5
 
+// wholeDump runs dump, one multi-part dump, until no commit cut it: a cut dump may have
+// skipped or repeated entries, so reset forgets what the cut one gave before each try.
+func wholeDump(reset func(), dump func() error) error {
+	var err error
+	for range maxAttempts {
+		reset()
+		if err = dump(); !errors.Is(err, errInterrupted) {
+			return err
+		}
+	}
+	return fmt.Errorf("no uninterrupted dump in %d attempts: %w", maxAttempts, err)
+}
+
 // consistently runs read until it completes within one ruleset generation: a read made of
 // several requests (a table's rules, then its maps' elements) is consistent only if no commit
 // came in between, and a single dump is flagged interrupted if one came during it.

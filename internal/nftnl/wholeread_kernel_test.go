@@ -1,0 +1,76 @@
+package nftnl
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/proxyhealth/proxyhealth/internal/nftnl/nftnltest"
+)
+
+// committingQuerier answers from q, and runs commit before each element dump that commitAt
+// picks: a kube-proxy sync landing in the middle of a read.
+type committingQuerier struct {
+	q        querier
+	commitAt func(dump int) bool // nil: no more commits
+	commit   func(n int)
+	dumps    int // element dumps asked
+	commits  int
+}
+
+func (c *committingQuerier) query(ctx context.Context, req request, fn func(message) error) error {
+	if req.typ == unix.NFT_MSG_GETSETELEM && req.dump {
+		if c.commitAt != nil && c.commitAt(c.dumps) {
+			c.commit(c.commits)
+			c.commits++
+		}
+		c.dumps++
+	}
+	return c.q.query(ctx, req, fn)
+}
+
+// kube-proxy syncs during the Follower's whole read of its nftables table, between the read's
+// map dumps, in every read a retry would start: the read completes the first time, each map
+// dumped once, and with the changes the watch saw applied after it the Follower's table equals
+// a fresh read.
+func TestKernelFollowNFTWholeReadUnderCommits(t *testing.T) {
+	needNetns(t)
+	const services = 20
+	nftnltest.Flush(t)
+	nftnltest.LoadNFT(t, genNFT(services))
+	ctx, cancel := context.WithCancel(context.Background())
+	w, err := Watch(ctx, Followed, FollowNFTMaps())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stopped(t, cancel, w) })
+	s, err := dial(Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	// Each sync rewrites one service's chain with a new map of two new endpoints: the old map
+	// goes, and its name may be given to the new one.
+	cq := &committingQuerier{q: s, commitAt: func(dump int) bool { return dump%10 == 5 }, commit: func(n int) {
+		svc := n % services
+		chain := fmt.Sprintf("service-%08d-ns/svc%d/tcp/http", svc, svc)
+		nftnltest.LoadNFT(t, fmt.Appendf(nil, "flush chain ip kube-proxy %s\nadd rule ip kube-proxy %s meta l4proto tcp dnat ip to numgen random mod 2 map { 0 : 10.200.%d.1 . 8080, 1 : 10.200.%d.2 . 8080 }\n", chain, chain, n, n))
+	}}
+	f := newFollower(cq, s)
+	t.Cleanup(func() { f.Close() })
+	if err := f.Resync(ctx); err != nil {
+		t.Fatalf("whole read under commits: %v", err)
+	}
+	cq.commitAt = nil
+	// One dump per service's map and one of service-ips: nothing read twice.
+	if cq.commits < 2 || cq.dumps != services+1 {
+		t.Fatalf("%d commits during the read, %d element dumps: want 2 or more, and %d", cq.commits, cq.dumps, services+1)
+	}
+	if _, err := f.KubeProxyNFT(false); err != nil {
+		t.Fatal(err)
+	}
+	ft := &followTest{t: t, f: f, w: w}
+	ft.step("the syncs during the read applied")
+}
