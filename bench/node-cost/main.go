@@ -51,6 +51,7 @@ type ncConfig struct {
 	smoke           bool
 	workers         int
 	idle, churn     time.Duration
+	churnScrape     time.Duration
 	settle          time.Duration
 	rates           []int
 	grace           time.Duration // 0: the exporter's default
@@ -81,6 +82,7 @@ func runNodeCost(args []string) int {
 	fs.DurationVar(&cfg.settle, "settle", 35*time.Second, "start-up lasts until the exporter's netfilter reads have been still this long (more than its --netfilter.legacy-min-read-interval, 30 s)")
 	fs.DurationVar(&cfg.churn, "churn", 120*time.Second, "each churn phase")
 	fs.StringVar(&rates, "rates", "1,10", "churn phases: endpoint changes a second, comma-separated")
+	fs.DurationVar(&cfg.churnScrape, "churn-scrape", 15*time.Second, "scrape interval under churn, for proxyhealth_rules_services_drifted; the shipped PodMonitor scrapes every 30 s and the drift alerts wait 5 min, so a shorter interval only adds scrapes to the exporter's CPU")
 	fs.DurationVar(&cfg.grace, "grace-period", 0, "pass --rules.grace-period to the exporter (0: its default, read from its --help)")
 	fs.Var(&extra, "exporter-arg", "one more exporter flag (repeatable), e.g. --exporter-arg=--no-collector.conntrack")
 	fs.DurationVar(&cfg.latencyTimeout, "latency-timeout", 5*time.Minute, "how long past the grace period to wait for the drift series")
@@ -111,6 +113,7 @@ func runNodeCost(args []string) int {
 	if cfg.smoke {
 		cfg.services, cfg.endpoints = 200, 3
 		cfg.idle, cfg.churn, cfg.settle = 5*time.Second, 5*time.Second, 3*time.Second
+		cfg.churnScrape = min(cfg.churnScrape, time.Second)
 		if cfg.grace == 0 {
 			cfg.grace = 5 * time.Second
 		}
@@ -123,8 +126,8 @@ func runNodeCost(args []string) int {
 	case cfg.endpoints < 1 || max(cfg.services, 10000)*cfg.endpoints > 4_000_000:
 		fmt.Fprintln(os.Stderr, "--endpoints must be at least 1, and services x endpoints at most 4,000,000")
 		return 2
-	case cfg.idle <= 0 || cfg.churn <= 0:
-		fmt.Fprintln(os.Stderr, "--idle and --churn must be positive")
+	case cfg.idle <= 0 || cfg.churn <= 0 || cfg.churnScrape <= 0:
+		fmt.Fprintln(os.Stderr, "--idle, --churn and --churn-scrape must be positive")
 		return 2
 	}
 	return benchrun.Main(benchrun.Program{Name: "node-cost", WhyRoot: "network namespaces, cgroups", Stopping: "stopping and cleaning up"}, cfg.Out, func(ctx context.Context) (string, error) {

@@ -49,7 +49,6 @@ const (
 	ncVethCP       = "ph-nc-cp"
 	ncVethNode     = "ph-nc-node"
 	ncIdleScrape   = 15 * time.Second // a Prometheus-like scrape while idle
-	ncChurnScrape  = time.Second      // proxyhealth_rules_services_drifted every second under churn
 	ncLatencyPoll  = 250 * time.Millisecond
 	ncMaxFreshAddr = 1<<23 - 1 // fresh endpoint addresses come from 10.128.0.0/9
 )
@@ -455,7 +454,7 @@ func runNodeCostMode(ctx context.Context, cfg ncConfig, rep *ncReport, m *ncMode
 		ph := &ncPhase{Name: fmt.Sprintf("churn %d/s", rate), Rate: rate}
 		benchrun.Logf("churn at %d endpoint changes a second for %s", rate, cfg.churn)
 		meter.begin()
-		err = r.watchDrift(ctx, ncChurnScrape, ph, func(ctx context.Context) error {
+		err = r.watchDrift(ctx, r.cfg.churnScrape, ph, func(ctx context.Context) error {
 			return r.churn(ctx, rate, cfg.churn, ph)
 		})
 		meter.end(ph)

@@ -37,7 +37,7 @@ func TestFreshEndpointIP(t *testing.T) {
 // A report renders whatever a run got to: a mode that failed before start-up, one with every
 // phase.
 func TestNodeCostReportRenders(t *testing.T) {
-	r := &ncReport{cfg: ncConfig{endpoints: 10, idle: time.Minute, churn: 2 * time.Minute, rates: []int{1, 10}, healTimeout: time.Minute}}
+	r := &ncReport{cfg: ncConfig{endpoints: 10, idle: time.Minute, churn: 2 * time.Minute, churnScrape: 15 * time.Second, rates: []int{1, 10}, healTimeout: time.Minute}}
 	r.Modes = append(r.Modes, &ncMode{Mode: "iptables-nft", Services: 3000, Endpoints: 10, Err: "kube-proxy exited"})
 	full := &ncMode{Mode: "iptables-legacy", Services: 10000, Endpoints: 10,
 		Latency: &ncLatency{Service: "ns1/svc1", Grace: time.Minute, Seen: true, Latency: 61 * time.Second, KubeProxyCaughtUp: true}}
