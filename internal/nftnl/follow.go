@@ -58,8 +58,8 @@ type followed struct {
 
 	chains    map[string]*kpChain            // service chains that have rules
 	endpoints map[string]netip.AddrPort      // endpoint chains' DNAT destinations
-	byTarget  map[string]map[string]struct{} // endpoint chain -> service chains naming it
-	bySet     map[string]map[string]struct{} // set -> service chains using it
+	byTarget  chainIndex // endpoint chain -> service chains naming it
+	bySet     chainIndex // set -> service chains using it
 	services  []ruleset.Service
 
 	// dispatch is iptables-nft's KUBE-SERVICES dispatch rules (kindNAT), nil until read.
@@ -264,7 +264,7 @@ func (f *Follower) full(ctx context.Context, ft *followed) error {
 
 func (ft *followed) reset() {
 	ft.chains, ft.endpoints = map[string]*kpChain{}, map[string]netip.AddrPort{}
-	ft.byTarget, ft.bySet = map[string]map[string]struct{}{}, map[string]map[string]struct{}{}
+	ft.byTarget, ft.bySet = chainIndex{}, chainIndex{}
 	ft.services, ft.snap, ft.dispatch = nil, nil, nil
 	ft.ruleCounts, ft.chainGen = map[string]int32{}, nil
 }
@@ -274,10 +274,10 @@ func (ft *followed) reset() {
 func (ft *followed) setChain(name string, c *kpChain) {
 	if old := ft.chains[name]; old != nil {
 		for _, t := range old.targets {
-			unindex(ft.byTarget, t, name)
+			ft.byTarget.remove(t, name)
 		}
 		for _, s := range old.sets() {
-			unindex(ft.bySet, s, name)
+			ft.bySet.remove(s, name)
 		}
 		delete(ft.chains, name)
 	}
@@ -287,10 +287,10 @@ func (ft *followed) setChain(name string, c *kpChain) {
 	c.normalize()
 	ft.chains[name] = c
 	for _, t := range c.targets {
-		index(ft.byTarget, t, name)
+		ft.byTarget.add(t, name)
 	}
 	for _, s := range c.sets() {
-		index(ft.bySet, s, name)
+		ft.bySet.add(s, name)
 	}
 }
 
@@ -311,21 +311,27 @@ func (c *kpChain) sets() []string {
 	return out
 }
 
-func index(ix map[string]map[string]struct{}, key, chain string) {
-	m := ix[key]
-	if m == nil {
-		m = map[string]struct{}{}
-		ix[key] = m
+// chainIndex is a reverse index: an endpoint chain or a set to the service chains that name
+// it. Nearly every key has one (kube-proxy names an endpoint chain and a map from one service
+// chain), so each holds a short slice rather than a set of its own: a map per key cost about
+// 250 bytes, 7.7 MiB of the iptables-nft Follower's heap at 3,000 Services x 10 endpoints.
+type chainIndex map[string][]string
+
+func (ix chainIndex) add(key, chain string) {
+	if !slices.Contains(ix[key], chain) {
+		ix[key] = append(ix[key], chain)
 	}
-	m[chain] = struct{}{}
 }
 
-func unindex(ix map[string]map[string]struct{}, key, chain string) {
-	if m := ix[key]; m != nil {
-		delete(m, chain)
-		if len(m) == 0 {
-			delete(ix, key)
-		}
+func (ix chainIndex) remove(key, chain string) {
+	chains := ix[key]
+	i := slices.Index(chains, chain)
+	switch {
+	case i < 0:
+	case len(chains) == 1:
+		delete(ix, key)
+	default:
+		ix[key] = slices.Delete(chains, i, i+1)
 	}
 }
 

@@ -168,7 +168,7 @@ func (ft *followed) setEndpointChain(name string, ap netip.AddrPort, rules int32
 		delete(ft.endpoints, name)
 	}
 	ft.setRuleCount(name, rules)
-	for s := range ft.byTarget[name] {
+	for _, s := range ft.byTarget[name] {
 		affected[s] = struct{}{}
 	}
 }

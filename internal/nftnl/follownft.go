@@ -67,7 +67,7 @@ func (f *Follower) partialNFT(ctx context.Context, ft *followed, d *TableChange,
 			} else {
 				delete(ft.endpoints, chain)
 			}
-			for s := range ft.byTarget[chain] {
+			for _, s := range ft.byTarget[chain] {
 				affected[s] = struct{}{}
 			}
 		}
@@ -83,7 +83,7 @@ func (f *Follower) partialNFT(ctx context.Context, ft *followed, d *TableChange,
 			continue
 		}
 		// A map's elements changed: re-read the service chains that use it.
-		for s := range ft.bySet[set] {
+		for _, s := range ft.bySet[set] {
 			svcChains = append(svcChains, s)
 		}
 	}
