@@ -56,10 +56,10 @@ type followed struct {
 	err   error // the last read failed: the next Apply reads the table whole
 	snap  *ruleset.ProxyTable
 
-	chains    map[string]*kpChain            // service chains that have rules
-	endpoints map[string]netip.AddrPort      // endpoint chains' DNAT destinations
-	byTarget  chainIndex // endpoint chain -> service chains naming it
-	bySet     chainIndex // set -> service chains using it
+	chains    map[string]*kpChain       // service chains that have rules
+	endpoints map[string]netip.AddrPort // endpoint chains' DNAT destinations
+	byTarget  chainIndex                // endpoint chain -> service chains naming it
+	bySet     chainIndex                // set -> service chains using it
 	services  []ruleset.Service
 
 	// dispatch is iptables-nft's KUBE-SERVICES dispatch rules (kindNAT), nil until read.
