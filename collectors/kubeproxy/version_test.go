@@ -1,7 +1,6 @@
 package kubeproxy
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"log/slog"
@@ -14,25 +13,8 @@ import (
 
 	"github.com/proxyhealth/proxyhealth/collectors/collectortest"
 	"github.com/proxyhealth/proxyhealth/internal/proxyversion"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/logbuf"
 )
-
-// syncBuffer is a log sink the test reads while the collector writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func buildInfoBody(version string) string {
 	return `# TYPE kubernetes_build_info gauge
@@ -59,7 +41,7 @@ func TestVersion(t *testing.T) {
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	c := newTestCollector(t, srv.URL, time.Unix(2000, 0))
-	logs := &syncBuffer{}
+	logs := &logbuf.Buffer{}
 	c.logger = slog.New(slog.NewTextHandler(logs, nil))
 	var told []proxyversion.Version
 	c.cfg.OnVersion = func(v proxyversion.Version) { told = append(told, v) }

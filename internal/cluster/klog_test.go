@@ -1,37 +1,20 @@
 package cluster
 
 import (
-	"bytes"
 	"log/slog"
 	"strings"
 	"sync"
 	"testing"
 
 	"k8s.io/klog/v2"
+
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/logbuf"
 )
-
-// safeBuffer is a bytes.Buffer that a handler may write from several goroutines.
-type safeBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *safeBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *safeBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // client-go's klog output goes to the logger of the Cluster that ran last, with klog's own
 // attributes, while another goroutine logs through klog (the race detector watches).
 func TestRouteKlogFollowsTheLastCluster(t *testing.T) {
-	var first, second safeBuffer
+	var first, second logbuf.Buffer
 	routeKlog(slog.New(slog.NewTextHandler(&first, nil)).With("component", "client-go"))
 	klog.InfoS("to the first", "resource", "services")
 

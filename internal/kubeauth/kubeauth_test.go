@@ -1,7 +1,6 @@
 package kubeauth
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,6 +13,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	authenticationv1 "k8s.io/api/authentication/v1"
+
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/logbuf"
 )
 
 const (
@@ -27,24 +28,6 @@ const (
 	statusPath   = "/status"
 	garbageToken = "not-a-token"
 )
-
-// syncBuffer is a log destination safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // fakeClock is a settable clock for the caches' expiry.
 type fakeClock struct {
@@ -71,7 +54,7 @@ type fixture struct {
 	auth   *Auth
 	h      http.Handler
 	clock  *fakeClock
-	log    *syncBuffer
+	log    *logbuf.Buffer
 	served struct {
 		sync.Mutex
 		n             int
@@ -82,7 +65,7 @@ type fixture struct {
 // newFixture's Auth accepts tokens for audiences (none: the API server's own).
 func newFixture(t *testing.T, cfg Config, audiences ...string) *fixture {
 	t.Helper()
-	f := &fixture{api: newFakeAPIServer(t), clock: &fakeClock{now: time.Unix(1_700_000_000, 0)}, log: &syncBuffer{}}
+	f := &fixture{api: newFakeAPIServer(t), clock: &fakeClock{now: time.Unix(1_700_000_000, 0)}, log: &logbuf.Buffer{}}
 	f.api.addUser(promToken, authenticationv1.UserInfo{
 		Username: promUser, UID: "uid-1",
 		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:monitoring", "system:authenticated"},
