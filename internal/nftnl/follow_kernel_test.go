@@ -23,16 +23,28 @@ type followTest struct {
 
 func newFollowTest(t *testing.T, opts ...WatchOption) *followTest {
 	t.Helper()
+	return newFollowTestVia(t, nil, opts...)
+}
+
+// newFollowTestVia is newFollowTest with the Follower's requests going through via(the
+// socket's querier) when via is not nil.
+func newFollowTestVia(t *testing.T, via func(querier) querier, opts ...WatchOption) *followTest {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	w, err := Watch(ctx, Followed, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { stopped(t, cancel, w) })
-	f, err := NewFollower(Limits{})
+	s, err := dial(Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	var q querier = s
+	if via != nil {
+		q = via(s)
+	}
+	f := newFollower(q, s)
 	t.Cleanup(func() { f.Close() })
 	if err := f.Resync(ctx); err != nil {
 		t.Fatal(err)

@@ -40,37 +40,21 @@ func TestKernelFollowNFTWholeReadUnderCommits(t *testing.T) {
 	const services = 20
 	nftnltest.Flush(t)
 	nftnltest.LoadNFT(t, genNFT(services))
-	ctx, cancel := context.WithCancel(context.Background())
-	w, err := Watch(ctx, Followed, FollowNFTMaps())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { stopped(t, cancel, w) })
-	s, err := dial(Limits{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
 	// Each sync rewrites one service's chain with a new map of two new endpoints: the old map
 	// goes, and its name may be given to the new one.
-	cq := &committingQuerier{q: s, commitAt: func(dump int) bool { return dump%10 == 5 }, commit: func(n int) {
+	cq := &committingQuerier{commitAt: func(dump int) bool { return dump%10 == 5 }, commit: func(n int) {
 		svc := n % services
 		chain := fmt.Sprintf("service-%08d-ns/svc%d/tcp/http", svc, svc)
 		nftnltest.LoadNFT(t, fmt.Appendf(nil, "flush chain ip kube-proxy %s\nadd rule ip kube-proxy %s meta l4proto tcp dnat ip to numgen random mod 2 map { 0 : 10.200.%d.1 . 8080, 1 : 10.200.%d.2 . 8080 }\n", chain, chain, n, n))
 	}}
-	f := newFollower(cq, s)
-	t.Cleanup(func() { f.Close() })
-	if err := f.Resync(ctx); err != nil {
-		t.Fatalf("whole read under commits: %v", err)
-	}
+	ft := newFollowTestVia(t, func(q querier) querier { cq.q = q; return cq }, FollowNFTMaps())
 	cq.commitAt = nil
 	// One dump per service's map and one of service-ips: nothing read twice.
 	if cq.commits < 2 || cq.dumps != services+1 {
 		t.Fatalf("%d commits during the read, %d element dumps: want 2 or more, and %d", cq.commits, cq.dumps, services+1)
 	}
-	if _, err := f.KubeProxyNFT(false); err != nil {
+	if _, err := ft.f.KubeProxyNFT(false); err != nil {
 		t.Fatal(err)
 	}
-	ft := &followTest{t: t, f: f, w: w}
 	ft.step("the syncs during the read applied")
 }
