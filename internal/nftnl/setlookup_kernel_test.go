@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/proxyhealth/proxyhealth/internal/nftnl/nftnltest"
+	"github.com/proxyhealth/proxyhealth/internal/testsupport/prereq"
 )
 
 // BenchmarkKernelElementDumpByPosition dumps the elements of one anonymous map of
@@ -23,7 +24,7 @@ import (
 //	go test -run '^$' -bench KernelElementDumpByPosition -benchtime 2000x ./internal/nftnl/
 func BenchmarkKernelElementDumpByPosition(b *testing.B) {
 	if !nftnltest.InNetns() {
-		b.Skip("needs root and unshare(1) to run in a network namespace of its own")
+		prereq.Skip(b, "needs root and unshare(1) to run in a network namespace of its own")
 	}
 	for _, n := range []int{1000, 4000, 16000} {
 		nftnltest.Flush(b)
@@ -85,7 +86,7 @@ func setNumber(name string) int {
 //	go test -run '^$' -bench KernelWholeReadNFT -benchtime 1x ./internal/nftnl/
 func BenchmarkKernelWholeReadNFT(b *testing.B) {
 	if !nftnltest.InNetns() {
-		b.Skip("needs root and unshare(1) to run in a network namespace of its own")
+		prereq.Skip(b, "needs root and unshare(1) to run in a network namespace of its own")
 	}
 	for _, n := range []int{1000, 4000, 16000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
