@@ -15,7 +15,7 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func needNetns(t *testing.T) {
+func needNetns(t testing.TB) {
 	t.Helper()
 	if !nftnltest.InNetns() {
 		prereq.Skip(t, "needs root and unshare(1) to run in a network namespace of its own")

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/proxyhealth/proxyhealth/internal/nftnl/nftnltest"
-	"github.com/proxyhealth/proxyhealth/internal/testsupport/prereq"
 )
 
 // BenchmarkKernelElementDumpByPosition dumps the elements of one anonymous map of
@@ -23,9 +22,7 @@ import (
 //
 //	go test -run '^$' -bench KernelElementDumpByPosition -benchtime 2000x ./internal/nftnl/
 func BenchmarkKernelElementDumpByPosition(b *testing.B) {
-	if !nftnltest.InNetns() {
-		prereq.Skip(b, "needs root and unshare(1) to run in a network namespace of its own")
-	}
+	needNetns(b)
 	for _, n := range []int{1000, 4000, 16000} {
 		nftnltest.Flush(b)
 		nftnltest.LoadNFT(b, genNFT(n))
@@ -85,9 +82,7 @@ func setNumber(name string) int {
 //
 //	go test -run '^$' -bench KernelWholeReadNFT -benchtime 1x ./internal/nftnl/
 func BenchmarkKernelWholeReadNFT(b *testing.B) {
-	if !nftnltest.InNetns() {
-		prereq.Skip(b, "needs root and unshare(1) to run in a network namespace of its own")
-	}
+	needNetns(b)
 	for _, n := range []int{1000, 4000, 16000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			nftnltest.Flush(b)
