@@ -3,6 +3,7 @@ package nftnl
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -57,4 +58,36 @@ func TestKernelFollowNFTWholeReadUnderCommits(t *testing.T) {
 		t.Fatal(err)
 	}
 	ft.step("the syncs during the read applied")
+}
+
+// A commit that cuts one of the whole read's dumps (the rules, a map's elements) has that dump
+// alone asked again, the read not started over, and the table read equals an uncut read.
+func TestFollowNFTWholeReadRetriesCutDumps(t *testing.T) {
+	const path = "testdata/kube-proxy-v1.36.3-nftables.replay.json"
+	read := func(q querier) *followed {
+		t.Helper()
+		f := newFollower(q, nil)
+		for _, ft := range f.tables {
+			if ft.kind == kindNFT && ft.table.Family == nfproto(false) {
+				if err := f.full(context.Background(), ft); err != nil {
+					t.Fatal(err)
+				}
+				return ft
+			}
+		}
+		t.Fatal("no IPv4 kube-proxy table followed")
+		return nil
+	}
+	uncut := &interruptingQuerier{q: loadReplay(t, path)}
+	want := read(uncut).snap.Content()
+	// Cut the rule dump, then the first map's dump.
+	iq := &interruptingQuerier{q: loadReplay(t, path), interrupt: func(iq *interruptingQuerier) bool { return iq.dump == 0 || iq.dump == 2 }}
+	got := read(iq).snap.Content()
+	// Each cut dump is asked once more; the read is not started over.
+	if iq.interrupted != 2 || iq.dumps != uncut.dumps+2 {
+		t.Fatalf("%d dumps cut, %d asked: want 2, and %d", iq.interrupted, iq.dumps, uncut.dumps+2)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("whole read with cut dumps:\n got %+v\nwant %+v", got, want)
+	}
 }
